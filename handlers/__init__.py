@@ -1,0 +1,1 @@
+"""TorchServe handlers that serve HuggingFace transformer models compiled, bucketed and warmed."""

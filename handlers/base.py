@@ -1,0 +1,229 @@
+"""The TorchServe lifecycle shared by every task: initialize, handle, and nothing task-specific.
+
+A task handler subclasses `CompiledHandler` and supplies the module to compile (`build_model`),
+its request parameters (`PARAMS`), and how one output row becomes an answer (`encode`).
+"""
+
+import copy
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+from ts.torch_handler.base_handler import BaseHandler
+
+from handlers import buckets, hardware, payload, warmup
+from handlers.compiling import CompiledModel
+from handlers.config import HandlerConfig, parse
+from handlers.metrics import emit
+
+logger = logging.getLogger(__name__)
+
+HARDWARE = hardware.detect()
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def run_eager(module: torch.nn.Module):
+    """`module` as a callable of an inputs dict, like CompiledModel."""
+    return lambda inputs: module(**inputs)
+
+
+class CompiledHandler(BaseHandler):
+    """Loads, compiles and warms a model over its bucket grid, then serves batches of requests."""
+
+    PARAMS: dict[str, payload.ParamCheck] = {}
+
+    # -- task hooks -------------------------------------------------------------------------
+    def build_model(self, model_dir: Path) -> torch.nn.Module:
+        """The float32 module to compile: forward(input_ids, attention_mask) -> (batch, ...)."""
+        raise NotImplementedError
+
+    def max_seq_len(self, model_dir: Path) -> int | None:
+        """The model's own length limit, if it has one; it caps the largest bucket."""
+        return None
+
+    def encode(self, rows: list[torch.Tensor], params: dict[str, Any], is_list: bool) -> Any:
+        """The JSON answer for one request from its output rows (one per input text)."""
+        raise NotImplementedError
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def initialize(self, context):
+        started = time.perf_counter()
+        self.context = context
+        self.config: HandlerConfig = parse(context.model_yaml_config)
+        self.worker = hardware.configure_worker(self.config.threads, self.config.workers)
+        self.device = self._device(context.system_properties.get("gpu_id"))
+        model_dir = Path(context.system_properties["model_dir"])
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+        self.plan = self._plan(model_dir)
+        module = self.build_model(model_dir).eval().to(self.device)
+        self.dtype = self._choose_dtype(module)
+        module.to(self.dtype)
+        self.model = CompiledModel(module, self.config.compile, buckets.expected_graphs(self.plan))
+        report = self._warm_up()
+        self.model.mark_ready()
+        self.initialized = True
+        self._log_ready(report, time.perf_counter() - started)
+
+    def handle(self, data, context):
+        self.context = context
+        answers: list[Any] = [None] * len(data)
+        accepted = []  # (request index, payload, token ids of each text)
+        for index, request in enumerate(data):
+            try:
+                body = self._parse(request, context, index)
+                accepted.append((index, body, self._tokenize(body.texts)))
+            except payload.RequestError as error:
+                context.set_response_status(error.code, error.phrase, index)
+                answers[index] = error.body()
+        token_ids = [ids for _, _, request_ids in accepted for ids in request_ids]
+        rows = self.infer(token_ids) if token_ids else []
+        position = 0
+        for index, body, request_ids in accepted:
+            answers[index] = self.encode(rows[position : position + len(request_ids)], body.params, body.is_list)
+            position += len(request_ids)
+        emit(context, "RecompilesAfterReady", self.model.recompiles_after_ready, "Count")
+        return answers
+
+    # -- the request path after tokenization (warm-up takes it too) -------------------------
+    def infer(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
+        """Output rows, in order, for tokenized texts: grouped by bucket, padded, run."""
+        model = model or self.model
+        groups = buckets.group_requests([len(ids) for ids in token_ids], self.plan)
+        rows: list[torch.Tensor | None] = [None] * len(token_ids)
+        with torch.inference_mode():
+            for group in groups:
+                inputs = buckets.pad_group([token_ids[i] for i in group.indices], group, self.pad_id)
+                inputs = {name: tensor.to(self.device) for name, tensor in inputs.items()}
+                for tensor in inputs.values():
+                    buckets.mark_dynamic_dims(tensor, self.plan)
+                output = model(inputs).float().cpu()
+                for row, index in enumerate(group.indices):
+                    rows[index] = output[row]
+        if self.initialized:
+            real = sum(len(ids) for ids in token_ids)
+            emit(self.context, "PaddedTokenRatio", buckets.padded_tokens(groups) / real, "Percent")
+        return rows
+
+    # -- initialize steps --------------------------------------------------------------------
+    @staticmethod
+    def _device(gpu_id) -> torch.device:
+        if HARDWARE.device == "cuda" and gpu_id is not None:
+            return torch.device(f"cuda:{gpu_id}")
+        return torch.device("cpu")
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _plan(self, model_dir: Path) -> buckets.BucketPlan:
+        seq_lens = self.config.buckets.seq_lens
+        limit = min(filter(None, (self.max_seq_len(model_dir), self.tokenizer.model_max_length)))
+        if seq_lens[-1] > limit:
+            seq_lens = tuple(length for length in seq_lens if length < limit) + (limit,)
+            logger.info("Length buckets capped at the model's limit of %d tokens: %s", limit, seq_lens)
+        return buckets.BucketPlan(seq_lens, self.config.buckets.batch_sizes, self.config.compile.dynamic)
+
+    def _choose_dtype(self, module: torch.nn.Module) -> torch.dtype:
+        """The configured dtype; for `auto`, the hardware's pick if it stays close to float32."""
+        if self.config.dtype != "auto":
+            return DTYPES[self.config.dtype]
+        chosen = HARDWARE.auto_dtype
+        if chosen == torch.float32 or not self.config.warmup.verify:
+            return chosen
+        probe = self._probe_ids()
+        reference = self.infer(probe, run_eager(module))
+        candidate = copy.deepcopy(module).to(chosen)  # casting back to float32 would lose bits
+        try:
+            warmup.check_drift(
+                f"dtype auto -> {chosen}", self.infer(probe, run_eager(candidate)), reference, self._tolerance(chosen)
+            )
+        except warmup.WarmupError as error:
+            self._on_failure(error)
+            chosen = torch.float32
+        return chosen
+
+    def _warm_up(self) -> warmup.WarmupReport:
+        iterations = self.config.warmup.iterations
+        try:
+            report = warmup.run_grid(self.infer, self.plan, iterations, self._filler, self.model.is_compiled)
+            if self.model.is_compiled and self.config.warmup.verify:
+                probe = self._probe_ids()
+                eager = self.infer(probe, run_eager(self.model.eager))
+                warmup.check_drift("compiled vs eager", self.infer(probe), eager, self._tolerance(self.dtype))
+            return report
+        except Exception as error:  # a compile error can be of any type; all follow on_failure
+            if not self.model.is_compiled:
+                raise
+            self._on_failure(error)
+            self.model.fall_back_to_eager(f"{type(error).__name__}: {error}")
+            return dataclasses.replace(warmup.run_grid(self.infer, self.plan, 1, self._filler, False), graphs=0)
+
+    def _on_failure(self, error: Exception) -> None:
+        logger.error("Compile or warm-up check failed (on_failure=%s): %s", self.config.compile.on_failure, error)
+        if self.config.compile.on_failure == "fail":
+            raise error
+
+    def _tolerance(self, dtype: torch.dtype) -> float:
+        return self.config.warmup.tolerance or warmup.AUTO_TOLERANCE[dtype]
+
+    def _special_ids(self) -> tuple[int, int]:
+        ids = self.tokenizer("x")["input_ids"]
+        return ids[0], ids[-1]
+
+    def _filler(self, seq_len: int, rows: int) -> list[list[int]]:
+        return warmup.filler_ids(seq_len, rows, len(self.tokenizer), self._special_ids())
+
+    def _probe_ids(self) -> list[list[int]]:
+        """Two rows per length bucket, one full and one shorter, for compiled-vs-eager checks."""
+        rows = self.plan.batch_sizes[min(1, len(self.plan.batch_sizes) - 1)]
+        probe = []
+        for previous, seq_len in zip((1,) + self.plan.seq_lens, self.plan.seq_lens, strict=False):
+            lengths = [seq_len] + [max(previous + 1, 2)] * (rows - 1)
+            probe += [self._filler(length, 1)[0] for length in lengths]
+        return probe
+
+    def _log_ready(self, report: warmup.WarmupReport, seconds: float) -> None:
+        emit(self.context, "CompileSeconds", round(report.compile_seconds, 3), "Seconds")
+        emit(self.context, "WarmupSeconds", round(report.warmup_seconds, 3), "Seconds")
+        emit(self.context, "RecompilesAfterReady", 0, "Count")
+        logger.info(
+            "Ready in %.1fs: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s, lengths %s x batches %s, "
+            "%d graphs, first pass over the grid %.1fs, warm-up %.1fs, %d threads",
+            seconds,
+            HARDWARE.device_name,
+            sorted(HARDWARE.cpu_flags),
+            str(self.dtype).removeprefix("torch."),
+            self.model.is_compiled,
+            self.config.compile.mode,
+            self.plan.dynamic,
+            list(self.plan.seq_lens),
+            list(self.plan.batch_sizes),
+            report.graphs,
+            report.compile_seconds,
+            report.warmup_seconds,
+            self.worker.threads,
+        )
+
+    # -- request steps -----------------------------------------------------------------------
+    def _parse(self, request: dict, context, index: int) -> payload.Payload:
+        part = "data" if request.get("data") is not None else "body"
+        header = context.get_request_header(index, part) if context.request_processor else None
+        content_type = header.get("content-type") if isinstance(header, dict) else None
+        return payload.parse(request, content_type, self.PARAMS, self.config.max_inputs)
+
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids per text; over-long texts are truncated or rejected (413) per config."""
+        limit = self.plan.max_seq_len
+        reject = self.config.buckets.overflow == "reject"
+        # One token over the limit is enough to tell an over-long text apart.
+        encoded = self.tokenizer(texts, truncation=True, max_length=limit + 1 if reject else limit)["input_ids"]
+        for position, ids in enumerate(encoded):
+            if len(ids) > limit:
+                raise payload.RequestError(
+                    413, f"text {position} is longer than {limit} tokens; shorten it or set overflow: truncate"
+                )
+        return encoded

@@ -1,0 +1,110 @@
+"""Shape buckets, as pure functions shared by live requests and warm-up.
+
+Every tensor the compiled model sees is (batch, seq_len) with seq_len one of the plan's
+sequence-length buckets. The requests of one TorchServe batch are sorted by length and split into
+groups of one bucket each, so a short request is never padded to the batch's longest one. Where
+the batch dimension is dynamic a group keeps its real row count; where it is static the group is
+padded with dummy rows up to the next batch bucket.
+"""
+
+import dataclasses
+import itertools
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    seq_lens: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    dynamic: str  # "none", "batch" or "all" (see config.DYNAMIC)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.seq_lens[-1]
+
+    @property
+    def max_batch(self) -> int:
+        return self.batch_sizes[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Requests (by position) that run together as one (batch_size, seq_len) tensor."""
+
+    indices: tuple[int, ...]
+    batch_size: int
+    seq_len: int
+
+
+def seq_bucket(length: int, seq_lens: tuple[int, ...]) -> int | None:
+    """The smallest bucket that holds `length` tokens, or None when none does."""
+    return next((bucket for bucket in seq_lens if bucket >= length), None)
+
+
+def batch_rows(count: int, plan: BucketPlan) -> int:
+    """Rows a group of `count` requests occupies: exact when batch is dynamic, else a bucket."""
+    if plan.dynamic != "none":
+        return count
+    return next(size for size in plan.batch_sizes if size >= count)
+
+
+def group_requests(lengths: list[int], plan: BucketPlan) -> list[Group]:
+    """Split requests into groups of one length bucket and at most `max_batch` rows each.
+
+    `lengths` are token counts, each at most `plan.max_seq_len` (overflow is handled before).
+    """
+    order = sorted(range(len(lengths)), key=lambda index: lengths[index])
+    groups = []
+    for seq_len, members in itertools.groupby(order, key=lambda index: seq_bucket(lengths[index], plan.seq_lens)):
+        members = tuple(members)
+        for start in range(0, len(members), plan.max_batch):
+            chunk = members[start : start + plan.max_batch]
+            groups.append(Group(chunk, batch_rows(len(chunk), plan), seq_len))
+    return groups
+
+
+def warmup_shapes(plan: BucketPlan) -> list[tuple[int, int]]:
+    """Every (batch, seq_len) the live path can produce: warm-up runs each of them."""
+    return [(batch, seq_len) for seq_len in plan.seq_lens for batch in plan.batch_sizes]
+
+
+def expected_graphs(plan: BucketPlan) -> int:
+    """How many graphs dynamo must compile to cover `warmup_shapes(plan)`.
+
+    A dynamic dimension still gets a graph of its own for size 1 (dynamo specializes 0 and 1).
+    """
+    batch_kinds = len(plan.batch_sizes)
+    if plan.dynamic != "none":
+        batch_kinds = int(1 in plan.batch_sizes) + int(plan.max_batch > 1)
+    seq_kinds = 1 if plan.dynamic == "all" else len(plan.seq_lens)
+    return batch_kinds * seq_kinds
+
+
+def mark_dynamic_dims(tensor: torch.Tensor, plan: BucketPlan) -> None:
+    """Tell dynamo which dimensions of a (batch, seq_len) input vary, per the plan."""
+    if plan.dynamic == "none":
+        return
+    if tensor.shape[0] > 1:
+        torch._dynamo.mark_dynamic(tensor, 0)
+    if plan.dynamic == "all":
+        torch._dynamo.mark_dynamic(tensor, 1)
+
+
+def pad_group(token_ids: list[list[int]], group: Group, pad_id: int) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask of shape (batch_size, seq_len) for the group's requests.
+
+    Dummy rows (static batch only) attend to one pad token so no row is fully masked.
+    """
+    input_ids = torch.full((group.batch_size, group.seq_len), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((group.batch_size, group.seq_len), dtype=torch.long)
+    attention_mask[:, 0] = 1
+    for row, ids in enumerate(token_ids):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def padded_tokens(groups: list[Group]) -> int:
+    """Tokens the model computes for these groups, padding and dummy rows included."""
+    return sum(group.batch_size * group.seq_len for group in groups)

@@ -1,0 +1,37 @@
+"""Sentence embeddings with the meaning of sentence-transformers' `encode` for the same model.
+
+Pooling, normalization and the length limit are read from the model's own sentence-transformers
+files (`modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`).
+"""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModel
+
+from handlers.base import CompiledHandler
+from handlers.payload import boolean_param
+from handlers.pooling import SentenceEmbedder, normalizes, pooling_modes, read_json
+
+
+class EmbeddingHandler(CompiledHandler):
+    """`{"inputs": "text"}` -> `{"embedding": [...]}`; a list in gets a list out."""
+
+    PARAMS = {"normalize": boolean_param}
+
+    def build_model(self, model_dir: Path) -> torch.nn.Module:
+        self.normalize_default = normalizes(model_dir)
+        encoder = AutoModel.from_pretrained(
+            model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
+        )
+        return SentenceEmbedder(encoder, pooling_modes(model_dir))
+
+    def max_seq_len(self, model_dir: Path) -> int | None:
+        return read_json(model_dir / "sentence_bert_config.json", {}).get("max_seq_length")
+
+    def encode(self, rows: list[torch.Tensor], params: dict[str, Any], is_list: bool) -> Any:
+        if params.get("normalize", self.normalize_default):
+            rows = [torch.nn.functional.normalize(row, dim=-1) for row in rows]
+        answers = [{"embedding": row.tolist()} for row in rows]
+        return answers if is_list else answers[0]

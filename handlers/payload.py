@@ -1,0 +1,107 @@
+"""Request bodies in, per-request errors out: what a client sent, checked before any model work.
+
+A body is raw UTF-8 text, or JSON `{"inputs": "text" | ["a", "b"], <task parameters>}`. Anything
+else raises `RequestError` with a 4xx code and a message that says what was wrong without echoing
+the input back (request text is never logged or returned).
+"""
+
+import dataclasses
+import json
+from typing import Any, Callable
+
+HTTP_PHRASES = {400: "Bad Request", 413: "Payload Too Large", 422: "Unprocessable Entity"}
+
+
+class RequestError(Exception):
+    """A client error for one request of a batch; the others are still answered."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def phrase(self) -> str:
+        return HTTP_PHRASES.get(self.code, "Client Error")
+
+    def body(self) -> dict:
+        return {"error": self.message, "code": self.code}
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    texts: list[str]
+    is_list: bool  # a list in gets a list out, in the same order
+    params: dict[str, Any]
+
+
+ParamCheck = Callable[[Any, str], Any]
+
+
+def boolean_param(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise RequestError(400, f"parameter '{name}' must be true or false")
+    return value
+
+
+def _body_value(request: dict) -> Any:
+    """The body TorchServe decoded for us: a dict or list (JSON), str (text) or bytes."""
+    value = request.get("data")
+    if value is None:
+        value = request.get("body")
+    if value is None or value in (b"", ""):
+        raise RequestError(400, 'empty request body: send text, or JSON {"inputs": ...}')
+    return value
+
+
+def _from_bytes(raw: bytes | bytearray, content_type: str | None) -> Any:
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequestError(400, "request body is not valid UTF-8") from None
+    if content_type and "json" in content_type:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise RequestError(400, f"request body is not valid JSON ({error.msg} at position {error.pos})") from None
+    return text
+
+
+def _texts(inputs: Any, max_inputs: int) -> tuple[list[str], bool]:
+    if isinstance(inputs, str):
+        inputs, is_list = [inputs], False
+    elif isinstance(inputs, list):
+        is_list = True
+    else:
+        raise RequestError(400, "'inputs' must be a string or a list of strings")
+    if not inputs:
+        raise RequestError(400, "'inputs' is an empty list: send at least one text")
+    if len(inputs) > max_inputs:
+        raise RequestError(413, f"'inputs' has {len(inputs)} texts; at most {max_inputs} per request")
+    for position, text in enumerate(inputs):
+        if not isinstance(text, str):
+            raise RequestError(400, f"'inputs'[{position}] is not a string")
+        if not text.strip():
+            raise RequestError(400, f"'inputs'[{position}] is empty")
+    return list(inputs), is_list
+
+
+def parse(request: dict, content_type: str | None, param_checks: dict[str, ParamCheck], max_inputs: int) -> Payload:
+    """Check one TorchServe request and return its texts and task parameters."""
+    value = _body_value(request)
+    if isinstance(value, (bytes, bytearray)):
+        value = _from_bytes(value, content_type)
+    if isinstance(value, str):
+        return Payload(*_texts(value, max_inputs), params={})
+    if not isinstance(value, dict) or "inputs" not in value:
+        raise RequestError(400, "JSON body must be an object with an 'inputs' key")
+    texts, is_list = _texts(value["inputs"], max_inputs)
+    params = {}
+    for name, param in value.items():
+        if name == "inputs":
+            continue
+        if name not in param_checks:
+            allowed = ", ".join(sorted(param_checks)) or "none"
+            raise RequestError(400, f"unknown parameter '{name}'; allowed: {allowed}")
+        params[name] = param_checks[name](param, name)
+    return Payload(texts, is_list, params)

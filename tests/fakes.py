@@ -1,0 +1,18 @@
+"""A stand-in for TorchServe's Context, for unit tests that drive a handler in process."""
+
+from ts.context import Context, RequestProcessor
+
+
+def make_context(model_dir, yaml_config: dict, batch_size: int = 8, gpu=None) -> Context:
+    """A real ts.context.Context as TorchServe builds it, without a metrics cache."""
+    manifest = {"model": {"modelName": "test", "handler": "embedding.py"}}
+    return Context("test", str(model_dir), manifest, batch_size, gpu, "0.12.0", model_yaml_config=yaml_config)
+
+
+def start_batch(context: Context, content_types: list[str]) -> None:
+    """Give the context one RequestProcessor per request, as TorchServe does per batch."""
+    context.request_processor = [RequestProcessor({"body": {"content-type": ct}}) for ct in content_types]
+
+
+def status(context: Context, index: int) -> int:
+    return context.get_response_status(index)[0] or 200
