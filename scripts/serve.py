@@ -56,7 +56,7 @@ class TorchServe:
         self.workdir = Path(workdir).resolve()
         self.model_store = Path(model_store).resolve()
         self.ports = ports or DEFAULT_PORTS
-        self.env = {**os.environ, **(env or {}), "TMPDIR": str(self.workdir / "tmp")}
+        self.env = {**os.environ, **(env or {}), "TMPDIR": str(self.workdir / "tmp"), "TEMP": str(self.workdir / "tmp")}
         self.env["LOG_LOCATION"] = self.env["METRICS_LOCATION"] = str(self.workdir / "logs")
         self.inference_url = f"http://127.0.0.1:{self.ports['INFERENCE_PORT']}"
         self.management_url = f"http://127.0.0.1:{self.ports['MANAGEMENT_PORT']}"
@@ -78,12 +78,16 @@ class TorchServe:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if requests.get(f"{self.inference_url}/ping", timeout=2).ok and self.key_file().is_file():
+                # /ping needs the inference token too, which exists once the key file is written.
+                if self.key_file().is_file() and self.ping().ok:
                     return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, ValueError, KeyError):
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"TorchServe did not answer /ping within {timeout}s; see {self.workdir / 'logs'}")
+
+    def ping(self) -> requests.Response:
+        return requests.get(f"{self.inference_url}/ping", headers=self.headers("inference"), timeout=2)
 
     def stop(self) -> None:
         self._torchserve("--stop")
