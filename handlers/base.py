@@ -149,6 +149,7 @@ class CompiledHandler(BaseHandler):
     def _warm_up(self) -> warmup.WarmupReport:
         iterations = self.config.warmup.iterations
         try:
+            self.model.compile()
             report = warmup.run_grid(self.infer, self.plan, iterations, self._filler, self.model.is_compiled)
             if self.model.is_compiled and self.config.warmup.verify:
                 probe = self._probe_ids()
@@ -156,7 +157,7 @@ class CompiledHandler(BaseHandler):
                 warmup.check_drift("compiled vs eager", self.infer(probe), eager, self._tolerance(self.dtype))
             return report
         except Exception as error:  # a compile error can be of any type; all follow on_failure
-            if not self.model.is_compiled:
+            if not self.config.compile.enable:
                 raise
             self._on_failure(error)
             self.model.fall_back_to_eager(f"{type(error).__name__}: {error}")

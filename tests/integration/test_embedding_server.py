@@ -1,0 +1,110 @@
+"""The MiniLM archive through a real TorchServe (Java) on free loopback ports."""
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+
+from scripts.build_mar import build
+from scripts.serve import TorchServe
+
+pytestmark = pytest.mark.integration
+
+TEXTS = [
+    "hello world",
+    "TorchServe answers embedding requests from a compiled model.",
+    "Die Katze schläft auf dem Sofa, und der Hund bellt. 猫はソファで寝ています。",
+    "word " * 400,  # longer than the largest bucket: truncated at 256 tokens, as encode does
+]
+# (model name, extra model-config, minimum cosine to sentence-transformers' float32 encode)
+MODELS = [("minilm32", {"handler": {"dtype": "float32"}}, 0.9999), ("minilm", {}, 0.999)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, minilm_dir):
+    store = tmp_path_factory.mktemp("model_store")
+    for name, extra, _ in MODELS:
+        build(minilm_dir, "embedding", name, store, extra)
+    torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store)
+    torchserve.start()
+    try:
+        for name, _, _ in MODELS:
+            torchserve.register(f"{name}.mar", batch_size=8, max_batch_delay=20, workers=1)
+        yield torchserve
+    finally:
+        torchserve.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(minilm_dir), device="cpu")
+    return lambda texts: model.encode(texts, convert_to_tensor=True)
+
+
+def cosines(answers, expected) -> list[float]:
+    got = torch.tensor([answer["embedding"] for answer in answers])
+    return torch.nn.functional.cosine_similarity(got, expected).tolist()
+
+
+@pytest.mark.parametrize("name, min_cosine", [(name, cosine) for name, _, cosine in MODELS])
+def test_embeddings_agree_with_sentence_transformers(server, reference, name, min_cosine):
+    singles = [server.predict(name, {"inputs": text}) for text in TEXTS]
+    assert [response.status_code for response in singles] == [200] * len(TEXTS)
+    assert min(cosines([r.json() for r in singles], reference(TEXTS))) >= min_cosine
+    listed = server.predict(name, {"inputs": TEXTS})
+    assert listed.status_code == 200 and len(listed.json()) == len(TEXTS)
+    assert min(cosines(listed.json(), reference(TEXTS))) >= min_cosine
+    raw = server.predict(name, TEXTS[1].encode(), content_type="text/plain")
+    assert min(cosines([raw.json()], reference(TEXTS[1:2]))) >= min_cosine
+
+
+def test_fifty_concurrent_requests_are_all_answered_correctly(server, reference):
+    texts = [f"request number {i}: " + "tokens " * (i * 5 % 120) for i in range(50)]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        responses = list(pool.map(lambda text: server.predict("minilm32", {"inputs": text}), texts))
+    assert [response.status_code for response in responses] == [200] * 50
+    assert min(cosines([r.json() for r in responses], reference(texts))) >= 0.9999
+
+
+def test_a_bad_request_in_a_busy_batch_gets_its_4xx_and_the_others_200(server):
+    bodies = [{"inputs": f"good request {i}"} for i in range(15)]
+    bodies[7] = b'{"inputs": '  # invalid JSON
+    bodies[11] = {"inputs": ["fine", 3]}  # a list with a non-string
+    with ThreadPoolExecutor(max_workers=15) as pool:
+        responses = list(pool.map(lambda body: server.predict("minilm32", body), bodies))
+    codes = [response.status_code for response in responses]
+    assert codes == [200] * 7 + [400] + [200] * 3 + [400] + [200] * 3
+    assert responses[7].json()["code"] == 400 and "not valid JSON" in responses[7].json()["error"]
+    assert "'inputs'[1] is not a string" in responses[11].json()["error"]
+    assert server.ping().status_code == 200
+
+
+def test_requests_without_the_token_are_refused(server):
+    response = requests.post(
+        f"{server.inference_url}/predictions/minilm32",
+        data=json.dumps({"inputs": "x"}),
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert response.status_code in (400, 401)
+    assert "Token" in response.text or "key" in response.text.lower()
+
+
+def metric_values(text: str, name: str) -> dict[str, float]:
+    pattern = re.compile(rf'^{name}{{ModelName="([^"]+)".*}} ([0-9.eE+-]+)$', re.MULTILINE)
+    return {model: float(value) for model, value in pattern.findall(text)}
+
+
+def test_custom_metrics_on_the_prometheus_endpoint(server):
+    server.predict("minilm", {"inputs": TEXTS})  # at least one batch on each model
+    server.predict("minilm32", {"inputs": TEXTS})
+    text = server.metrics()
+    for name in ("CompileSeconds", "WarmupSeconds", "PaddedTokenRatio"):
+        values = metric_values(text, name)
+        assert set(values) == {"minilm", "minilm32"} and min(values.values()) > 0, name
+    assert metric_values(text, "RecompilesAfterReady") == {"minilm": 0.0, "minilm32": 0.0}

@@ -1,0 +1,64 @@
+import pytest
+
+from handlers.config import BucketConfig, ConfigError, parse
+
+
+def test_defaults_without_a_handler_section():
+    config = parse({})
+    assert config.task == "embedding"
+    assert config.dtype == "auto"
+    assert config.threads is None
+    assert config.buckets == BucketConfig()
+    assert config.compile.enable and config.compile.mode == "default"
+    assert config.workers == 1
+
+
+def test_pt2_compile_section_is_honoured_and_handler_compile_wins():
+    config = parse(
+        {
+            "minWorkers": 2,
+            "pt2": {"compile": {"enable": True, "backend": "inductor", "mode": "max-autotune", "dynamic": False}},
+            "handler": {"compile": {"mode": "reduce-overhead"}},
+        }
+    )
+    assert config.compile.mode == "reduce-overhead"
+    assert config.compile.dynamic == "none"
+    assert config.workers == 2
+
+
+def test_pt2_compile_can_turn_compilation_off():
+    assert parse({"pt2": {"compile": {"enable": False}}}).compile.enable is False
+
+
+@pytest.mark.parametrize(
+    "yaml_config, key, value",
+    [
+        ({"handler": {"colour": "red"}}, "handler.colour", "'red'"),
+        ({"handler": {"dtype": "float8"}}, "handler.dtype", "'float8'"),
+        ({"handler": {"threads": 0}}, "handler.threads", "0"),
+        ({"handler": {"buckets": {"seq_lens": [64, 32]}}}, "handler.buckets.seq_lens", "[64, 32]"),
+        ({"handler": {"buckets": {"overflow": "drop"}}}, "handler.buckets.overflow", "'drop'"),
+        ({"handler": {"compile": {"mode": "fastest"}}}, "handler.compile.mode", "'fastest'"),
+        ({"handler": {"compile": {"fullgraph": "yes"}}}, "handler.compile.fullgraph", "'yes'"),
+        ({"handler": {"warmup": {"tolerance": 2}}}, "handler.warmup.tolerance", "2"),
+        ({"pt2": {"compile": {"options": {}}}}, "pt2.compile.options", "{}"),
+        ({"handler": {"compile": "on"}}, "handler.compile", "'on'"),
+    ],
+)
+def test_bad_keys_and_values_name_key_value_and_allowed(yaml_config, key, value):
+    with pytest.raises(ConfigError) as error:
+        parse(yaml_config)
+    message = str(error.value)
+    assert f"{key}={value}" in message
+    assert "allowed:" in message
+
+
+def test_unknown_key_lists_the_allowed_keys():
+    with pytest.raises(ConfigError, match="task, dtype, threads"):
+        parse({"handler": {"workers": 3}})
+
+
+def test_config_is_frozen():
+    config = parse({})
+    with pytest.raises(AttributeError):
+        config.dtype = "float32"

@@ -1,0 +1,97 @@
+"""The embedding handler in process on a tiny random BERT: compile counts, recompile guard, errors."""
+
+import pytest
+import torch
+from fakes import make_context, start_batch, status
+from torch._dynamo.utils import counters
+
+from handlers import buckets
+from handlers.base import run_eager
+from handlers.compiling import compiled_graph_count
+from handlers.embedding import EmbeddingHandler
+
+GRID = {"seq_lens": [8, 16, 32], "batch_sizes": [1, 2, 4]}
+
+
+def ready_handler(model_dir, **handler_config):
+    torch._dynamo.reset()
+    counters.clear()  # compiled_graph_count() counts from here
+    handler = EmbeddingHandler()
+    config = {"handler": {"dtype": "float32", "buckets": GRID, **handler_config}}
+    handler.initialize(make_context(model_dir, config))
+    return handler
+
+
+@pytest.mark.parametrize(
+    "dynamic, grid, graphs",
+    [("all", GRID, 2), ("none", {"seq_lens": [8, 32], "batch_sizes": [1, 2, 4]}, 6)],
+)
+def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny_bert, dynamic, grid, graphs):
+    handler = ready_handler(tiny_bert, compile={"dynamic": dynamic}, buckets=grid)
+    assert handler.model.is_compiled
+    assert compiled_graph_count() == graphs == buckets.expected_graphs(handler.plan)
+    texts = ["the cat sat", "hello world " * 6, "a dog", "fast model serve token " * 3, "on the mat"]
+    context = handler.context
+    start_batch(context, ["application/json"] * len(texts))
+    answers = handler.handle([{"body": {"inputs": text}} for text in texts], context)
+    assert compiled_graph_count() == graphs
+    assert handler.model.recompiles_after_ready == 0
+    eager = handler.infer(handler._tokenize(texts), run_eager(handler.model.eager))
+    for answer, row in zip(answers, eager, strict=True):
+        expected = torch.nn.functional.normalize(row, dim=-1)
+        assert torch.allclose(torch.tensor(answer["embedding"]), expected, atol=1e-5)
+
+
+def test_a_shape_outside_the_grid_after_ready_is_counted_and_answered_eagerly(tiny_bert):
+    handler = ready_handler(tiny_bert, compile={"dynamic": "none"}, buckets={"seq_lens": [8], "batch_sizes": [2, 4]})
+    graphs = compiled_graph_count()
+    group = buckets.Group((0, 1, 2), batch_size=3, seq_len=8)  # batch 3 is not a bucket
+    inputs = buckets.pad_group([[2, 5, 3], [2, 6, 7, 3], [2, 3]], group, pad_id=0)
+    with torch.inference_mode():
+        got = handler.model(inputs)
+        want = handler.model.eager(**inputs)
+    assert handler.model.recompiles_after_ready == 1
+    assert compiled_graph_count() == graphs
+    assert torch.allclose(got, want)
+
+
+def test_bad_request_in_a_batch_gets_its_own_4xx(tiny_bert):
+    handler = ready_handler(tiny_bert, buckets={**GRID, "overflow": "reject"})
+    context = handler.context
+    start_batch(context, ["application/json", "application/json", "text/plain", "application/json"])
+    data = [
+        {"body": {"inputs": "the cat"}},
+        {"body": {"inputs": []}},
+        {"body": "a " * 100},
+        {"body": {"inputs": ["x"]}},
+    ]
+    answers = handler.handle(data, context)
+    assert [status(context, i) for i in range(4)] == [200, 400, 413, 200]
+    assert answers[1]["code"] == 400 and answers[2]["code"] == 413
+    assert len(answers[0]["embedding"]) == 32 and len(answers[3]) == 1
+
+
+def test_truncate_caps_long_texts_at_the_largest_bucket(tiny_bert):
+    handler = ready_handler(tiny_bert)
+    assert [len(ids) for ids in handler._tokenize(["a " * 100, "the cat"])] == [32, 4]
+
+
+def test_compile_off_serves_eagerly(tiny_bert):
+    handler = ready_handler(tiny_bert, compile={"enable": False})
+    assert not handler.model.is_compiled and compiled_graph_count() == 0
+    start_batch(handler.context, ["application/json"])
+    assert len(handler.handle([{"body": {"inputs": "the dog"}}], handler.context)[0]["embedding"]) == 32
+
+
+def test_a_compile_failure_falls_back_to_eager_or_fails_per_config(tiny_bert, caplog):
+    with caplog.at_level("ERROR"):
+        handler = ready_handler(tiny_bert, compile={"backend": "no-such-backend"})
+    assert not handler.model.is_compiled
+    assert "Serving the model EAGERLY" in caplog.text and "no-such-backend" in caplog.text
+    with pytest.raises(Exception, match="no-such-backend"):
+        ready_handler(tiny_bert, compile={"backend": "no-such-backend", "on_failure": "fail"})
+
+
+def test_model_length_limit_caps_the_buckets(tiny_bert):
+    handler = ready_handler(tiny_bert, buckets={"seq_lens": [16, 48, 128], "batch_sizes": [1, 2]})
+    assert handler.plan.seq_lens == (16, 48, 64)  # sentence_bert_config.json says 64
