@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handlers.metrics import NAMES as METRIC_NAMES  # noqa: E402
 from scripts.build_mar import build  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
 
@@ -69,8 +70,6 @@ def main(argv=None) -> None:
     finally:
         server.stop()
 
-
-METRIC_NAMES = ("CompileSeconds", "WarmupSeconds", "RecompilesAfterReady", "PaddedTokenRatio")
 
 if __name__ == "__main__":
     main()
