@@ -1,7 +1,8 @@
 """The TorchServe lifecycle shared by every task: initialize, handle, and nothing task-specific.
 
 A task handler subclasses `CompiledHandler` and supplies the module to compile (`build_model`),
-its request parameters (`PARAMS`), and how one output row becomes an answer (`encode`).
+its request parameters (`PARAMS`), and how one output row becomes an answer (`encode`). Tasks
+that do not answer with one forward pass per text (generation) replace `infer` and `respond`.
 """
 
 import copy
@@ -12,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
+from tokenizers import Encoding
+from transformers import AutoConfig, AutoTokenizer
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import buckets, hardware, payload, warmup
 from handlers.compiling import CompiledModel
-from handlers.config import HandlerConfig, parse
+from handlers.config import CompileConfig, HandlerConfig, parse
 from handlers.metrics import emit
 
 logger = logging.getLogger(__name__)
@@ -26,9 +28,18 @@ HARDWARE = hardware.detect()
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def run_eager(module: torch.nn.Module):
-    """`module` as a callable of an inputs dict, like CompiledModel."""
-    return lambda inputs: module(**inputs)
+def run_eager(module: torch.nn.Module) -> CompiledModel:
+    """`module` run eagerly behind the same interface as the compiled model."""
+    return CompiledModel(module, CompileConfig(enable=False), graphs_needed=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Accepted:
+    """A request that passed its checks: its position in the batch, body and tokenized texts."""
+
+    index: int
+    body: payload.Payload
+    encodings: list[Encoding]
 
 
 class CompiledHandler(BaseHandler):
@@ -45,9 +56,20 @@ class CompiledHandler(BaseHandler):
         """The model's own length limit, if it has one; it caps the largest bucket."""
         return None
 
-    def encode(self, rows: list[torch.Tensor], params: dict[str, Any], is_list: bool) -> Any:
-        """The JSON answer for one request from its output rows (one per input text)."""
+    def encode(self, rows: list[torch.Tensor], body: payload.Payload, encodings: list[Encoding]) -> Any:
+        """The JSON answer for one request from its output rows and tokenizations (one per text)."""
         raise NotImplementedError
+
+    def param_checks(self) -> dict[str, payload.ParamCheck]:
+        """The request parameters this task accepts, each with its check."""
+        return self.PARAMS
+
+    def graphs_needed(self) -> int:
+        """Graphs the warm-up grid must compile (more means graph breaks or lost guards)."""
+        return buckets.expected_graphs(self.plan)
+
+    def configure_tokenizer(self, tokenizer) -> None:
+        """Task-specific tokenizer settings (e.g. which side truncation cuts)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context):
@@ -58,11 +80,15 @@ class CompiledHandler(BaseHandler):
         self.device = self._device(context.system_properties.get("gpu_id"))
         model_dir = Path(context.system_properties["model_dir"])
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+        if not self.tokenizer.is_fast:
+            raise ValueError(f"{model_dir} has no fast tokenizer (tokenizer.json); offsets and speed need one")
+        self.configure_tokenizer(self.tokenizer)
+        self._check_vocabulary(model_dir)
         self.plan = self._plan(model_dir)
         module = self.build_model(model_dir).eval().to(self.device)
         self.dtype = self._choose_dtype(module)
         module.to(self.dtype)
-        self.model = CompiledModel(module, self.config.compile, buckets.expected_graphs(self.plan))
+        self.model = CompiledModel(module, self.config.compile, self.graphs_needed())
         report = self._warm_up()
         self.model.mark_ready()
         self.initialized = True
@@ -71,22 +97,28 @@ class CompiledHandler(BaseHandler):
     def handle(self, data, context):
         self.context = context
         answers: list[Any] = [None] * len(data)
-        accepted = []  # (request index, payload, token ids of each text)
+        accepted = []
         for index, request in enumerate(data):
             try:
                 body = self._parse(request, context, index)
-                accepted.append((index, body, self._tokenize(body.texts)))
+                accepted.append(Accepted(index, body, self._tokenize(body.texts)))
             except payload.RequestError as error:
                 context.set_response_status(error.code, error.phrase, index)
                 answers[index] = error.body()
-        token_ids = [ids for _, _, request_ids in accepted for ids in request_ids]
-        rows = self.infer(token_ids) if token_ids else []
-        position = 0
-        for index, body, request_ids in accepted:
-            answers[index] = self.encode(rows[position : position + len(request_ids)], body.params, body.is_list)
-            position += len(request_ids)
+        if accepted:
+            self.respond(accepted, answers)
         emit(context, "RecompilesAfterReady", self.model.recompiles_after_ready, "Count")
         return answers
+
+    def respond(self, accepted: list["Accepted"], answers: list[Any]) -> None:
+        """Fill in the answers of the accepted requests: one forward pass over all their texts."""
+        token_ids = [encoding.ids for request in accepted for encoding in request.encodings]
+        rows = self.infer(token_ids)
+        position = 0
+        for request in accepted:
+            count = len(request.encodings)
+            answers[request.index] = self.encode(rows[position : position + count], request.body, request.encodings)
+            position += count
 
     # -- the request path after tokenization (warm-up takes it too) -------------------------
     def infer(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
@@ -119,6 +151,13 @@ class CompiledHandler(BaseHandler):
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
+    def _check_vocabulary(self, model_dir: Path) -> None:
+        """A token id past the embedding table aborts the whole worker inside a compiled kernel."""
+        rows = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).get_text_config().vocab_size
+        largest = max(self.tokenizer.get_vocab().values())
+        if rows is not None and largest >= rows:
+            raise ValueError(f"the tokenizer makes token id {largest} but the model embeds only {rows} tokens")
+
     def _plan(self, model_dir: Path) -> buckets.BucketPlan:
         seq_lens = self.config.buckets.seq_lens
         limit = min(filter(None, (self.max_seq_len(model_dir), self.tokenizer.model_max_length)))
@@ -150,7 +189,8 @@ class CompiledHandler(BaseHandler):
         iterations = self.config.warmup.iterations
         try:
             self.model.compile()
-            report = warmup.run_grid(self.infer, self.plan, iterations, self._filler, self.model.is_compiled)
+            check = self.graphs_needed() if self.model.is_compiled else None
+            report = warmup.run_grid(self.infer, self.plan, iterations, self._filler, check)
             if self.model.is_compiled and self.config.warmup.verify:
                 probe = self._probe_ids()
                 eager = self.infer(probe, run_eager(self.model.eager))
@@ -161,7 +201,7 @@ class CompiledHandler(BaseHandler):
                 raise
             self._on_failure(error)
             self.model.fall_back_to_eager(f"{type(error).__name__}: {error}")
-            return dataclasses.replace(warmup.run_grid(self.infer, self.plan, 1, self._filler, False), graphs=0)
+            return dataclasses.replace(warmup.run_grid(self.infer, self.plan, 1, self._filler, None), graphs=0)
 
     def _on_failure(self, error: Exception) -> None:
         logger.error("Compile or warm-up check failed (on_failure=%s): %s", self.config.compile.on_failure, error)
@@ -214,16 +254,16 @@ class CompiledHandler(BaseHandler):
         part = "data" if request.get("data") is not None else "body"
         header = context.get_request_header(index, part) if context.request_processor else None
         content_type = header.get("content-type") if isinstance(header, dict) else None
-        return payload.parse(request, content_type, self.PARAMS, self.config.max_inputs)
+        return payload.parse(request, content_type, self.param_checks(), self.config.max_inputs)
 
-    def _tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids per text; over-long texts are truncated or rejected (413) per config."""
+    def _tokenize(self, texts: list[str]) -> list[Encoding]:
+        """Fast-tokenizer encodings per text; over-long texts are truncated or rejected (413) per config."""
         limit = self.plan.max_seq_len
         reject = self.config.buckets.overflow == "reject"
         # One token over the limit is enough to tell an over-long text apart.
-        encoded = self.tokenizer(texts, truncation=True, max_length=limit + 1 if reject else limit)["input_ids"]
-        for position, ids in enumerate(encoded):
-            if len(ids) > limit:
+        encoded = self.tokenizer(texts, truncation=True, max_length=limit + 1 if reject else limit).encodings
+        for position, encoding in enumerate(encoded):
+            if len(encoding.ids) > limit:
                 raise payload.RequestError(
                     413, f"text {position} is longer than {limit} tokens; shorten it or set overflow: truncate"
                 )

@@ -64,6 +64,21 @@ def group_requests(lengths: list[int], plan: BucketPlan) -> list[Group]:
     return groups
 
 
+def generation_groups(lengths: list[int], plan: BucketPlan) -> list[Group]:
+    """Split prompts into groups of at most `max_batch` that generate together.
+
+    Unlike `group_requests`, a group spans length buckets (padded to its longest prompt's bucket):
+    each group costs a whole decode loop, so fewer, fuller groups beat tighter padding.
+    """
+    order = sorted(range(len(lengths)), key=lambda index: lengths[index])
+    groups = []
+    for start in range(0, len(order), plan.max_batch):
+        chunk = tuple(order[start : start + plan.max_batch])
+        seq_len = seq_bucket(max(lengths[index] for index in chunk), plan.seq_lens)
+        groups.append(Group(chunk, batch_rows(len(chunk), plan), seq_len))
+    return groups
+
+
 def warmup_shapes(plan: BucketPlan) -> list[tuple[int, int]]:
     """Every (batch, seq_len) the live path can produce: warm-up runs each of them."""
     return [(batch, seq_len) for seq_len in plan.seq_lens for batch in plan.batch_sizes]

@@ -65,7 +65,7 @@ class CompiledModel:
     def mark_ready(self) -> None:
         self.ready = True
 
-    def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, inputs: dict) -> torch.Tensor:
         if self.compiled is None:
             return self.eager(**inputs)
         if not self.ready:
@@ -78,7 +78,7 @@ class CompiledModel:
                 raise
         self.recompiles_after_ready += 1
         if self.recompiles_after_ready == 1:
-            shapes = {name: tuple(tensor.shape) for name, tensor in inputs.items()}
+            shapes = {name: tuple(value.shape) for name, value in inputs.items() if isinstance(value, torch.Tensor)}
             logger.warning(
                 "A shape outside the warm-up grid reached the compiled model after ready %s; "
                 "answered eagerly and counted in RecompilesAfterReady (logged once)",

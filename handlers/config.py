@@ -102,6 +102,15 @@ class WarmupConfig:
     tolerance: float | None = _option(_tolerance, None)
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """text-generation only. `max_new_tokens` caps requests and sizes the static KV cache."""
+
+    max_new_tokens: int = _option(_positive_int, 64)
+    default_new_tokens: int | None = _option(_positive_int, None)  # None: min(20, max_new_tokens)
+    max_stop_strings: int = _option(_positive_int, 8)
+
+
 def _nested(cls):
     return lambda value, key: _parse_section(cls, value, key)
 
@@ -115,6 +124,7 @@ class HandlerConfig:
     buckets: BucketConfig = _option(_nested(BucketConfig), BucketConfig())
     compile: CompileConfig = _option(_nested(CompileConfig), CompileConfig())
     warmup: WarmupConfig = _option(_nested(WarmupConfig), WarmupConfig())
+    generation: GenerationConfig = _option(_nested(GenerationConfig), GenerationConfig())
     # Not a `handler:` key: TorchServe's minWorkers, used to share the cores between workers.
     workers: int = dataclasses.field(default=1, metadata={"internal": True})
 
@@ -159,5 +169,11 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
     if isinstance(own_compile, dict):
         own_compile = {**_pt2_compile(yaml_config), **own_compile}
     config = _parse_section(HandlerConfig, {**handler, "compile": own_compile}, "handler")
+    if (config.generation.default_new_tokens or 0) > config.generation.max_new_tokens:
+        raise ConfigError(
+            "handler.generation.default_new_tokens",
+            config.generation.default_new_tokens,
+            f"at most generation.max_new_tokens ({config.generation.max_new_tokens})",
+        )
     workers = _positive_int(yaml_config.get("minWorkers", 1), "minWorkers")
     return dataclasses.replace(config, workers=workers)

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModel
 
 from handlers.base import CompiledHandler
-from handlers.payload import boolean_param
+from handlers.payload import Payload, boolean_param
 from handlers.pooling import SentenceEmbedder, normalizes, pooling_modes, read_json
 
 
@@ -30,8 +30,7 @@ class EmbeddingHandler(CompiledHandler):
     def max_seq_len(self, model_dir: Path) -> int | None:
         return read_json(model_dir / "sentence_bert_config.json", {}).get("max_seq_length")
 
-    def encode(self, rows: list[torch.Tensor], params: dict[str, Any], is_list: bool) -> Any:
-        if params.get("normalize", self.normalize_default):
+    def encode(self, rows: list[torch.Tensor], body: Payload, encodings: list) -> Any:
+        if body.params.get("normalize", self.normalize_default):
             rows = [torch.nn.functional.normalize(row, dim=-1) for row in rows]
-        answers = [{"embedding": row.tolist()} for row in rows]
-        return answers if is_list else answers[0]
+        return body.shape_like_inputs([{"embedding": row.tolist()} for row in rows])

@@ -34,6 +34,10 @@ class Payload:
     is_list: bool  # a list in gets a list out, in the same order
     params: dict[str, Any]
 
+    def shape_like_inputs(self, answers: list) -> Any:
+        """One answer per text: the list for a list of inputs, else the single answer."""
+        return answers if self.is_list else answers[0]
+
 
 ParamCheck = Callable[[Any, str], Any]
 
@@ -42,6 +46,35 @@ def boolean_param(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise RequestError(400, f"parameter '{name}' must be true or false")
     return value
+
+
+def choice_param(*options: str) -> ParamCheck:
+    def check(value: Any, name: str) -> str:
+        if value not in options:
+            raise RequestError(400, f"parameter '{name}' must be one of: {', '.join(options)}")
+        return value
+
+    return check
+
+
+def int_param(low: int, high: int) -> ParamCheck:
+    def check(value: Any, name: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise RequestError(400, f"parameter '{name}' must be an integer from {low} to {high}")
+        return value
+
+    return check
+
+
+def number_param(low: float, high: float) -> ParamCheck:
+    """A number in (low, high]: the lower bound itself is excluded (temperature 0, top_p 0)."""
+
+    def check(value: Any, name: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+            raise RequestError(400, f"parameter '{name}' must be a number above {low} and at most {high}")
+        return float(value)
+
+    return check
 
 
 def _body_value(request: dict) -> Any:

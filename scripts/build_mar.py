@@ -22,7 +22,12 @@ sys.path.insert(0, str(ROOT))
 
 from handlers.config import TASKS, parse  # noqa: E402
 
-HANDLER_FILES = {"embedding": "embedding.py"}
+HANDLER_FILES = {
+    "embedding": "embedding.py",
+    "text-classification": "classification.py",
+    "token-classification": "token_classification.py",
+    "text-generation": "generation.py",
+}
 DEFAULT_MODEL_CONFIG = {
     "minWorkers": 1,
     "maxWorkers": 1,
@@ -31,6 +36,8 @@ DEFAULT_MODEL_CONFIG = {
     "responseTimeout": 120,
     "startupTimeout": 300,
 }
+# Per task, over DEFAULT_MODEL_CONFIG: generation answers after a whole decode loop, not one pass.
+TASK_MODEL_CONFIG = {"text-generation": {"responseTimeout": 300}}
 SKIPPED_FILES = {".gitattributes", "README.md"}
 
 
@@ -65,7 +72,8 @@ def merge(base: dict, extra: dict) -> dict:
 
 def model_config(task: str, extra: dict) -> dict:
     """The model-config.yaml for the archive, validated now rather than at registration."""
-    config = merge({**DEFAULT_MODEL_CONFIG, "handler": {"task": task}}, extra)
+    defaults = {**DEFAULT_MODEL_CONFIG, **TASK_MODEL_CONFIG.get(task, {}), "handler": {"task": task}}
+    config = merge(defaults, extra)
     if config["handler"].get("task") != task:
         raise BuildError(f"--task {task} but the config says handler.task={config['handler'].get('task')}")
     parse(config)
@@ -86,8 +94,6 @@ def stage(model_dir: Path, config: dict, staging: Path) -> None:
 def build(model_dir: Path, task: str, name: str, export_path: Path, extra_config: dict | None = None) -> Path:
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
-    if task not in HANDLER_FILES:
-        raise BuildError(f"--task {task} has no handler yet; available: {', '.join(HANDLER_FILES)}")
     config = model_config(task, extra_config or {})
     export_path = Path(export_path)
     export_path.mkdir(parents=True, exist_ok=True)

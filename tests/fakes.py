@@ -16,3 +16,25 @@ def start_batch(context: Context, content_types: list[str]) -> None:
 
 def status(context: Context, index: int) -> int:
     return context.get_response_status(index)[0] or 200
+
+
+def ready_handler(handler_class, model_dir, **handler_config):
+    """A handler initialized in process with float32 and `handler_config` under `handler:`."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()  # compiled_graph_count() counts from here
+    handler = handler_class()
+    handler.initialize(make_context(model_dir, {"handler": {"dtype": "float32", **handler_config}}))
+    return handler
+
+
+class RecordingSocket:
+    """Stands in for the worker's socket to the frontend: keeps what intermediate responses send."""
+
+    def __init__(self):
+        self.messages: list[bytes] = []
+
+    def sendall(self, message) -> None:
+        self.messages.append(bytes(message))

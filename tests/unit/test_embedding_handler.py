@@ -1,9 +1,9 @@
 """The embedding handler in process on a tiny random BERT: compile counts, recompile guard, errors."""
 
+import fakes
 import pytest
 import torch
-from fakes import make_context, start_batch, status
-from torch._dynamo.utils import counters
+from fakes import start_batch, status
 
 from handlers import buckets
 from handlers.base import run_eager
@@ -14,12 +14,7 @@ GRID = {"seq_lens": [8, 16, 32], "batch_sizes": [1, 2, 4]}
 
 
 def ready_handler(model_dir, **handler_config):
-    torch._dynamo.reset()
-    counters.clear()  # compiled_graph_count() counts from here
-    handler = EmbeddingHandler()
-    config = {"handler": {"dtype": "float32", "buckets": GRID, **handler_config}}
-    handler.initialize(make_context(model_dir, config))
-    return handler
+    return fakes.ready_handler(EmbeddingHandler, model_dir, **{"buckets": GRID, **handler_config})
 
 
 @pytest.mark.parametrize(
@@ -36,7 +31,7 @@ def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny
     answers = handler.handle([{"body": {"inputs": text}} for text in texts], context)
     assert compiled_graph_count() == graphs
     assert handler.model.recompiles_after_ready == 0
-    eager = handler.infer(handler._tokenize(texts), run_eager(handler.model.eager))
+    eager = handler.infer([e.ids for e in handler._tokenize(texts)], run_eager(handler.model.eager))
     for answer, row in zip(answers, eager, strict=True):
         expected = torch.nn.functional.normalize(row, dim=-1)
         assert torch.allclose(torch.tensor(answer["embedding"]), expected, atol=1e-5)
@@ -73,7 +68,7 @@ def test_bad_request_in_a_batch_gets_its_own_4xx(tiny_bert):
 
 def test_truncate_caps_long_texts_at_the_largest_bucket(tiny_bert):
     handler = ready_handler(tiny_bert)
-    assert [len(ids) for ids in handler._tokenize(["a " * 100, "the cat"])] == [32, 4]
+    assert [len(e.ids) for e in handler._tokenize(["a " * 100, "the cat"])] == [32, 4]
 
 
 def test_compile_off_serves_eagerly(tiny_bert):

@@ -1,0 +1,192 @@
+"""Text generation with a static KV cache and a compiled decode step; tokens stream as JSON lines.
+
+The prompts of a TorchServe batch generate together (up to the largest batch bucket per group),
+each with its own parameters, stop strings and token budget. Greedy output equals what
+`model.generate()` gives for the prompt alone.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from ts.handler_utils.utils import send_intermediate_predict_response
+
+from handlers import buckets
+from handlers.base import Accepted, CompiledHandler
+from handlers.continuation import Continuation
+from handlers.decoding import CachePool, DecodeStep, GroupDecoder, left_pad
+from handlers.payload import RequestError, boolean_param, int_param, number_param
+from handlers.sampling import Sampler
+
+MAX_STOP_LENGTH = 64
+
+
+@dataclasses.dataclass
+class Job:
+    """One prompt of one request, and what it has generated so far."""
+
+    request: Accepted
+    position: int  # which text of the request
+    ids: list[int]
+    continuation: Continuation
+    sampler: Sampler
+
+    @property
+    def streams(self) -> bool:
+        return self.request.body.params.get("stream", False)
+
+
+class GenerationHandler(CompiledHandler):
+    """`{"inputs": "prompt", "max_new_tokens": 20}` -> `{"generated_text": ..., "finish_reason": ...}`."""
+
+    # -- configuration ----------------------------------------------------------------------
+    def configure_tokenizer(self, tokenizer) -> None:
+        tokenizer.truncation_side = "left"  # an over-long prompt keeps its end, which generation continues
+
+    def max_seq_len(self, model_dir: Path) -> int | None:
+        positions = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).max_position_embeddings
+        return positions - self.config.generation.max_new_tokens
+
+    def _plan(self, model_dir: Path) -> buckets.BucketPlan:
+        """Static shapes always: the decode step's shapes are fixed by its cache, one graph per batch bucket."""
+        return dataclasses.replace(super()._plan(model_dir), dynamic="none")
+
+    def graphs_needed(self) -> int:
+        return len(self.plan.batch_sizes)
+
+    def param_checks(self) -> dict:
+        return {
+            "max_new_tokens": int_param(1, self.config.generation.max_new_tokens),
+            "do_sample": boolean_param,
+            "temperature": number_param(0.0, 100.0),
+            "top_k": int_param(0, len(self.tokenizer)),
+            "top_p": number_param(0.0, 1.0),
+            "seed": int_param(0, 2**63 - 1),
+            "stop": self._stop_param,
+            "stream": boolean_param,
+        }
+
+    def _stop_param(self, value: Any, name: str) -> list[str]:
+        stops = [value] if isinstance(value, str) else value
+        limit = self.config.generation.max_stop_strings
+        if not isinstance(stops, list) or len(stops) > limit:
+            raise RequestError(400, f"parameter '{name}' must be a string or a list of at most {limit} strings")
+        if not all(isinstance(stop, str) and 0 < len(stop) <= MAX_STOP_LENGTH for stop in stops):
+            raise RequestError(400, f"parameter '{name}': each stop string must have 1 to {MAX_STOP_LENGTH} characters")
+        return stops
+
+    # -- model ------------------------------------------------------------------------------
+    def build_model(self, model_dir: Path) -> torch.nn.Module:
+        lm = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
+        )
+        defaults = lm.generation_config
+        eos = defaults.eos_token_id if defaults.eos_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.sampling_defaults = {
+            "do_sample": bool(defaults.do_sample),
+            "temperature": defaults.temperature or 1.0,
+            "top_k": defaults.top_k or 0,
+            "top_p": defaults.top_p or 1.0,
+        }
+        limits = self.config.generation
+        self.default_new_tokens = limits.default_new_tokens or min(20, limits.max_new_tokens)
+        self.caches = CachePool(lm.config, self.plan.max_seq_len + self.config.generation.max_new_tokens)
+        return DecodeStep(lm)
+
+    def _decoder(self, group: buckets.Group, token_ids: list[list[int]], model) -> GroupDecoder:
+        dtype = next(model.eager.parameters()).dtype
+        cache = self.caches.get(group.batch_size, dtype)
+        tensors = left_pad(token_ids, group.batch_size, group.seq_len, self.caches.cache_len, self.pad_id)
+        return GroupDecoder(model, cache, *tensors, self.device)
+
+    def infer(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
+        """Per prompt: the prefill's logits and one greedy decode step's, joined (warm-up and checks)."""
+        model = model or self.model
+        rows: list[torch.Tensor | None] = [None] * len(token_ids)
+        with torch.inference_mode():
+            for group in buckets.generation_groups([len(ids) for ids in token_ids], self.plan):
+                decoder = self._decoder(group, [token_ids[i] for i in group.indices], model)
+                first = decoder.prefill()
+                second = decoder.step(first.argmax(dim=-1))
+                joined = torch.cat([first, second], dim=-1).float().cpu()
+                for row, index in enumerate(group.indices):
+                    rows[index] = joined[row]
+        return rows
+
+    # -- requests ---------------------------------------------------------------------------
+    def respond(self, accepted: list[Accepted], answers: list[Any]) -> None:
+        for request in accepted:
+            if request.body.params.get("stream", False):
+                self.context.set_response_content_type(request.index, "application/jsonl")
+        jobs = [
+            self._job(request, position, encoding.ids)
+            for request in accepted
+            for position, encoding in enumerate(request.encodings)
+        ]
+        for group in buckets.generation_groups([len(job.ids) for job in jobs], self.plan):
+            self._generate([jobs[i] for i in group.indices], group)
+        for request in accepted:
+            answers[request.index] = self._final_answer(request, [job for job in jobs if job.request is request])
+
+    def _job(self, request: Accepted, position: int, ids: list[int]) -> Job:
+        params = request.body.params
+        sampling = {name: params.get(name, default) for name, default in self.sampling_defaults.items()}
+        continuation = Continuation(
+            self.tokenizer,
+            params.get("max_new_tokens", self.default_new_tokens),
+            params.get("stop", []),
+            self.eos_ids,
+        )
+        return Job(request, position, ids, continuation, Sampler(**sampling, seed=params.get("seed")))
+
+    def _generate(self, jobs: list[Job], group: buckets.Group) -> None:
+        with torch.inference_mode():
+            decoder = self._decoder(group, [job.ids for job in jobs], self.model)
+            logits = decoder.prefill().float().cpu()
+            while True:
+                tokens = torch.full((group.batch_size,), self.pad_id, dtype=torch.long)
+                for row, job in enumerate(jobs):
+                    if not job.continuation.finished:
+                        tokens[row] = job.sampler.choose(logits[row])
+                        job.continuation.add(int(tokens[row]))
+                self._stream(jobs)
+                if all(job.continuation.finished for job in jobs):
+                    return
+                logits = decoder.step(tokens).float().cpu()
+
+    def _stream(self, jobs: list[Job]) -> None:
+        """Send the new text of streaming prompts, one chunk of JSON lines per request."""
+        chunks: dict[int, str] = {}
+        for job in jobs:
+            piece = job.continuation.pending() if job.streams and not job.continuation.finished else ""
+            if piece:
+                line = json.dumps({"index": job.position, "text": piece}) + "\n"
+                chunks[job.request.index] = chunks.get(job.request.index, "") + line
+        if chunks:
+            request_ids = {index: self.context.request_ids[index] for index in chunks}
+            send_intermediate_predict_response(
+                chunks, request_ids, "Intermediate Prediction success", 200, self.context
+            )
+
+    @staticmethod
+    def _result(job: Job) -> dict[str, Any]:
+        return {
+            "generated_text": job.continuation.text,
+            "finish_reason": job.continuation.finish_reason,
+            "generated_tokens": len(job.continuation.ids),
+        }
+
+    def _final_answer(self, request: Accepted, jobs: list[Job]) -> Any:
+        if not request.body.params.get("stream", False):
+            return request.body.shape_like_inputs([self._result(job) for job in jobs])
+        lines = []
+        for job in jobs:
+            piece = job.continuation.pending()
+            if piece:
+                lines.append({"index": job.position, "text": piece})
+            lines.append({"index": job.position, **self._result(job)})
+        return "".join(json.dumps(line) + "\n" for line in lines)

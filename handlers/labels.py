@@ -1,0 +1,49 @@
+"""Logits to labelled scores, with the rules of transformers' classification pipelines."""
+
+from typing import Any
+
+import torch
+
+from handlers.payload import RequestError
+
+# How a row of logits becomes scores: the text-classification pipeline's choice per problem type.
+SCORE_FUNCTIONS = {
+    "softmax": lambda logits: torch.softmax(logits, dim=-1),
+    "sigmoid": torch.sigmoid,
+    "none": lambda logits: logits,
+}
+
+
+class Logits(torch.nn.Module):
+    """A HF `...For<Task>` model reduced to its logits tensor, the shape torch.compile sees."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+def score_function(config) -> str:
+    """softmax for single-label, sigmoid for multi-label or one label, none for regression."""
+    if config.problem_type == "regression":
+        return "none"
+    if config.problem_type == "multi_label_classification" or config.num_labels == 1:
+        return "sigmoid"
+    return "softmax"
+
+
+def top_labels(scores: torch.Tensor, id2label: dict[int, str], top_k: int | None) -> list[dict[str, Any]]:
+    """`[{"label", "score"}]` by descending score, the first `top_k` of them (all for None)."""
+    order = torch.argsort(scores, descending=True, stable=True).tolist()
+    return [{"label": id2label[index], "score": scores[index].item()} for index in order[:top_k]]
+
+
+def optional_top_k(value: Any, name: str) -> int | None:
+    """A request's `top_k`: an integer >= 1, or null for every label."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RequestError(400, f"parameter '{name}' must be an integer >= 1, or null for all labels")
+    return value

@@ -1,0 +1,34 @@
+"""Token classification (NER) with the answers of transformers' `pipeline("token-classification")`."""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from handlers.base import CompiledHandler
+from handlers.entities import AGGREGATIONS, entities_for
+from handlers.labels import Logits
+from handlers.payload import Payload, choice_param
+
+
+class TokenClassificationHandler(CompiledHandler):
+    """`{"inputs": "text", "aggregation_strategy": "simple"}` -> `[{"entity_group", "score", "word", ...}]`."""
+
+    PARAMS = {"aggregation_strategy": choice_param(*AGGREGATIONS)}
+
+    def build_model(self, model_dir: Path) -> torch.nn.Module:
+        model = AutoModelForTokenClassification.from_pretrained(
+            model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
+        )
+        self.id2label = {int(index): label for index, label in model.config.id2label.items()}
+        return Logits(model)
+
+    def encode(self, rows: list[torch.Tensor], body: Payload, encodings: list) -> Any:
+        aggregation = body.params.get("aggregation_strategy", "none")
+        return body.shape_like_inputs(
+            [
+                entities_for(row, encoding, text, self.tokenizer, self.id2label, aggregation)
+                for row, encoding, text in zip(rows, encodings, body.texts, strict=True)
+            ]
+        )

@@ -1,0 +1,190 @@
+"""Small random-weight models in HF format, one per task, for tests and benchmarks.
+
+    python scripts/make_tiny_models.py OUT_DIR [--only text-generation ...] [--generation-size bench]
+
+Each lands in OUT_DIR/<task>/ with safetensors weights, a config (with `id2label` where the task has
+labels) and a real fast tokenizer built offline: a WordPiece vocabulary for the BERT-like models, a
+byte-level BPE trained on a small corpus for the Llama-like generator. Nothing is downloaded.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+WORDS = (
+    "the a an and or of to in on is are was be cat dog sat mat hello world fast model serve token "
+    "paris london berlin alice bob carol city river house red green blue runs walks sees likes"
+).split()
+SUBWORDS = ["##s", "##ing", "##ed", "##er", "##ly"]
+CORPUS = [
+    "the cat sat on the mat and the dog sat on the red mat",
+    "alice walks to paris and bob runs to london with carol",
+    "hello world, the fast model serves every token",
+    "a green house by the blue river in berlin",
+    "Ünïcödé text, numbers 0123456789 and punctuation: ; ! ? ( ) [ ] { } ' \"",
+]
+TOKEN_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+SIZES = {
+    # hidden, layers, heads, kv heads, intermediate
+    "test": (64, 2, 4, 2, 128),
+    "bench": (256, 4, 8, 4, 512),
+}
+
+
+def _bert_tokenizer(folder: Path):
+    from transformers import BertTokenizerFast
+
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *SUBWORDS, *letters, *("##" + c for c in letters)]
+    vocab = list(dict.fromkeys(vocab))  # "a" is a word and a letter: ids must stay contiguous
+    tokenizer = BertTokenizerFast(vocab={token: index for index, token in enumerate(vocab)})
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def _bert_config(tokenizer, **extra):
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        **extra,
+    )
+
+
+def _labels(names: list[str]) -> dict:
+    return {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
+
+
+def _save(model, folder: Path) -> Path:
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def make_embedding(folder: Path) -> Path:
+    """BERT encoder in sentence-transformers layout: mean pooling, then Normalize."""
+    from transformers import BertModel
+
+    tokenizer = _bert_tokenizer(folder)
+    _save(BertModel(_bert_config(tokenizer)), folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    return folder
+
+
+def make_text_classification(folder: Path, multi_label: bool = False) -> Path:
+    from transformers import BertForSequenceClassification
+
+    tokenizer = _bert_tokenizer(folder)
+    if multi_label:
+        config = _bert_config(
+            tokenizer, problem_type="multi_label_classification", **_labels(["sports", "politics", "tech", "art"])
+        )
+    else:
+        config = _bert_config(tokenizer, **_labels(["NEGATIVE", "NEUTRAL", "POSITIVE"]))
+    return _save(BertForSequenceClassification(config), folder)
+
+
+def make_token_classification(folder: Path) -> Path:
+    from transformers import BertForTokenClassification
+
+    tokenizer = _bert_tokenizer(folder)
+    return _save(BertForTokenClassification(_bert_config(tokenizer, **_labels(TOKEN_LABELS))), folder)
+
+
+def _bpe_tokenizer(folder: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(CORPUS * 4, trainer)
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left"
+    )
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def make_text_generation(folder: Path, size: str = "test") -> Path:
+    """Llama-like decoder. Weights are drawn wide (std 0.2) so greedy choices are not near-ties."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _bpe_tokenizer(folder)
+    hidden, layers, heads, kv_heads, intermediate = SIZES[size]
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    return _save(LlamaForCausalLM(config), folder)
+
+
+MAKERS = {
+    "embedding": make_embedding,
+    "text-classification": make_text_classification,
+    "text-classification-multi-label": lambda folder: make_text_classification(folder, multi_label=True),
+    "token-classification": make_token_classification,
+    "text-generation": make_text_generation,
+}
+
+
+def make(out_dir: Path, names=None, generation_size: str = "test") -> dict[str, Path]:
+    """Write the named models (all by default) under out_dir; returns name -> folder."""
+    import torch
+
+    made = {}
+    for name in names or MAKERS:
+        folder = Path(out_dir) / name
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(0)
+        if name == "text-generation":
+            made[name] = make_text_generation(folder, generation_size)
+        else:
+            made[name] = MAKERS[name](folder)
+    return made
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--only", nargs="+", choices=list(MAKERS), help="make only these models")
+    parser.add_argument("--generation-size", choices=list(SIZES), default="test")
+    args = parser.parse_args(argv)
+    for name, folder in make(args.out_dir, args.only, args.generation_size).items():
+        print(f"{name}: {folder}")
+
+
+if __name__ == "__main__":
+    main()

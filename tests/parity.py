@@ -1,0 +1,21 @@
+"""Comparing our answers with transformers pipelines': labels and spans exact, scores within 1e-4."""
+
+import math
+
+SCORE_TOLERANCE = 1e-4
+
+
+def assert_same_answers(ours, reference, path="answer"):
+    """Equal structure and values, except floats, which may differ by SCORE_TOLERANCE."""
+    if isinstance(reference, dict):
+        assert set(ours) == set(reference), f"{path}: keys {sorted(ours)} != {sorted(reference)}"
+        for key in reference:
+            assert_same_answers(ours[key], reference[key], f"{path}.{key}")
+    elif isinstance(reference, list):
+        assert len(ours) == len(reference), f"{path}: {len(ours)} items, pipeline has {len(reference)}"
+        for index, (got, want) in enumerate(zip(ours, reference, strict=True)):
+            assert_same_answers(got, want, f"{path}[{index}]")
+    elif isinstance(reference, str):
+        assert ours == reference, f"{path}: {ours!r} != {reference!r}"
+    else:  # numbers, numpy scalars included
+        assert math.isclose(float(ours), float(reference), abs_tol=SCORE_TOLERANCE), f"{path}: {ours} != {reference}"

@@ -1,0 +1,79 @@
+"""Text and token classification in process, compiled, against transformers pipelines in float32."""
+
+import pytest
+from fakes import ready_handler, start_batch, status
+from parity import assert_same_answers
+from transformers import pipeline
+
+from handlers.classification import ClassificationHandler
+from handlers.compiling import compiled_graph_count
+from handlers.token_classification import TokenClassificationHandler
+
+GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
+TEXTS = ["alice walks to paris quickly", "the cat sat on the red mat in berlin", "Ünïcode bob, zzz!", "hello"]
+
+
+def ask(handler, bodies):
+    start_batch(handler.context, ["application/json"] * len(bodies))
+    return handler.handle([{"body": body} for body in bodies], handler.context)
+
+
+@pytest.fixture(scope="module")
+def single_label(tiny_models):
+    return ready_handler(ClassificationHandler, tiny_models["text-classification"], buckets=GRID)
+
+
+def test_classification_compiles_the_grid_once_and_never_again(single_label):
+    graphs = compiled_graph_count()
+    assert graphs == single_label.graphs_needed() == 2  # batch 1 and batch >= 2; lengths are dynamic
+    ask(single_label, [{"inputs": text} for text in TEXTS] + [{"inputs": TEXTS}])
+    assert compiled_graph_count() == graphs and single_label.model.recompiles_after_ready == 0
+
+
+@pytest.mark.parametrize("top_k", [1, 2, None])
+def test_classification_matches_the_pipeline(single_label, tiny_models, top_k):
+    reference = pipeline("text-classification", model=str(tiny_models["text-classification"]))
+    answers = ask(single_label, [{"inputs": TEXTS[0], "top_k": top_k}, {"inputs": TEXTS, "top_k": top_k}])
+    assert_same_answers(answers[0], reference(TEXTS[0], top_k=top_k))
+    assert_same_answers(answers[1], reference(TEXTS, top_k=top_k))
+
+
+def test_default_top_k_is_the_best_label(single_label, tiny_models):
+    reference = pipeline("text-classification", model=str(tiny_models["text-classification"]))
+    assert_same_answers(ask(single_label, [{"inputs": TEXTS[1]}])[0], reference(TEXTS[1]))
+
+
+def test_multi_label_scores_are_sigmoids(tiny_models):
+    folder = tiny_models["text-classification-multi-label"]
+    handler = ready_handler(ClassificationHandler, folder, buckets=GRID, compile={"enable": False})
+    answer = ask(handler, [{"inputs": TEXTS, "top_k": None}])[0]
+    assert_same_answers(answer, pipeline("text-classification", model=str(folder))(TEXTS, top_k=None))
+    assert abs(sum(item["score"] for item in answer[0]) - 1.0) > 1e-3  # not a softmax
+
+
+def test_bad_top_k_gets_400_and_the_rest_of_the_batch_is_answered(single_label):
+    answers = ask(single_label, [{"inputs": "the cat"}, {"inputs": "the cat", "top_k": -1}, {"inputs": "x", "k": 1}])
+    assert [status(single_label.context, i) for i in range(3)] == [200, 400, 400]
+    assert "top_k" in answers[1]["error"] and "unknown parameter 'k'" in answers[2]["error"]
+    assert answers[0][0]["label"] in {"NEGATIVE", "NEUTRAL", "POSITIVE"}
+
+
+@pytest.fixture(scope="module")
+def token_handler(tiny_models):
+    return ready_handler(TokenClassificationHandler, tiny_models["token-classification"], buckets=GRID)
+
+
+@pytest.mark.parametrize("aggregation", ["none", "simple"])
+def test_token_classification_matches_the_pipeline(token_handler, tiny_models, aggregation):
+    reference = pipeline("token-classification", model=str(tiny_models["token-classification"]))
+    answers = ask(token_handler, [{"inputs": text, "aggregation_strategy": aggregation} for text in TEXTS])
+    for text, answer in zip(TEXTS, answers, strict=True):
+        assert_same_answers(answer, reference(text, aggregation_strategy=aggregation))
+    assert any(answers), "the random model should tag some tokens with a non-O label"
+    assert token_handler.model.recompiles_after_ready == 0
+
+
+def test_token_classification_list_in_list_out_and_unknown_strategy(token_handler):
+    answers = ask(token_handler, [{"inputs": TEXTS[:2]}, {"inputs": "x", "aggregation_strategy": "first"}])
+    assert len(answers[0]) == 2 and all(isinstance(entities, list) for entities in answers[0])
+    assert status(token_handler.context, 1) == 400 and "none, simple" in answers[1]["error"]
