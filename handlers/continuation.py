@@ -5,6 +5,11 @@ or merge with its neighbour), and streaming holds back a tail that is an unfinis
 could still become a stop string, so a client never receives text that is later taken back.
 """
 
+import dataclasses
+from typing import Any
+
+from handlers.sampling import Sampler
+
 REPLACEMENT = "\ufffd"  # what a decoder shows for an incomplete multi-byte character
 
 
@@ -52,3 +57,18 @@ class Continuation:
         text = self.text.rstrip(REPLACEMENT)
         held = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
         return len(text) - held
+
+
+@dataclasses.dataclass
+class Job:
+    """One prompt of one request (a base.Accepted), and what it has generated so far."""
+
+    request: Any
+    position: int  # which text of the request
+    ids: list[int]
+    continuation: Continuation
+    sampler: Sampler
+
+    @property
+    def streams(self) -> bool:
+        return self.request.body.params.get("stream", False)

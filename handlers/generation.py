@@ -16,27 +16,12 @@ from ts.handler_utils.utils import send_intermediate_predict_response
 
 from handlers import buckets
 from handlers.base import Accepted, CompiledHandler
-from handlers.continuation import Continuation
+from handlers.continuation import Continuation, Job
 from handlers.decoding import CachePool, DecodeStep, GroupDecoder, left_pad
 from handlers.payload import RequestError, boolean_param, int_param, number_param
 from handlers.sampling import Sampler
 
 MAX_STOP_LENGTH = 64
-
-
-@dataclasses.dataclass
-class Job:
-    """One prompt of one request, and what it has generated so far."""
-
-    request: Accepted
-    position: int  # which text of the request
-    ids: list[int]
-    continuation: Continuation
-    sampler: Sampler
-
-    @property
-    def streams(self) -> bool:
-        return self.request.body.params.get("stream", False)
 
 
 class GenerationHandler(CompiledHandler):

@@ -1,10 +1,13 @@
+import importlib
+import inspect
 import json
 import zipfile
 
 import pytest
 import yaml
 
-from scripts.build_mar import BuildError, build, check_model_dir
+from handlers.config import TASKS
+from scripts.build_mar import HANDLER_FILES, BuildError, build, check_model_dir
 
 
 def test_refuses_a_model_without_safetensors(tmp_path):
@@ -36,3 +39,11 @@ def test_archive_is_self_contained(tiny_bert, tmp_path):
     assert {"tokenizer.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json"} <= names
     assert config["handler"] == {"task": "embedding", "dtype": "float32"}
     assert manifest["model"]["handler"] == "embedding.py"
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_has_a_handler_file_with_exactly_one_class(task):
+    """TorchServe refuses a handler module that defines more than one class."""
+    module = importlib.import_module(f"handlers.{HANDLER_FILES[task].removesuffix('.py')}")
+    classes = [obj for obj in vars(module).values() if inspect.isclass(obj) and obj.__module__ == module.__name__]
+    assert len(classes) == 1, classes

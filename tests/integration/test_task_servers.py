@@ -1,0 +1,114 @@
+"""Classification, token classification and generation archives through a real TorchServe on loopback."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+from parity import assert_same_answers
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+from scripts.build_mar import build
+from scripts.serve import TorchServe
+
+pytestmark = pytest.mark.integration
+
+SMALL_GRID = {"dtype": "float32", "buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
+ARCHIVES = {
+    "classifier": ("text-classification", {"handler": SMALL_GRID}),
+    "tagger": ("token-classification", {"handler": SMALL_GRID}),
+    "generator": ("text-generation", {"handler": {**SMALL_GRID, "generation": {"max_new_tokens": 16}}}),
+}
+TEXTS = ["alice walks to paris quickly", "the cat sat on the red mat in berlin", "Ünïcode bob, zzz!"]
+PROMPTS = ["hello world, the cat", "alice walks to paris and bob runs to london with carol", "a", "the"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_models):
+    store = tmp_path_factory.mktemp("model_store")
+    for name, (task, extra) in ARCHIVES.items():
+        build(tiny_models[task], task, name, store, extra)
+    torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store)
+    torchserve.start()
+    try:
+        for name in ARCHIVES:
+            torchserve.register(f"{name}.mar", batch_size=4, max_batch_delay=200, workers=1)
+        yield torchserve
+    finally:
+        torchserve.stop()
+
+
+def concurrently(server, name, bodies) -> list[requests.Response]:
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        return list(pool.map(lambda body: server.predict(name, body), bodies))
+
+
+def test_classification_matches_the_pipeline(server, tiny_models):
+    reference = pipeline("text-classification", model=str(tiny_models["text-classification"]))
+    responses = concurrently(server, "classifier", [{"inputs": text, "top_k": None} for text in TEXTS])
+    assert [response.status_code for response in responses] == [200] * len(TEXTS)
+    for text, response in zip(TEXTS, responses, strict=True):
+        assert_same_answers(response.json(), reference(text, top_k=None))
+    assert_same_answers(server.predict("classifier", {"inputs": TEXTS}).json(), reference(TEXTS, top_k=1))
+
+
+@pytest.mark.parametrize("aggregation", ["none", "simple"])
+def test_token_classification_matches_the_pipeline(server, tiny_models, aggregation):
+    reference = pipeline("token-classification", model=str(tiny_models["token-classification"]))
+    response = server.predict("tagger", {"inputs": TEXTS, "aggregation_strategy": aggregation})
+    assert response.status_code == 200
+    assert_same_answers(response.json(), reference(TEXTS, aggregation_strategy=aggregation))
+
+
+@pytest.fixture(scope="module")
+def generate(tiny_models):
+    folder = tiny_models["text-generation"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def run(prompt: str, max_new_tokens: int) -> str:
+        inputs = tokenizer(prompt, return_tensors="pt")
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+    return run
+
+
+def test_generation_of_a_mixed_batch_equals_generate_alone(server, generate):
+    budgets = [12, 5, 16, 3]
+    bodies = [{"inputs": prompt, "max_new_tokens": n} for prompt, n in zip(PROMPTS, budgets, strict=True)]
+    bodies.append({"inputs": "a", "top_k": -1})  # bad, in the same batch
+    responses = concurrently(server, "generator", bodies)
+    assert [response.status_code for response in responses] == [200] * 4 + [400]
+    for prompt, n, response in zip(PROMPTS, budgets, responses[:4], strict=True):
+        assert response.json()["generated_text"] == generate(prompt, n)
+        assert response.json()["generated_tokens"] == n
+    assert "top_k" in responses[4].json()["error"]
+
+
+def test_streaming_arrives_chunk_by_chunk(server, generate):
+    response = requests.post(
+        f"{server.inference_url}/predictions/generator",
+        data=json.dumps({"inputs": PROMPTS[0], "max_new_tokens": 16, "stream": True}),
+        headers={**server.headers("inference"), "Content-Type": "application/json"},
+        stream=True,
+        timeout=120,
+    )
+    assert response.status_code == 200 and response.headers.get("Transfer-Encoding") == "chunked"
+    chunks = [chunk for chunk in response.iter_content(chunk_size=None) if chunk]
+    assert len(chunks) > 2, "tokens should arrive as separate chunks"
+    lines = [json.loads(line) for line in b"".join(chunks).decode().splitlines()]
+    summary = lines[-1]
+    assert "".join(line["text"] for line in lines[:-1]) == summary["generated_text"] == generate(PROMPTS[0], 16)
+
+
+def test_no_recompiles_after_ready(server):
+    server.predict("classifier", {"inputs": TEXTS})
+    text = server.metrics()
+    values = {
+        line.split('ModelName="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("RecompilesAfterReady{")
+    }
+    assert values == {"classifier": 0.0, "tagger": 0.0, "generator": 0.0}
