@@ -46,9 +46,11 @@ def concurrently(server, name, bodies) -> list[requests.Response]:
 
 def test_classification_matches_the_pipeline(server, tiny_models):
     reference = pipeline("text-classification", model=str(tiny_models["text-classification"]))
-    responses = concurrently(server, "classifier", [{"inputs": text, "top_k": None} for text in TEXTS])
-    assert [response.status_code for response in responses] == [200] * len(TEXTS)
-    for text, response in zip(TEXTS, responses, strict=True):
+    bodies = [{"inputs": text, "top_k": None} for text in TEXTS] + [{"inputs": "x", "top_k": 0}]
+    responses = concurrently(server, "classifier", bodies)
+    assert [response.status_code for response in responses] == [200] * len(TEXTS) + [400]
+    assert "top_k" in responses[-1].json()["error"]
+    for text, response in zip(TEXTS, responses[:-1], strict=True):
         assert_same_answers(response.json(), reference(text, top_k=None))
     assert_same_answers(server.predict("classifier", {"inputs": TEXTS}).json(), reference(TEXTS, top_k=1))
 
@@ -56,8 +58,9 @@ def test_classification_matches_the_pipeline(server, tiny_models):
 @pytest.mark.parametrize("aggregation", ["none", "simple"])
 def test_token_classification_matches_the_pipeline(server, tiny_models, aggregation):
     reference = pipeline("token-classification", model=str(tiny_models["token-classification"]))
-    response = server.predict("tagger", {"inputs": TEXTS, "aggregation_strategy": aggregation})
-    assert response.status_code == 200
+    bodies = [{"inputs": TEXTS, "aggregation_strategy": aggregation}, {"inputs": ["x", ""]}]
+    response, bad = concurrently(server, "tagger", bodies)
+    assert response.status_code == 200 and bad.status_code == 400
     assert_same_answers(response.json(), reference(TEXTS, aggregation_strategy=aggregation))
 
 
