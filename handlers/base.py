@@ -20,6 +20,7 @@ from ts.torch_handler.base_handler import BaseHandler
 from handlers import buckets, hardware, payload, warmup
 from handlers.compiling import CompiledModel
 from handlers.config import CompileConfig, HandlerConfig, parse
+from handlers.length_stats import LengthStats
 from handlers.metrics import emit
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class CompiledHandler(BaseHandler):
         self.model = CompiledModel(module, self.config.compile, self.graphs_needed())
         report = self._warm_up()
         self.model.mark_ready()
+        self.lengths = LengthStats(context.model_name, self.config.buckets.histogram_every)
         self.initialized = True
         self._log_ready(report, time.perf_counter() - started)
 
@@ -136,9 +138,13 @@ class CompiledHandler(BaseHandler):
                 for row, index in enumerate(group.indices):
                     rows[index] = output[row]
         if self.initialized:
-            real = sum(len(ids) for ids in token_ids)
-            emit(self.context, "PaddedTokenRatio", buckets.padded_tokens(groups) / real, "Percent")
+            self.record_padding([len(ids) for ids in token_ids], groups)
         return rows
+
+    def record_padding(self, lengths: list[int], groups: list[buckets.Group]) -> None:
+        """Count live traffic's lengths and padding; export the ratio since ready."""
+        self.lengths.record(lengths, buckets.padded_tokens(groups))
+        emit(self.context, "PaddedTokenRatio", round(self.lengths.padded_ratio, 4), "Ratio")
 
     # -- initialize steps --------------------------------------------------------------------
     @staticmethod

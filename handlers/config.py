@@ -83,6 +83,8 @@ class BucketConfig:
     seq_lens: tuple[int, ...] = _option(_sorted_ints, (16, 32, 64, 128, 256))
     batch_sizes: tuple[int, ...] = _option(_sorted_ints, (1, 2, 4, 8))
     overflow: str = _option(_choice(*OVERFLOW), "truncate")
+    # The histogram of live token lengths is logged every this many texts (for plan_buckets.py).
+    histogram_every: int = _option(_positive_int, 1000)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -112,7 +112,9 @@ class GenerationHandler(CompiledHandler):
             for request in accepted
             for position, encoding in enumerate(request.encodings)
         ]
-        for group in buckets.generation_groups([len(job.ids) for job in jobs], self.plan):
+        groups = buckets.generation_groups([len(job.ids) for job in jobs], self.plan)
+        self.record_padding([len(job.ids) for job in jobs], groups)
+        for group in groups:
             self._generate([jobs[i] for i in group.indices], group)
         for request in accepted:
             answers[request.index] = self._final_answer(request, [job for job in jobs if job.request is request])

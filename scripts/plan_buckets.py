@@ -1,0 +1,136 @@
+"""Choose sequence-length buckets that minimize expected padding for a sample of request lengths.
+
+    python scripts/plan_buckets.py --lengths lengths.txt -k 5 --max-len 256 --out plan.json
+    python scripts/plan_buckets.py --log logs/model_log.log --model minilm -k 5 --out plan.json
+    python scripts/build_mar.py --model DIR --task embedding --name minilm --plan plan.json
+
+Lengths are token counts (special tokens included): a file of integers (whitespace separated), a
+JSON list, a JSON object {length: count}, or the `LengthHistogram` line the handler logs every
+`buckets.histogram_every` texts. Every text is padded to the smallest bucket that holds it; the
+largest bucket is always `--max-len`, so nothing is truncated that was not before. The plan is exact:
+a dynamic program over the distinct (aligned) lengths, O(K * n^2).
+"""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from handlers.config import BucketConfig  # noqa: E402
+from handlers.length_stats import read_histograms  # noqa: E402
+
+
+def aligned(length: int, align: int, max_len: int) -> int:
+    """`length` rounded up to a multiple of `align`, capped at `max_len`."""
+    return min(math.ceil(length / align) * align, max_len)
+
+
+def padded_tokens(histogram: dict[int, int], seq_lens: tuple[int, ...]) -> int:
+    """Tokens computed when each text is padded to its bucket (over-long texts truncated to the last)."""
+    total = 0
+    for length, count in histogram.items():
+        total += count * next((bucket for bucket in seq_lens if bucket >= length), seq_lens[-1])
+    return total
+
+
+def plan(histogram: dict[int, int], k: int, max_len: int, align: int = 1) -> tuple[int, ...]:
+    """The at most `k` buckets, the last one `max_len`, that minimize padded tokens."""
+    weights: dict[int, int] = {max_len: 0}
+    for length, count in histogram.items():
+        key = aligned(length, align, max_len)
+        weights[key] = weights.get(key, 0) + count
+    candidates = sorted(weights)
+    counts = [weights[value] for value in candidates]
+    prefix = [0]
+    for count in counts:
+        prefix.append(prefix[-1] + count)
+    size = len(candidates)
+    # best[j]: (cost, buckets) covering candidates[0..j] with the last bucket at candidates[j].
+    best = [(candidates[j] * prefix[j + 1], (candidates[j],)) for j in range(size)]
+    for _ in range(min(k, size) - 1):
+        best = [
+            min(
+                [best[j]]
+                + [
+                    (best[i][0] + candidates[j] * (prefix[j + 1] - prefix[i + 1]), best[i][1] + (candidates[j],))
+                    for i in range(j)
+                ]
+            )
+            for j in range(size)
+        ]
+    return best[-1][1]
+
+
+def powers_of_two(max_len: int, smallest: int = 16) -> tuple[int, ...]:
+    """16, 32, 64, ... up to the first power that holds `max_len`, capped at it."""
+    seq_lens = [smallest]
+    while seq_lens[-1] < max_len:
+        seq_lens.append(seq_lens[-1] * 2)
+    return tuple(sorted({min(value, max_len) for value in seq_lens}))
+
+
+def read_lengths(path: Path, model: str | None) -> dict[int, int]:
+    """A histogram {length: count} from any of the input formats the module docstring lists."""
+    text = path.read_text(errors="replace")
+    if "LengthHistogram" in text:
+        return read_histograms(text.splitlines(), model)
+    stripped = text.strip()
+    if stripped.startswith(("[", "{")):
+        data = json.loads(stripped)
+        if isinstance(data, dict):
+            return {int(length): int(count) for length, count in data.items()}
+        text = " ".join(str(value) for value in data)
+    histogram: dict[int, int] = {}
+    for token in text.split():
+        histogram[int(token)] = histogram.get(int(token), 0) + 1
+    return histogram
+
+
+def compare(histogram: dict[int, int], plans: dict[str, tuple[int, ...]]) -> list[dict]:
+    real = sum(length * count for length, count in histogram.items())
+    rows = []
+    for name, seq_lens in plans.items():
+        padded = padded_tokens(histogram, seq_lens)
+        rows.append({"plan": name, "seq_lens": list(seq_lens), "padded_tokens": padded, "padded_ratio": padded / real})
+    return rows
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=Path, help="a file of lengths or a histogram (see above)")
+    parser.add_argument("--log", type=Path, help="a TorchServe model_log.log with LengthHistogram lines")
+    parser.add_argument("--model", help="with --log: the model whose histogram to read")
+    parser.add_argument("-k", type=int, default=5, help="the most buckets (each may cost a graph)")
+    parser.add_argument("--max-len", type=int, help="the largest bucket (default: the longest length, aligned)")
+    parser.add_argument("--align", type=int, default=8, help="buckets are multiples of this (or --max-len)")
+    parser.add_argument("--out", type=Path, help="write the plan as JSON (build_mar.py --plan reads it)")
+    args = parser.parse_args(argv)
+    source = args.lengths or args.log
+    if source is None or args.k < 1 or args.align < 1:
+        parser.error("give --lengths or --log; -k and --align must be >= 1")
+    histogram = read_lengths(source, args.model)
+    if not histogram:
+        parser.error(f"no lengths found in {source}")
+    max_len = args.max_len or aligned(max(histogram), args.align, math.inf)
+    chosen = plan(histogram, args.k, max_len, args.align)
+    defaults = tuple(length for length in BucketConfig().seq_lens if length < max_len) + (max_len,)
+    rows = compare(histogram, {"planned": chosen, "powers of two": powers_of_two(max_len), "default": defaults})
+    texts = sum(histogram.values())
+    print(f"{texts} texts, lengths {min(histogram)}..{max(histogram)}, k={args.k}, align={args.align}")
+    print(f"{'plan':<14} {'padded / real':>13}  seq_lens")
+    for row in rows:
+        print(f"{row['plan']:<14} {row['padded_ratio']:>13.3f}  {row['seq_lens']}")
+    result = {"seq_lens": list(chosen), "k": args.k, "align": args.align, "texts": texts}
+    result["comparison"] = rows
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+import itertools
+import json
+import logging
+import random
+import zipfile
+
+import pytest
+import yaml
+
+from handlers.length_stats import LengthStats, read_histograms
+from scripts import build_mar, plan_buckets
+
+
+def brute_force(histogram: dict[int, int], k: int, max_len: int, allowed: list[int]) -> int:
+    """The least padded tokens over every set of at most k buckets from `allowed`, ending at max_len."""
+    others = [value for value in allowed if value < max_len]
+    best = None
+    for size in range(k):
+        for chosen in itertools.combinations(others, size):
+            cost = plan_buckets.padded_tokens(histogram, chosen + (max_len,))
+            best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_plan_is_optimal_against_brute_force_over_every_integer(seed):
+    rng = random.Random(seed)
+    max_len = rng.randint(3, 12)
+    histogram = {rng.randint(1, max_len): rng.randint(1, 9) for _ in range(rng.randint(1, 8))}
+    k = rng.randint(1, 4)
+    chosen = plan_buckets.plan(histogram, k, max_len)
+    assert len(chosen) <= k and chosen[-1] == max_len and list(chosen) == sorted(set(chosen))
+    expected = brute_force(histogram, k, max_len, list(range(1, max_len + 1)))
+    assert plan_buckets.padded_tokens(histogram, chosen) == expected
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_aligned_plan_is_optimal_among_multiples_of_the_alignment(seed):
+    rng = random.Random(100 + seed)
+    align, max_len = 4, rng.choice([30, 32, 37])
+    histogram = {rng.randint(1, max_len): rng.randint(1, 5) for _ in range(rng.randint(2, 10))}
+    chosen = plan_buckets.plan(histogram, 3, max_len, align)
+    assert all(value % align == 0 for value in chosen[:-1]) and chosen[-1] == max_len
+    allowed = list(range(align, max_len, align)) + [max_len]
+    assert plan_buckets.padded_tokens(histogram, chosen) == brute_force(histogram, 3, max_len, allowed)
+
+
+def test_enough_buckets_mean_no_padding_at_all():
+    histogram = {5: 2, 9: 1, 17: 4}
+    assert plan_buckets.plan(histogram, 5, 17) == (5, 9, 17)
+    assert plan_buckets.padded_tokens(histogram, (5, 9, 17)) == 5 * 2 + 9 + 17 * 4
+
+
+def test_powers_of_two_are_capped_at_the_largest_bucket():
+    assert plan_buckets.powers_of_two(100) == (16, 32, 64, 100)
+    assert plan_buckets.powers_of_two(256) == (16, 32, 64, 128, 256)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["5 9 9\n17\n", "[5, 9, 9, 17]", '{"5": 1, "9": 2, "17": 1}'],
+)
+def test_reads_every_length_format(tmp_path, text):
+    path = tmp_path / "lengths"
+    path.write_text(text)
+    assert plan_buckets.read_lengths(path, None) == {5: 1, 9: 2, 17: 1}
+
+
+def test_handler_histogram_is_logged_and_read_back(caplog):
+    stats = LengthStats("minilm", log_every=3)
+    with caplog.at_level(logging.INFO, logger="handlers.length_stats"):
+        stats.record([5, 9], padded_tokens=32)
+        assert not caplog.records
+        stats.record([9, 17], padded_tokens=64)
+    assert stats.padded_ratio == pytest.approx(96 / 40)
+    prefix = "2026-11-22 12:00:00 [INFO ] W-9000-minilm_1.0-stdout MODEL_LOG - "
+    lines = [prefix + record.getMessage() for record in caplog.records]
+    other = LengthStats("other", log_every=1)
+    other.record([100], 128)
+    lines.append("prefix " + "LengthHistogram " + other.log_line())
+    assert read_histograms(lines, "minilm") == {5: 1, 9: 2, 17: 1}
+    assert read_histograms(lines) == {100: 1}
+
+
+def test_planner_writes_a_plan_that_build_mar_packs(tiny_bert, tmp_path, capsys):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text(" ".join(str(n) for n in [6] * 50 + [12] * 30 + [40] * 5))
+    plan_file = tmp_path / "plan.json"
+    result = plan_buckets.main(["--lengths", str(lengths), "-k", "3", "--max-len", "64", "--out", str(plan_file)])
+    assert result["seq_lens"] == [8, 16, 64]
+    assert "powers of two" in capsys.readouterr().out
+    archive = build_mar.main(
+        ["--model", str(tiny_bert), "--name", "planned", "--plan", str(plan_file), "--export-path", str(tmp_path)]
+    )
+    with zipfile.ZipFile(archive) as mar:
+        config = yaml.safe_load(mar.read("model-config.yaml"))
+    assert config["handler"]["buckets"]["seq_lens"] == json.loads(plan_file.read_text())["seq_lens"]
