@@ -9,13 +9,11 @@ out), run in this one process, and are timed over the whole traffic after their 
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,12 +25,7 @@ from fakes import make_context  # noqa: E402
 from handlers import warmup  # noqa: E402
 from handlers.base import DTYPES  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
-
-
-def traffic_lengths(count: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    lengths = rng.lognormal(mean=math.log(30), sigma=0.8, size=count)
-    return np.clip(np.round(lengths), 5, 256).astype(int).tolist()
+from scripts.traffic import traffic_lengths  # noqa: E402
 
 
 def batches(items: list, size: int) -> list[list]:
