@@ -1,6 +1,6 @@
 """Build a self-contained .mar: model files, tokenizer, our `handlers` package, model-config.yaml.
 
-    python scripts/build_mar.py --model DIR --task embedding --name minilm [--config extra.yaml]
+    python scripts/build_mar.py --model DIR --task embedding --name minilm [--config extra.yaml] [--plan plan.json]
 
 The archive registers on any TorchServe whose Python has torch and transformers. Model folders
 without safetensors weights, or whose config asks for remote code, are refused.
@@ -91,20 +91,15 @@ def stage(model_dir: Path, config: dict, staging: Path) -> None:
     (staging / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def build(model_dir: Path, task: str, name: str, export_path: Path, extra_config: dict | None = None) -> Path:
-    model_dir = Path(model_dir)
-    check_model_dir(model_dir)
-    config = model_config(task, extra_config or {})
+def archive(staging: Path, name: str, handler: Path, export_path: Path) -> Path:
+    """Pack a staged folder (model-config.yaml included) into `export_path/name.mar`."""
     export_path = Path(export_path)
     export_path.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as temp:
-        staging = Path(temp) / "staging"
-        staging.mkdir()
-        stage(model_dir, config, staging)
         command = [
             str(Path(sys.executable).parent / "torch-model-archiver"),
             *("--model-name", name, "--version", "1.0"),
-            *("--handler", str(staging / "handlers" / HANDLER_FILES[task])),
+            *("--handler", str(handler)),
             *("--extra-files", str(staging)),
             *("--config-file", str(staging / "model-config.yaml")),
             *("--export-path", str(export_path), "--force"),
@@ -114,15 +109,41 @@ def build(model_dir: Path, task: str, name: str, export_path: Path, extra_config
     return export_path / f"{name}.mar"
 
 
+def build(
+    model_dir: Path,
+    task: str,
+    name: str,
+    export_path: Path,
+    extra_config: dict | None = None,
+    handler_file: Path | None = None,
+) -> Path:
+    """The .mar of `model_dir` served by the task's handler (or `handler_file`, a subclass of it)."""
+    model_dir = Path(model_dir)
+    check_model_dir(model_dir)
+    config = model_config(task, extra_config or {})
+    with tempfile.TemporaryDirectory() as temp:
+        staging = Path(temp)
+        stage(model_dir, config, staging)
+        handler = staging / "handlers" / HANDLER_FILES[task]
+        if handler_file is not None:
+            handler = staging / Path(handler_file).name
+            shutil.copy2(handler_file, handler)
+        return archive(staging, name, handler, export_path)
+
+
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="HF model folder (save_pretrained output)")
     parser.add_argument("--task", choices=TASKS, default="embedding", help="which handler serves the model")
     parser.add_argument("--name", required=True, help="model name: the archive is NAME.mar")
     parser.add_argument("--config", type=Path, help="YAML merged over the default model-config.yaml")
+    parser.add_argument("--plan", type=Path, help="length buckets chosen by scripts/plan_buckets.py (JSON)")
     parser.add_argument("--export-path", type=Path, default=ROOT / "model_store", help="where the .mar goes")
     args = parser.parse_args(argv)
     extra = yaml.safe_load(args.config.read_text()) if args.config else {}
+    if args.plan:
+        seq_lens = json.loads(args.plan.read_text())["seq_lens"]
+        extra = merge(extra, {"handler": {"buckets": {"seq_lens": seq_lens}}})
     try:
         archive = build(args.model, args.task, args.name, args.export_path, extra)
     except BuildError as error:
