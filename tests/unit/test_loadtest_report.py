@@ -1,0 +1,51 @@
+import pytest
+
+from scripts.loadtest import Outcome, gauge, ratios, summarize_outcomes
+
+METRICS = """# HELP RecompilesAfterReady Torchserve prometheus gauge metric with unit: Count
+# TYPE RecompilesAfterReady gauge
+RecompilesAfterReady{ModelName="ours-auto",Level="Model",Hostname="h",} 0.0
+RecompilesAfterReady{ModelName="ours-float32",Level="Model",Hostname="h",} 3.0
+PaddedTokenRatio{ModelName="ours-auto",Level="Model",Hostname="h",} 1.4312
+"""
+
+
+def test_gauge_is_read_per_model():
+    assert gauge(METRICS, "RecompilesAfterReady", "ours-auto") == 0.0
+    assert gauge(METRICS, "RecompilesAfterReady", "ours-float32") == 3.0
+    assert gauge(METRICS, "PaddedTokenRatio", "ours-auto") == pytest.approx(1.4312)
+    assert gauge(METRICS, "PaddedTokenRatio", "stock") is None
+
+
+def test_outcomes_count_errors_and_lost_requests_apart():
+    outcomes = [
+        Outcome(0.0, 0.5, 200, 10),
+        Outcome(0.5, 0.5, 200, 30),
+        Outcome(1.0, 1.0, 503, 20),
+        Outcome(1.5, 0.5, None, 20),
+    ]
+    summary = summarize_outcomes(outcomes)
+    assert (summary["requests"], summary["ok"], summary["errors"], summary["lost"]) == (4, 2, 1, 1)
+    assert summary["seconds"] == 2.0
+    assert summary["requests_per_second"] == 1.0 and summary["tokens_per_second"] == 20.0
+    assert summary["steady_requests_per_second"] == 1.0  # one answer ends in the second second
+    assert summary["steady_tokens_per_second"] == 30.0
+    assert summary["latency"]["p50"] == 0.5
+
+
+def test_ratios_check_the_targets_from_one_run():
+    def row(name, rps, p50=0.1, p99=0.15, recompiles=0.0, lost=0):
+        return {
+            "contender": name,
+            "steady_requests_per_second": rps,
+            "latency": {"p50": p50, "p99": p99},
+            "recompiles_after_ready": recompiles,
+            "lost": lost,
+        }
+
+    rows = [row("ours-auto", 60), row("ours-float32", 30, p99=0.3), row("eager-longest", 20), row("stock", 10)]
+    checks = {check["check"]: check for check in ratios(rows)}
+    assert checks["ours-auto / stock steady req/s"]["value"] == 6 and checks["ours-auto / stock steady req/s"]["met"]
+    assert checks["ours-float32 / eager-longest steady req/s"]["value"] == 1.5
+    assert not checks["ours-float32 p99 / p50"]["met"]
+    assert checks["lost requests, all contenders"]["met"]
