@@ -2,13 +2,14 @@
 
 `PaddedTokenRatio` is cumulative since ready (tokens computed / real tokens): the quantity the
 bucket planner minimizes, and steady enough to alert on. The histogram of real lengths is logged
-as one JSON line every `log_every` texts; `scripts/plan_buckets.py --log` reads the latest one.
-Lengths are counts only: no request text is kept or logged.
+as one JSON line every `log_every` texts, per worker process; `scripts/plan_buckets.py --log` adds
+up the latest line of each worker. Lengths are counts only: no request text is kept or logged.
 """
 
 import collections
 import json
 import logging
+import os
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +39,18 @@ class LengthStats:
         self.real_tokens += sum(lengths)
         self.padded_tokens += padded_tokens
         if self.texts >= self._next_log:
-            self._next_log += self.log_every
+            self._next_log = (self.texts // self.log_every + 1) * self.log_every
             logger.info("%s %s", HISTOGRAM_TAG, self.log_line())
 
     def log_line(self) -> str:
         lengths = {str(length): count for length, count in sorted(self.histogram.items())}
-        return json.dumps({"model": self.model_name, "texts": self.texts, "lengths": lengths})
+        record = {"model": self.model_name, "worker": os.getpid(), "texts": self.texts, "lengths": lengths}
+        return json.dumps(record)
 
 
 def read_histograms(lines, model_name: str | None = None) -> dict[int, int]:
-    """The latest histogram logged for `model_name` (or any model) in log lines; empty if none."""
-    latest: dict[int, int] = {}
+    """The histogram of `model_name` (or every model) in log lines: each worker's latest, added up."""
+    latest: dict[tuple, dict] = {}
     for line in lines:
         _, tag, record = line.partition(HISTOGRAM_TAG + " ")
         if not tag:
@@ -58,5 +60,8 @@ def read_histograms(lines, model_name: str | None = None) -> dict[int, int]:
         except json.JSONDecodeError:
             continue  # a line cut short by log rotation
         if model_name is None or entry.get("model") == model_name:
-            latest = {int(length): count for length, count in entry["lengths"].items()}
-    return latest
+            latest[entry.get("model"), entry.get("worker")] = entry["lengths"]
+    total: collections.Counter[int] = collections.Counter()
+    for lengths in latest.values():
+        total.update({int(length): count for length, count in lengths.items()})
+    return dict(total)

@@ -282,7 +282,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as temp:
         temp = Path(temp)
         model_dir = args.model or default_model(args.quick, temp)
-        grid = {"seq_lens": [16, 64], "batch_sizes": [1, 8]} if args.quick else {}
+        grid = {"seq_lens": [16, 64], "batch_sizes": [1, 8], "histogram_every": 100} if args.quick else {}
         grid["seq_lens"] = [n for n in grid.get("seq_lens", [16, 32, 64, 128, 256]) if n < args.max_length]
         grid["seq_lens"].append(args.max_length)
         build_archives(model_dir, temp / "store", args.contenders, grid, args.max_length)

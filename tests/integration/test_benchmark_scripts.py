@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from scripts import benchmark, loadtest
+from scripts import benchmark, loadtest, plan_buckets
 
 pytestmark = pytest.mark.integration
 
@@ -40,5 +40,8 @@ def test_loadtest_quick_answers_every_request_of_every_contender(tmp_path):
         assert rows[name]["padded_token_ratio"] >= 1.0
     assert rows["stock"]["recompiles_after_ready"] is None  # the stock handler exports no such metric
     assert any(check["check"] == "lost requests, all contenders" and check["met"] for check in result["checks"])
+    # The handler logged its length histogram (every 100 texts here), and the planner reads it back.
+    plan = plan_buckets.main(["--log", str(tmp_path / "loadtest_logs" / "model_log.log"), "--model", "ours-float32"])
+    assert plan["texts"] >= 100 and plan["seq_lens"][-1] <= 64
     assert (tmp_path / "loadtest_latency.png").stat().st_size > 0
     assert (tmp_path / "loadtest_throughput.png").stat().st_size > 0

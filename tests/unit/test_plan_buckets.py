@@ -78,8 +78,19 @@ def test_handler_histogram_is_logged_and_read_back(caplog):
     other = LengthStats("other", log_every=1)
     other.record([100], 128)
     lines.append("prefix " + "LengthHistogram " + other.log_line())
-    assert read_histograms(lines, "minilm") == {5: 1, 9: 2, 17: 1}
-    assert read_histograms(lines) == {100: 1}
+    second_worker = {"model": "minilm", "worker": -1, "texts": 2, "lengths": {"9": 2}}
+    lines.append("prefix LengthHistogram " + json.dumps(second_worker))
+    lines.append('prefix LengthHistogram {"model": "minilm", "wor')  # cut short
+    assert read_histograms(lines, "minilm") == {5: 1, 9: 4, 17: 1}  # each worker's latest, added up
+    assert read_histograms(lines) == {5: 1, 9: 4, 17: 1, 100: 1}
+
+
+def test_a_batch_over_several_log_points_logs_once_and_moves_on(caplog):
+    stats = LengthStats("minilm", log_every=2)
+    with caplog.at_level(logging.INFO, logger="handlers.length_stats"):
+        stats.record([5] * 5, padded_tokens=80)
+        stats.record([5], padded_tokens=16)
+    assert [json.loads(r.getMessage().split(" ", 1)[1])["texts"] for r in caplog.records] == [5, 6]
 
 
 def test_planner_writes_a_plan_that_build_mar_packs(tiny_bert, tmp_path, capsys):
