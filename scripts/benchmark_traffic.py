@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +26,7 @@ from fakes import make_context  # noqa: E402
 from handlers import warmup  # noqa: E402
 from handlers.base import DTYPES  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
+from scripts import measure  # noqa: E402
 from scripts.traffic import traffic_lengths  # noqa: E402
 
 
@@ -51,15 +53,33 @@ def eager_pad_to_longest(handler: EmbeddingHandler, dtype: torch.dtype, traffic:
 
 
 def ours(handler: EmbeddingHandler, traffic: list[list[list[int]]]) -> dict:
+    """Our bucketed path over the traffic; per batch its time, model calls and computed tokens."""
     from handlers import buckets
 
-    padded = 0
+    per_batch = []
     began = time.perf_counter()
     for batch in traffic:
+        started = time.perf_counter()
         handler.infer(batch)
+        seconds = time.perf_counter() - started
         groups = buckets.group_requests([len(ids) for ids in batch], handler.plan)
-        padded += buckets.padded_tokens(groups)
-    return {"seconds": time.perf_counter() - began, "padded_tokens": padded}
+        per_batch.append((seconds, len(groups), buckets.padded_tokens(groups)))
+    total = time.perf_counter() - began
+    return {"seconds": total, "padded_tokens": sum(tokens for _, _, tokens in per_batch), **batch_costs(per_batch)}
+
+
+def batch_costs(per_batch: list[tuple[float, int, int]]) -> dict:
+    """Batch-time spread, and a least-squares split of a batch's time into per call + per token."""
+    times = [seconds for seconds, _, _ in per_batch]
+    design = np.array([[calls, tokens] for _, calls, tokens in per_batch], dtype=float)
+    per_call, per_token = np.linalg.lstsq(design, np.array(times), rcond=None)[0]
+    summary = measure.summarize(times)
+    return {
+        "batch_p50": summary["p50"],
+        "batch_p99": summary["p99"],
+        "seconds_per_call": float(per_call),
+        "seconds_per_token": float(per_token),
+    }
 
 
 def ready_handler(model_dir: Path, dtype: str) -> EmbeddingHandler:
@@ -117,6 +137,14 @@ def main(argv=None) -> dict:
             f"{row['contender']:<24} {row['dtype']:<9} {row['padded_tokens']:>13} {row['padded_over_real']:>7.2f} "
             f"{row['seconds']:>8.2f} {row['time_over_eager_float32']:>12.2f}"
         )
+    for row in rows:
+        if "batch_p50" in row:
+            print(
+                f"{row['contender']} ({row['dtype']}): batch time p50 {row['batch_p50'] * 1e3:.1f} ms, "
+                f"p99 {row['batch_p99'] * 1e3:.1f} ms ({row['batch_p99'] / row['batch_p50']:.2f}x); fit: "
+                f"{row['seconds_per_call'] * 1e3:.1f} ms per model call + {row['seconds_per_token'] * 1e3:.3f} ms "
+                f"per computed token (a call costs {row['seconds_per_call'] / row['seconds_per_token']:.0f} tokens)"
+            )
     result = {"requests": args.requests, "batch": args.batch, "seed": args.seed, "real_tokens": real, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
