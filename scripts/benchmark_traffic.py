@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fakes import make_context  # noqa: E402
 
-from handlers import warmup  # noqa: E402
+from handlers import buckets, warmup  # noqa: E402
 from handlers.base import DTYPES  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
 from scripts import measure  # noqa: E402
@@ -41,21 +41,14 @@ def eager_pad_to_longest(handler: EmbeddingHandler, dtype: torch.dtype, traffic:
     began = time.perf_counter()
     with torch.inference_mode():
         for batch in traffic:
-            longest = max(len(ids) for ids in batch)
-            input_ids = torch.full((len(batch), longest), handler.pad_id, dtype=torch.long)
-            mask = torch.zeros_like(input_ids)
-            for row, ids in enumerate(batch):
-                input_ids[row, : len(ids)] = torch.tensor(ids)
-                mask[row, : len(ids)] = 1
-            module(input_ids=input_ids, attention_mask=mask)
-            padded += input_ids.numel()
+            group = buckets.Group(tuple(range(len(batch))), len(batch), max(len(ids) for ids in batch))
+            module(**buckets.pad_group(batch, group, handler.pad_id))
+            padded += group.batch_size * group.seq_len
     return {"seconds": time.perf_counter() - began, "padded_tokens": padded}
 
 
 def ours(handler: EmbeddingHandler, traffic: list[list[list[int]]]) -> dict:
     """Our bucketed path over the traffic; per batch its time, model calls and computed tokens."""
-    from handlers import buckets
-
     per_batch = []
     began = time.perf_counter()
     for batch in traffic:

@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handlers.buckets import seq_bucket  # noqa: E402
 from handlers.config import BucketConfig  # noqa: E402
 from handlers.length_stats import read_histograms  # noqa: E402
 
@@ -33,7 +34,7 @@ def padded_tokens(histogram: dict[int, int], seq_lens: tuple[int, ...]) -> int:
     """Tokens computed when each text is padded to its bucket (over-long texts truncated to the last)."""
     total = 0
     for length, count in histogram.items():
-        total += count * next((bucket for bucket in seq_lens if bucket >= length), seq_lens[-1])
+        total += count * (seq_bucket(length, seq_lens) or seq_lens[-1])
     return total
 
 
