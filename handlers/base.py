@@ -5,6 +5,7 @@ its request parameters (`PARAMS`), and how one output row becomes an answer (`en
 that do not answer with one forward pass per text (generation) replace `infer` and `respond`.
 """
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -17,7 +18,7 @@ from tokenizers import Encoding
 from transformers import AutoConfig, AutoTokenizer
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers import buckets, hardware, payload, warmup
+from handlers import buckets, compile_cache, hardware, payload, warmup
 from handlers.compiling import CompiledModel
 from handlers.config import CompileConfig, HandlerConfig, parse
 from handlers.length_stats import LengthStats
@@ -26,6 +27,12 @@ from handlers.metrics import emit
 logger = logging.getLogger(__name__)
 
 HARDWARE = hardware.detect()
+CACHE_SOURCES = {
+    "archive": "hit, unpacked from the archive",
+    "host": "hit, this host's cache from an earlier worker",
+    "compiled": "miss, compiled here",
+    "off": "off",
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -47,6 +54,8 @@ class CompiledHandler(BaseHandler):
     """Loads, compiles and warms a model over its bucket grid, then serves batches of requests."""
 
     PARAMS: dict[str, payload.ParamCheck] = {}
+    # Called as warmup_progress(done, total) after each shape of the warm-up grid (the build's bar).
+    warmup_progress = None
 
     # -- task hooks -------------------------------------------------------------------------
     def build_model(self, model_dir: Path) -> torch.nn.Module:
@@ -89,8 +98,18 @@ class CompiledHandler(BaseHandler):
         module = self.build_model(model_dir).eval().to(self.device)
         self.dtype = self._choose_dtype(module)
         module.to(self.dtype)
-        self.model = CompiledModel(module, self.config.compile, self.graphs_needed())
-        report = self._warm_up()
+        options = dataclasses.replace(self.config.compile, dynamic=self.plan.dynamic)  # a task may fix it
+        self.model = CompiledModel(module, options, self.graphs_needed())
+        with self._compile_cache(model_dir) as lease:
+            self.warmup_report = report = self._warm_up()
+            if lease is not None and self.model.is_compiled:
+                self.host_cache.publish(lease)
+        self.cache_source = lease.source if lease is not None and self.model.is_compiled else "off"
+        if self.model.is_compiled:
+            # Inductor's pool of compile subprocesses would idle in every worker for nothing.
+            from torch._inductor.async_compile import shutdown_compile_workers
+
+            shutdown_compile_workers()
         self.model.mark_ready()
         self.lengths = LengthStats(context.model_name, self.config.buckets.histogram_every)
         self.initialized = True
@@ -191,12 +210,24 @@ class CompiledHandler(BaseHandler):
             chosen = torch.float32
         return chosen
 
+    def _compile_cache(self, model_dir: Path):
+        """The lease on this host's compile cache (None where compilation or the cache is off)."""
+        option = self.config.compile.cache_dir
+        root = compile_cache.default_root() if option == "auto" else None if option == "off" else Path(option)
+        if not self.config.compile.enable or root is None:
+            return contextlib.nullcontext(None)
+        valid_for = compile_cache.manifest(
+            HARDWARE, self.dtype, self.worker.threads, self.plan, self.model.options, model_dir
+        )
+        self.host_cache = compile_cache.HostCache(root, valid_for)
+        return self.host_cache.lease(model_dir / compile_cache.PACKED_DIR)
+
     def _warm_up(self) -> warmup.WarmupReport:
         iterations = self.config.warmup.iterations
         try:
             self.model.compile()
             check = self.graphs_needed() if self.model.is_compiled else None
-            report = warmup.run_grid(self.infer, self.plan, iterations, self._filler, check)
+            report = warmup.run_grid(self.infer, self.plan, iterations, self._filler, check, self.warmup_progress)
             if self.model.is_compiled and self.config.warmup.verify:
                 probe = self._probe_ids()
                 eager = self.infer(probe, run_eager(self.model.eager))
@@ -237,9 +268,11 @@ class CompiledHandler(BaseHandler):
         emit(self.context, "CompileSeconds", round(report.compile_seconds, 3), "Seconds")
         emit(self.context, "WarmupSeconds", round(report.warmup_seconds, 3), "Seconds")
         emit(self.context, "RecompilesAfterReady", 0, "Count")
+        cache_hit = self.cache_source in ("archive", "host")
+        emit(self.context, "CompileCacheHit", int(cache_hit), "Count")
         logger.info(
-            "Ready in %.1fs: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s, lengths %s x batches %s, "
-            "%d graphs, first pass over the grid %.1fs, warm-up %.1fs, %d threads",
+            "Ready in %.1fs: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, lengths %s x batches "
+            "%s, %d graphs, first pass over the grid %.1fs, warm-up %.1fs, %d threads, compile cache: %s",
             seconds,
             HARDWARE.device_name,
             sorted(HARDWARE.cpu_flags),
@@ -247,12 +280,14 @@ class CompiledHandler(BaseHandler):
             self.model.is_compiled,
             self.config.compile.mode,
             self.plan.dynamic,
+            self.config.compile.regional,
             list(self.plan.seq_lens),
             list(self.plan.batch_sizes),
             report.graphs,
             report.compile_seconds,
             report.warmup_seconds,
             self.worker.threads,
+            CACHE_SOURCES[self.cache_source],
         )
 
     # -- request steps -----------------------------------------------------------------------

@@ -74,6 +74,12 @@ def _backend(value, key) -> str:
     return value
 
 
+def _cache_dir(value, key) -> str:
+    if value in ("auto", "off") or (isinstance(value, str) and value.startswith("/")):
+        return value
+    raise ConfigError(key, value, "auto | off | an absolute path")
+
+
 def _option(check: Callable[[Any, str], Any], default: Any):
     return dataclasses.field(default=default, metadata={"check": check})
 
@@ -94,7 +100,10 @@ class CompileConfig:
     mode: str = _option(_choice(*MODES), "default")
     fullgraph: bool = _option(_boolean, False)
     dynamic: str = _option(_choice(*DYNAMIC), "all")
+    regional: bool = _option(_boolean, False)
     on_failure: str = _option(_choice(*ON_FAILURE), "eager")
+    # Where workers share compiled kernels (see compile_cache.py); off leaves inductor's default.
+    cache_dir: str = _option(_cache_dir, "auto")
 
 
 @dataclasses.dataclass(frozen=True)

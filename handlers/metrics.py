@@ -7,7 +7,7 @@ config.properties points to) declares them with the same names and dimensions.
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
-NAMES = ("CompileSeconds", "WarmupSeconds", "RecompilesAfterReady", "PaddedTokenRatio")
+NAMES = ("CompileSeconds", "WarmupSeconds", "CompileCacheHit", "RecompilesAfterReady", "PaddedTokenRatio")
 
 
 def emit(context, name: str, value: float, unit: str) -> None:

@@ -13,15 +13,22 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-    """One inductor cache for the whole run (in-process handlers and TorchServe workers alike)."""
+    """One inductor cache for the whole run (in process and TorchServe alike).
+
+    The host compile cache is off by default here: its per-manifest folders would keep graphs that
+    differ only in their bucket lists from sharing inductor's cache, and double the suite's time.
+    The compile-cache tests turn it on with a folder of their own.
+    """
     cache = os.environ.get("TEST_INDUCTOR_CACHE") or str(tmp_path_factory.mktemp("inductor-cache"))
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    names = ("TORCHINDUCTOR_CACHE_DIR", "COMPILED_HANDLERS_CACHE_DIR")
+    previous = {name: os.environ.get(name) for name in names}
+    os.environ.update({"TORCHINDUCTOR_CACHE_DIR": cache, "COMPILED_HANDLERS_CACHE_DIR": "off"})
     yield cache
-    if previous is None:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    else:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,8 @@ def test_pt2_compile_can_turn_compilation_off():
         ({"handler": {"buckets": {"overflow": "drop"}}}, "handler.buckets.overflow", "'drop'"),
         ({"handler": {"compile": {"mode": "fastest"}}}, "handler.compile.mode", "'fastest'"),
         ({"handler": {"compile": {"fullgraph": "yes"}}}, "handler.compile.fullgraph", "'yes'"),
+        ({"handler": {"compile": {"regional": 1}}}, "handler.compile.regional", "1"),
+        ({"handler": {"compile": {"cache_dir": "cache"}}}, "handler.compile.cache_dir", "'cache'"),
         ({"handler": {"warmup": {"tolerance": 2}}}, "handler.warmup.tolerance", "2"),
         ({"pt2": {"compile": {"options": {}}}}, "pt2.compile.options", "{}"),
         ({"handler": {"compile": "on"}}, "handler.compile", "'on'"),

@@ -1,0 +1,77 @@
+"""A real handler (tiny BERT, in process) with a packed compile cache: used, refused, or ignored."""
+
+import json
+import logging
+import shutil
+
+import pytest
+from fakes import ready_handler, start_batch
+from torch._dynamo.utils import counters
+
+from handlers import compile_cache
+from handlers.embedding import EmbeddingHandler
+
+GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
+
+
+@pytest.fixture(scope="module")
+def packed_model(tiny_bert, tmp_path_factory):
+    """A copy of tiny BERT whose compile_cache/ holds what a handler compiled against an empty host cache."""
+    model = tmp_path_factory.mktemp("packed") / "model"
+    shutil.copytree(tiny_bert, model)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(compile_cache.ROOT_ENV, str(tmp_path_factory.mktemp("build-host")))
+        builder = ready_handler(EmbeddingHandler, model, **GRID)
+    assert builder.cache_source == "compiled"
+    cache = builder.host_cache
+    compile_cache.pack(cache.published, cache.valid_for, model / compile_cache.PACKED_DIR, {"initialize_seconds": 1})
+    return model
+
+
+@pytest.fixture
+def empty_host(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.ROOT_ENV, str(tmp_path / "host"))
+
+
+def test_a_matching_packed_cache_is_loaded_not_compiled(packed_model, empty_host, caplog, monkeypatch):
+    steps = []
+    monkeypatch.setattr(EmbeddingHandler, "warmup_progress", staticmethod(lambda done, total: steps.append(done)))
+    with caplog.at_level(logging.INFO):
+        handler = ready_handler(EmbeddingHandler, packed_model, **GRID)
+    assert steps == [0, 1, 2, 3, 4]  # the build's progress bar is told about every shape of the 2 x 2 grid
+    assert handler.cache_source == "archive"
+    assert "compile cache: hit, unpacked from the archive" in caplog.text
+    assert counters["inductor"]["fxgraph_cache_hit"] == handler.warmup_report.graphs > 0
+    assert counters["inductor"]["fxgraph_cache_miss"] == 0
+
+
+def test_a_packed_cache_for_other_settings_is_refused_naming_the_field(packed_model, empty_host, caplog):
+    manifest = json.loads((packed_model / compile_cache.PACKED_DIR / compile_cache.MANIFEST_FILE).read_text())
+    packed_threads = manifest["valid_for"]["threads"]
+    with caplog.at_level(logging.INFO):
+        handler = ready_handler(EmbeddingHandler, packed_model, threads=packed_threads + 1, **GRID)
+    assert handler.cache_source == "compiled"
+    assert "Packed compile cache IGNORED" in caplog.text
+    assert f"threads: packed {packed_threads}, this worker {packed_threads + 1}" in caplog.text
+    assert "compile cache: miss, compiled here" in caplog.text
+
+
+def test_a_truncated_packed_cache_never_breaks_the_worker(packed_model, empty_host, tmp_path, caplog):
+    model = tmp_path / "model"
+    shutil.copytree(packed_model, model)
+    tarball = model / compile_cache.PACKED_DIR / compile_cache.TARBALL_FILE
+    tarball.write_bytes(tarball.read_bytes()[:1000])
+    with caplog.at_level(logging.INFO):
+        handler = ready_handler(EmbeddingHandler, model, **GRID)
+    assert "Packed compile cache IGNORED" in caplog.text and "corrupt" in caplog.text
+    assert handler.cache_source == "compiled" and handler.model.is_compiled
+    start_batch(handler.context, ["application/json"])
+    assert len(handler.handle([{"body": {"inputs": "still serving"}}], handler.context)[0]["embedding"]) == 32
+
+
+def test_the_cache_can_be_switched_off_per_model_or_per_host(tiny_bert, empty_host, monkeypatch):
+    handler = ready_handler(EmbeddingHandler, tiny_bert, compile={"cache_dir": "off"}, **GRID)
+    assert handler.cache_source == "off" and handler.model.is_compiled
+    monkeypatch.setenv(compile_cache.ROOT_ENV, "off")
+    handler = ready_handler(EmbeddingHandler, tiny_bert, **GRID)
+    assert handler.cache_source == "off" and handler.model.is_compiled
