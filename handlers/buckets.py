@@ -87,11 +87,9 @@ def warmup_shapes(plan: BucketPlan) -> list[tuple[int, int]]:
 def expected_graphs(plan: BucketPlan) -> int:
     """How many graphs dynamo must compile to cover `warmup_shapes(plan)`.
 
-    A dynamic dimension still gets a graph of its own for size 1 (dynamo specializes 0 and 1).
+    A dynamic batch covers size 1 too: sizes are compiled size-oblivious (see compiling.py).
     """
-    batch_kinds = len(plan.batch_sizes)
-    if plan.dynamic != "none":
-        batch_kinds = int(1 in plan.batch_sizes) + int(plan.max_batch > 1)
+    batch_kinds = 1 if plan.dynamic != "none" else len(plan.batch_sizes)
     seq_kinds = 1 if plan.dynamic == "all" else len(plan.seq_lens)
     return batch_kinds * seq_kinds
 
@@ -100,8 +98,7 @@ def mark_dynamic_dims(tensor: torch.Tensor, plan: BucketPlan) -> None:
     """Tell dynamo which dimensions of a (batch, seq_len) input vary, per the plan."""
     if plan.dynamic == "none":
         return
-    if tensor.shape[0] > 1:
-        torch._dynamo.mark_dynamic(tensor, 0)
+    torch._dynamo.mark_dynamic(tensor, 0)
     if plan.dynamic == "all":
         torch._dynamo.mark_dynamic(tensor, 1)
 

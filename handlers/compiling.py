@@ -5,12 +5,17 @@ After it, every call runs under `set_stance("fail_on_recompile")`: a shape that 
 graph raises instead of stalling a request for seconds. That event is counted
 (`recompiles_after_ready`), logged once, and the group is answered by the eager model. The
 `eager_on_recompile` stance would hide the event from dynamo's counters, so it is not used.
+
+Regional compilation (`compile.regional`) compiles the model's repeated block (its transformer
+layer) instead of the whole model: dynamo traces and inductor compiles one layer, reused by every
+layer, so compiling is faster; the code around the blocks runs eagerly.
 """
 
 import logging
 
 import torch
 import torch._dynamo
+import torch.fx.experimental._config as fx_config
 from torch._dynamo.utils import counters
 
 from handlers.config import CompileConfig
@@ -18,6 +23,61 @@ from handlers.config import CompileConfig
 logger = logging.getLogger(__name__)
 
 RECOMPILE_MESSAGE = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+
+
+def repeated_blocks(model: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """The longest ModuleList of modules of one class: the transformer's layers."""
+    lists = [
+        module
+        for module in model.modules()
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1
+    ]
+    return max(lists, key=len, default=None)
+
+
+def block_dynamic_dims(value: torch.Tensor, batch: int, seq_len: int, dynamic: str) -> list[int]:
+    """Which dims of a block input vary with the bucket, by transformer convention.
+
+    Tensors are (batch, seq, ...) like hidden states, or 4-d attention masks (batch, heads, query,
+    key). Sizes alone cannot tell a length from a hidden size of the same value.
+    """
+    dims = [0] if value.shape[0] == batch else []
+    if dynamic == "all" and seq_len > 1:
+        tail = (2, 3) if value.dim() == 4 else (1,)
+        dims += [dim for dim in tail if dim < value.dim() and value.shape[dim] == seq_len]
+    return dims
+
+
+class DynamicBlock(torch.nn.Module):
+    """A compiled block whose inputs get the plan's dynamic dimensions marked, as `infer` marks the model's.
+
+    The block's inputs are intermediate tensors, so the marks on the model's inputs do not reach them.
+    """
+
+    def __init__(self, block: torch.nn.Module, dynamic: str):
+        super().__init__()
+        self.block = block
+        self.dynamic = dynamic
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        batch, seq_len = hidden_states.shape[:2]
+        for value in (hidden_states, *args, *kwargs.values()):
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                for dim in block_dynamic_dims(value, batch, seq_len, self.dynamic):
+                    torch._dynamo.mark_dynamic(value, dim)
+        return self.block(hidden_states, *args, **kwargs)
+
+
+class ForceEager(torch.nn.Module):
+    """Runs a module whose blocks were compiled in place as plain eager code."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        with torch.compiler.set_stance("force_eager"):
+            return self.module(*args, **kwargs)
 
 
 def compiled_graph_count() -> int:
@@ -41,17 +101,34 @@ class CompiledModel:
         """Wrap the model with torch.compile (lazy: graphs are built by the first calls)."""
         if not self.options.enable:
             return
+        # Size-oblivious sizes: a dynamic dimension of size 1 shares the graph of the other sizes
+        # instead of getting its own (dynamo specializes 0 and 1 otherwise), which halves compile
+        # time for a grid with batch size 1. Process-wide; the warm-up graph count and the
+        # compiled-vs-eager check stand guard over it.
+        fx_config.backed_size_oblivious = self.options.dynamic != "none"
         # Dynamo silently falls back to eager past `recompile_limit` graphs per code object.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, self.graphs_needed)
         # dynamic=False: only the dimensions the bucket plan marks dynamic may vary, so an
         # unplanned shape is a real recompile that the guard below can see and count.
-        self.compiled = torch.compile(
-            self.eager,
-            backend=self.options.backend,
-            mode=None if self.options.mode == "default" else self.options.mode,
-            fullgraph=self.options.fullgraph,
-            dynamic=False,
-        )
+        options = {
+            "backend": self.options.backend,
+            "mode": None if self.options.mode == "default" else self.options.mode,
+            "fullgraph": self.options.fullgraph,
+            "dynamic": False,
+        }
+        if not self.options.regional:
+            self.compiled = torch.compile(self.eager, **options)
+            return
+        blocks = repeated_blocks(self.eager)
+        if blocks is None:
+            raise RuntimeError(f"compile.regional: {type(self.eager).__name__} has no repeated blocks to compile")
+        logger.info("Regional compile: %d x %s", len(blocks), type(blocks[0]).__name__)
+        for index, block in enumerate(blocks):
+            block.compile(**options)
+            if self.options.dynamic != "none":
+                blocks[index] = DynamicBlock(block, self.options.dynamic)
+        self.compiled = self.eager
+        self.eager = ForceEager(self.eager)
 
     @property
     def is_compiled(self) -> bool:

@@ -43,37 +43,51 @@ def filler_ids(length: int, rows: int, vocab_size: int, special: tuple[int, int]
     return [([first] + row + [last])[:length] for row in body.tolist()]
 
 
+def padding_variants(token_ids: list[list[int]], shorter_fits: bool) -> list[list[list[int]]]:
+    """The rows as given (no padding) and, where a shorter row stays in the bucket, with padding.
+
+    A batch without padding may reach a model's blocks with no attention mask at all (transformers
+    drops an all-ones mask outside compiled code), so both kinds must be compiled before ready.
+    """
+    if not shorter_fits:
+        return [token_ids]
+    return [token_ids, token_ids[:-1] + [token_ids[-1][:-1]]]
+
+
 def run_grid(
     infer: Infer,
     plan: buckets.BucketPlan,
     iterations: int,
     make_ids: Callable[[int, int], list[list[int]]],
     graphs_needed: int | None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> WarmupReport:
     """Run every (batch, seq_len) of the plan `iterations` times; check the compiled graph count.
 
-    `graphs_needed` is what the grid must compile per graph of one shape (None: do not check).
+    `graphs_needed` is what the grid must compile per graph of one shape (None: do not check);
+    `progress(done, total)` is called after each shape.
     """
     start = time.perf_counter()
     graphs_before = compiled_graph_count()
     first_calls = 0.0
     graphs_per_shape = None
-    for batch, seq_len in buckets.warmup_shapes(plan):
-        token_ids = make_ids(seq_len, batch)
-        began = time.perf_counter()
-        infer(token_ids)
-        first_calls += time.perf_counter() - began
+    shapes = buckets.warmup_shapes(plan)
+    if progress is not None:
+        progress(0, len(shapes))  # the first shape compiles: most of the wait is before it is done
+    for done, (batch, seq_len) in enumerate(shapes, start=1):
+        previous = max([length for length in plan.seq_lens if length < seq_len], default=0)
+        for token_ids in padding_variants(make_ids(seq_len, batch), seq_len - 1 > previous):
+            began = time.perf_counter()
+            infer(token_ids)
+            first_calls += time.perf_counter() - began
+            for _ in range(iterations - 1):
+                infer(token_ids)
         if graphs_per_shape is None:
             # More than one graph per shape means graph breaks; the grid multiplies them.
             graphs_per_shape = max(1, compiled_graph_count() - graphs_before)
-        for _ in range(iterations - 1):
-            infer(token_ids)
-    report = WarmupReport(
-        len(buckets.warmup_shapes(plan)),
-        compiled_graph_count() - graphs_before,
-        first_calls,
-        time.perf_counter() - start,
-    )
+        if progress is not None:
+            progress(done, len(shapes))
+    report = WarmupReport(len(shapes), compiled_graph_count() - graphs_before, first_calls, time.perf_counter() - start)
     if graphs_needed is not None:
         _check_graph_count(report.graphs, graphs_needed * graphs_per_shape, plan)
     return report

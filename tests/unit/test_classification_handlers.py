@@ -25,7 +25,7 @@ def single_label(tiny_models):
 
 def test_classification_compiles_the_grid_once_and_never_again(single_label):
     graphs = compiled_graph_count()
-    assert graphs == single_label.graphs_needed() == 2  # batch 1 and batch >= 2; lengths are dynamic
+    assert graphs == single_label.graphs_needed() == 1  # batch and length dynamic, batch 1 included
     ask(single_label, [{"inputs": text} for text in TEXTS] + [{"inputs": TEXTS}])
     assert compiled_graph_count() == graphs and single_label.model.recompiles_after_ready == 0
 

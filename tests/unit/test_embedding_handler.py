@@ -19,7 +19,7 @@ def ready_handler(model_dir, **handler_config):
 
 @pytest.mark.parametrize(
     "dynamic, grid, graphs",
-    [("all", GRID, 2), ("none", {"seq_lens": [8, 32], "batch_sizes": [1, 2, 4]}, 6)],
+    [("all", GRID, 1), ("batch", GRID, 3), ("none", {"seq_lens": [8, 32], "batch_sizes": [1, 2, 4]}, 6)],
 )
 def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny_bert, dynamic, grid, graphs):
     handler = ready_handler(tiny_bert, compile={"dynamic": dynamic}, buckets=grid)
@@ -35,6 +35,19 @@ def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny
     for answer, row in zip(answers, eager, strict=True):
         expected = torch.nn.functional.normalize(row, dim=-1)
         assert torch.allclose(torch.tensor(answer["embedding"]), expected, atol=1e-5)
+
+
+def test_regional_compile_warms_blocks_with_and_without_padding_and_live_traffic_compiles_nothing(tiny_bert):
+    handler = ready_handler(tiny_bert, compile={"regional": True})
+    # One block graph for every shape, with an attention mask and without (no padding in the batch).
+    assert compiled_graph_count() == 2 * buckets.expected_graphs(handler.plan) == 2
+    texts = ["the cat sat", "hello world " * 6, "a dog", "fast model serve token " * 3, "x"]
+    start_batch(handler.context, ["application/json"] * len(texts))
+    answers = handler.handle([{"body": {"inputs": text}} for text in texts], handler.context)
+    assert compiled_graph_count() == 2 and handler.model.recompiles_after_ready == 0
+    eager = handler.infer([e.ids for e in handler._tokenize(texts)], run_eager(handler.model.eager))
+    for answer, row in zip(answers, eager, strict=True):
+        assert torch.allclose(torch.tensor(answer["embedding"]), torch.nn.functional.normalize(row, dim=-1), atol=1e-5)
 
 
 def test_a_shape_outside_the_grid_after_ready_is_counted_and_answered_eagerly(tiny_bert):
