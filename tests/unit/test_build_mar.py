@@ -1,5 +1,6 @@
 import importlib
 import inspect
+import io
 import json
 import zipfile
 
@@ -7,6 +8,7 @@ import pytest
 import yaml
 
 from handlers.config import TASKS
+from scripts import build_mar
 from scripts.build_mar import HANDLER_FILES, BuildError, build, check_model_dir
 
 
@@ -47,3 +49,48 @@ def test_every_task_has_a_handler_file_with_exactly_one_class(task):
     module = importlib.import_module(f"handlers.{HANDLER_FILES[task].removesuffix('.py')}")
     classes = [obj for obj in vars(module).values() if inspect.isclass(obj) and obj.__module__ == module.__name__]
     assert len(classes) == 1, classes
+
+
+def archived_config(archive) -> dict:
+    with zipfile.ZipFile(archive) as mar:
+        return yaml.safe_load(mar.read("model-config.yaml"))
+
+
+def test_a_startup_timeout_fitting_the_estimated_compile_is_written(tiny_bert, tmp_path):
+    whole = archived_config(build(tiny_bert, "embedding", "whole", tmp_path, {}))
+    regional = {"handler": {"compile": {"regional": True}}}
+    regional = archived_config(build(tiny_bert, "embedding", "regional", tmp_path, regional))
+    layers = json.loads((tiny_bert / "config.json").read_text())["num_hidden_layers"]
+    # One graph for dynamic: all; whole-model graphs cost per layer, regional ones per block.
+    expected = build_mar.ESTIMATE_FIXED_SECONDS + (
+        build_mar.ESTIMATE_PER_GRAPH_SECONDS + build_mar.ESTIMATE_PER_LAYER_SECONDS * layers
+    )
+    assert build_mar.estimated_compile_seconds(whole, tiny_bert) == expected
+    assert whole["startupTimeout"] >= build_mar.STARTUP_MARGIN * expected + build_mar.STARTUP_FIXED_SECONDS
+    assert whole["startupTimeout"] % 10 == 0 and regional["startupTimeout"] >= build_mar.STARTUP_FLOOR_SECONDS
+    assert build_mar.startup_timeout({}, 68, measured=True) == {"startupTimeout": 170}  # 2 x 68 + 30, rounded up
+
+
+def test_a_grid_too_large_for_the_users_startup_timeout_is_warned_about(tiny_bert, tmp_path, capsys):
+    config = {"startupTimeout": 30, "handler": {"compile": {"dynamic": "none"}}}
+    archive = build(tiny_bert, "embedding", "big", tmp_path, config)
+    assert archived_config(archive)["startupTimeout"] == 30  # the user's value is kept
+    warning = capsys.readouterr().err
+    assert "grid is too large for startupTimeout=30" in warning and "estimated" in warning
+
+
+def test_the_precompile_progress_bar_walks_the_grid():
+    from scripts.precompile import ProgressBar
+
+    stream = io.StringIO()  # not a terminal: one line per step
+    bar = ProgressBar(width=10, stream=stream)
+    for done in range(5):
+        bar(done, 4)
+    lines = stream.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "precompiling [..........] 0/4 shapes",
+        "precompiling [##........] 1/4 shapes",
+        "precompiling [#####.....] 2/4 shapes",
+        "precompiling [#######...] 3/4 shapes",
+        "precompiling [##########] 4/4 shapes",
+    ]

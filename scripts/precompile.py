@@ -1,0 +1,96 @@
+"""Compile and warm a staged archive's whole grid in a fresh process set up like a worker; pack the cache.
+
+    python scripts/precompile.py STAGING_DIR RESULT.json HANDLER_FILE   # e.g. handlers/embedding.py
+
+`build_mar.py --precompile` runs this as a subprocess: a new interpreter imports the staged
+`handlers` package (the code the archive will serve), sets threads from the same model-config.yaml,
+and runs the handler's own `initialize` against an empty host cache, so what gets packed is what
+a worker compiles. It writes the archive's `compile_cache/` folder into STAGING_DIR and the
+timings to RESULT.json.
+"""
+
+import importlib
+import inspect
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+
+class ProgressBar:
+    """`precompiling [#####.....] 5/10 shapes, 12 s` on stderr; one line per shape off a terminal."""
+
+    def __init__(self, width: int = 30, stream=sys.stderr):
+        self.width = width
+        self.stream = stream
+        self.started = time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        filled = self.width * done // total
+        bar = "#" * filled + "." * (self.width - filled)
+        text = f"precompiling [{bar}] {done}/{total} shapes, {time.perf_counter() - self.started:.0f} s"
+        terminal = self.stream.isatty()
+        end = "\n" if done == total or not terminal else ""
+        self.stream.write(("\r" if terminal else "") + text + end)
+        self.stream.flush()
+
+
+def handler_class(handler_file: str):
+    """The handler class the archive serves, from the staged copy of the package (see `main`)."""
+    module = importlib.import_module(".".join(Path(handler_file).with_suffix("").parts))
+    from handlers.base import CompiledHandler
+
+    classes = [
+        value
+        for value in vars(module).values()
+        if inspect.isclass(value) and issubclass(value, CompiledHandler) and value.__module__ == module.__name__
+    ]
+    return classes[0]
+
+
+def worker_context(staging: Path, config: dict):
+    """A TorchServe Context as a worker gets it for this archive."""
+    import torch
+    from ts.context import Context
+
+    gpu = 0 if torch.cuda.is_available() else None
+    manifest = {"model": {"modelName": "precompile"}}
+    batch_size = config.get("batchSize", 1)
+    return Context("precompile", str(staging), manifest, batch_size, gpu, "0.12.0", model_yaml_config=config)
+
+
+def precompile(staging: Path, handler_file: str) -> dict:
+    """Initialize the handler against an empty host cache and pack what it compiled."""
+    from handlers import compile_cache
+
+    config = yaml.safe_load((staging / "model-config.yaml").read_text())
+    with tempfile.TemporaryDirectory() as root:
+        os.environ[compile_cache.ROOT_ENV] = root
+        handler = handler_class(handler_file)()
+        handler.warmup_progress = ProgressBar()
+        started = time.perf_counter()
+        handler.initialize(worker_context(staging, config))
+        seconds = time.perf_counter() - started
+        if not handler.model.is_compiled or handler.cache_source != "compiled":
+            raise RuntimeError(f"nothing to pack: compiled={handler.model.is_compiled}, cache {handler.cache_source}")
+        built = {"initialize_seconds": round(seconds, 1), "graphs": handler.warmup_report.graphs}
+        host_cache = handler.host_cache
+        compile_cache.pack(host_cache.published, host_cache.valid_for, staging / compile_cache.PACKED_DIR, built)
+    return {**built, "valid_for": host_cache.valid_for}
+
+
+def main(argv=None) -> None:
+    staging, result, handler_file = sys.argv[1:] if argv is None else argv
+    # The archive's own copy of `handlers` comes first, before anything imports the package: the
+    # cache manifest carries a digest of the code that compiled it, which must be the served code.
+    sys.path.insert(0, staging)
+    outcome = precompile(Path(staging), handler_file)
+    Path(result).write_text(json.dumps(outcome))
+
+
+if __name__ == "__main__":
+    main()
