@@ -1,6 +1,7 @@
 """In-process benchmark per (batch, length) bucket: eager vs compiled at the same dtype.
 
-For each model x mode x dtype x strategy (`compile.dynamic`) it builds the handler as a worker
+For each model x mode x dtype x strategy (`compile.dynamic`) x scope (whole model, or regional:
+the repeated block only) it builds the handler as a worker
 would (compile + warm-up over the selected grid), then times, per bucket, the handler's own
 `infer` path (grouping, padding, model) with the eager module and with the compiled one:
 `--warmup` untimed calls, then `--iterations` timed calls taken in turns (eager, compiled, eager,
@@ -12,12 +13,14 @@ matmul timed in the same run, the machine's practical ceiling.
     python scripts/benchmark.py --quick                                  # CI smoke: tiny model, 2x2 grid
     python scripts/benchmark.py --models minilm --dtypes float32 bfloat16 # the default grid
     python scripts/benchmark.py --models minilm --strategies none batch all --seq-lens 32 128 --batch-sizes 1 8
+    python scripts/benchmark.py --models minilm --dtypes bfloat16 --scopes whole regional
 
 Writes runs/benchmark.json and runs/benchmark.png (compiled speedup per bucket).
 """
 
 import argparse
 import functools
+import itertools
 import json
 import sys
 import tempfile
@@ -105,6 +108,7 @@ def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list
                 "mode": config["compile"]["mode"],
                 "dtype": served,
                 "strategy": config["compile"]["dynamic"],
+                "scope": "regional" if config["compile"]["regional"] else "whole",
                 "batch": batch,
                 "seq_len": seq_len,
                 "eager": timings["eager"],
@@ -123,7 +127,7 @@ def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list
 
 def print_table(rows: list[dict]) -> None:
     header = (
-        f"{'model':<26}{'mode':<10}{'dtype':<9}{'dyn':<6}{'bxs':>7}{'eager ms':>10}{'comp ms':>9}"
+        f"{'model':<26}{'mode':<10}{'dtype':<9}{'dyn':<6}{'scope':<9}{'bxs':>7}{'eager ms':>10}{'comp ms':>9}"
         f"{'p99':>8}{'cv':>8}{'x':>6}{'maxdiff':>9}{'mincos':>9}{'GFLOP/s':>9}{'ceil':>6}"
     )
     print(header)
@@ -131,7 +135,7 @@ def print_table(rows: list[dict]) -> None:
         compiled = row["compiled"]
         flag = "!" if compiled["noisy"] or row["eager"]["noisy"] else " "
         print(
-            f"{row['model']:<26}{row['mode'][:9]:<10}{row['dtype']:<9}{row['strategy']:<6}"
+            f"{row['model']:<26}{row['mode'][:9]:<10}{row['dtype']:<9}{row['strategy']:<6}{row['scope']:<9}"
             f"{row['batch']:>3}x{row['seq_len']:<3}"
             f"{row['eager']['median'] * 1e3:>10.2f}{compiled['median'] * 1e3:>9.2f}"
             f"{compiled['p99'] * 1e3:>8.2f}{compiled['cv']:>7.1%}{flag}{row['speedup']:>6.2f}"
@@ -148,7 +152,7 @@ def plot(rows: list[dict], path: Path) -> None:
     from matplotlib import pyplot
 
     def config_of(row):
-        return row["model"], row["mode"], row["dtype"], row["strategy"]
+        return row["model"], row["mode"], row["dtype"], row["strategy"], row["scope"]
 
     configs = sorted({config_of(r) for r in rows})
     figure, axes = pyplot.subplots(figsize=(max(6, len(rows) * 0.35), 4))
@@ -173,6 +177,7 @@ def parse_args(argv):
     parser.add_argument("--modes", nargs="+", choices=handler_config.MODES, default=["default"])
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32"])
     parser.add_argument("--strategies", nargs="+", choices=handler_config.DYNAMIC, default=["all"])
+    parser.add_argument("--scopes", nargs="+", choices=("whole", "regional"), default=["whole"])
     parser.add_argument("--seq-lens", nargs="+", type=int, help="length buckets (default: the handler's)")
     parser.add_argument("--batch-sizes", nargs="+", type=int, help="batch buckets (default: the handler's)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per bucket and contender")
@@ -199,8 +204,9 @@ def main(argv=None) -> dict:
         for name, (model_dir, handler_class) in model_dirs(args.models, Path(scratch)).items():
             for mode in args.modes:
                 for dtype in args.dtypes:
-                    for strategy in args.strategies:
-                        config = {"dtype": dtype, "buckets": buckets, "compile": {"mode": mode, "dynamic": strategy}}
+                    for strategy, scope in itertools.product(args.strategies, args.scopes):
+                        options = {"mode": mode, "dynamic": strategy, "regional": scope == "regional"}
+                        config = {"dtype": dtype, "buckets": buckets, "compile": options}
                         rows += bench_config(name, model_dir, handler_class, config, args, ceilings)
     machine = measure.machine_summary()
     print(f"{machine}; {args.warmup} warm-up + {args.iterations} timed calls per bucket and contender")
