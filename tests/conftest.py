@@ -16,8 +16,8 @@ def compile_cache(tmp_path_factory):
     """One inductor cache for the whole run (in process and TorchServe alike).
 
     The host compile cache is off by default here: its per-manifest folders would keep graphs that
-    differ only in their bucket lists from sharing inductor's cache, and double the suite's time.
-    The compile-cache tests turn it on with a folder of their own.
+    differ only in their bucket lists from sharing inductor's cache. The compile-cache tests turn
+    it on with a folder of their own.
     """
     cache = os.environ.get("TEST_INDUCTOR_CACHE") or str(tmp_path_factory.mktemp("inductor-cache"))
     names = ("TORCHINDUCTOR_CACHE_DIR", "COMPILED_HANDLERS_CACHE_DIR")
