@@ -188,14 +188,15 @@ class HostCache:
             self._lock = lock
             self._remove_dead_copies()
             source = self._fill(packed)
+            holding = source == "compiled"
             shutil.rmtree(self.own, ignore_errors=True)
-            if source == "compiled":
+            if holding:
                 self.own.mkdir()
             else:
-                shutil.copytree(self.published, self.own, copy_function=_writable_copy)
+                source = self._copy_published(source)
                 fcntl.flock(lock, fcntl.LOCK_UN)
             use_inductor_cache(self.own)
-            yield Lease(self.own, source, holding_lock=source == "compiled")
+            yield Lease(self.own, source, holding_lock=holding)
 
     def publish(self, lease: Lease) -> None:
         """Make what this worker compiled the host's cache: copied aside, then renamed into place."""
@@ -208,6 +209,17 @@ class HostCache:
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         lease.holding_lock = False
         logger.info("Compile cache published for the other workers of this host: %s", self.published)
+
+    def _copy_published(self, source: str) -> str:
+        """This worker's own copy of the published cache; an empty one (compile) if it cannot be made."""
+        try:
+            shutil.copytree(self.published, self.own, copy_function=_writable_copy)
+            return source
+        except OSError as error:
+            logger.warning("Compile cache of this host UNREADABLE, compiling instead: %s", error)
+            shutil.rmtree(self.own, ignore_errors=True)
+            self.own.mkdir()
+            return "compiled"
 
     def _fill(self, packed: Path | None) -> str:
         """Where this worker's cache comes from; unpacks the archive's cache when it is usable."""

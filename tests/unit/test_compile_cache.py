@@ -100,6 +100,23 @@ def test_what_a_worker_compiled_is_published_only_when_it_says_so(tmp_path):
         assert reader.source == "host" and os.access(reader.directory / "kernel.so", os.W_OK)
 
 
+def test_a_host_cache_that_cannot_be_copied_is_compiled_around(tmp_path, caplog, monkeypatch):
+    root = tmp_path / "root"
+    cache = HostCache(root, VALID_FOR)
+    with cache.lease(None) as lease:
+        fake_inductor_cache(lease.directory)
+        cache.publish(lease)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(compile_cache.shutil, "copytree", disk_full)
+    with caplog.at_level(logging.WARNING), HostCache(root, VALID_FOR).lease(None) as lease:
+        assert lease.source == "compiled" and not lease.holding_lock  # others are not kept waiting
+        assert list(lease.directory.iterdir()) == []
+    assert "Compile cache of this host UNREADABLE" in caplog.text and "No space left" in caplog.text
+
+
 def test_copies_of_dead_workers_are_removed(tmp_path):
     root = tmp_path / "root"
     cache = HostCache(root, VALID_FOR)
