@@ -160,10 +160,6 @@ class Lease:
     source: str  # "archive", "host" or "compiled"
     holding_lock: bool
 
-    @property
-    def hit(self) -> bool:
-        return self.source != "compiled"
-
 
 class HostCache:
     """The cache directory this host keeps for one manifest, shared by its workers."""
