@@ -22,7 +22,7 @@ from handlers import buckets, compile_cache, hardware, payload, warmup
 from handlers.compiling import CompiledModel
 from handlers.config import CompileConfig, HandlerConfig, parse
 from handlers.length_stats import LengthStats
-from handlers.metrics import emit
+from handlers.metrics import count, emit
 
 logger = logging.getLogger(__name__)
 
@@ -161,9 +161,11 @@ class CompiledHandler(BaseHandler):
         return rows
 
     def record_padding(self, lengths: list[int], groups: list[buckets.Group]) -> None:
-        """Count live traffic's lengths and padding; export the ratio since ready."""
+        """Count live traffic's lengths, padding and texts per bucket; export the ratio since ready."""
         self.lengths.record(lengths, buckets.padded_tokens(groups))
         emit(self.context, "PaddedTokenRatio", round(self.lengths.padded_ratio, 4), "Ratio")
+        for group in groups:
+            count(self.context, "BucketRequests", f"{group.batch_size}x{group.seq_len}", len(group.indices))
 
     # -- initialize steps --------------------------------------------------------------------
     @staticmethod
@@ -270,6 +272,7 @@ class CompiledHandler(BaseHandler):
         emit(self.context, "RecompilesAfterReady", 0, "Count")
         cache_hit = self.cache_source in ("archive", "host")
         emit(self.context, "CompileCacheHit", int(cache_hit), "Count")
+        emit(self.context, "CompileFallback", int(self.config.compile.enable and not self.model.is_compiled), "Count")
         logger.info(
             "Ready in %.1fs: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, lengths %s x batches "
             "%s, %d graphs, first pass over the grid %.1fs, warm-up %.1fs, %d threads, compile cache: %s",

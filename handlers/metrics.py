@@ -7,7 +7,20 @@ config.properties points to) declares them with the same names and dimensions.
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
-NAMES = ("CompileSeconds", "WarmupSeconds", "CompileCacheHit", "RecompilesAfterReady", "PaddedTokenRatio")
+GAUGES = (
+    "CompileSeconds",
+    "WarmupSeconds",
+    "CompileCacheHit",
+    "CompileFallback",
+    "RecompilesAfterReady",
+    "PaddedTokenRatio",
+)
+# Counters, each with one dimension more than the gauges: texts served per bucket ("4x32": batch x length).
+COUNTERS = {"BucketRequests": "Bucket"}
+
+
+def _dimensions(context) -> list[Dimension]:
+    return [Dimension("ModelName", context.model_name), Dimension("Level", "Model")]
 
 
 def emit(context, name: str, value: float, unit: str) -> None:
@@ -15,5 +28,13 @@ def emit(context, name: str, value: float, unit: str) -> None:
     metrics = getattr(context, "metrics", None)
     if metrics is None:
         return
-    dimensions = [Dimension("ModelName", context.model_name), Dimension("Level", "Model")]
-    metrics.add_metric(name, value, unit, dimensions=dimensions, metric_type=MetricTypes.GAUGE)
+    metrics.add_metric(name, value, unit, dimensions=_dimensions(context), metric_type=MetricTypes.GAUGE)
+
+
+def count(context, name: str, label: str, value: int) -> None:
+    """Add `value` to the counter `name` of this model under its extra dimension's `label`."""
+    metrics = getattr(context, "metrics", None)
+    if metrics is None:
+        return
+    dimensions = [*_dimensions(context), Dimension(COUNTERS[name], label)]
+    metrics.add_metric(name, value, "Count", dimensions=dimensions, metric_type=MetricTypes.COUNTER)

@@ -135,6 +135,6 @@ def parse(request: dict, content_type: str | None, param_checks: dict[str, Param
             continue
         if name not in param_checks:
             allowed = ", ".join(sorted(param_checks)) or "none"
-            raise RequestError(400, f"unknown parameter '{name}'; allowed: {allowed}")
+            raise RequestError(400, f"unknown parameter (names are not echoed back); allowed: {allowed}")
         params[name] = param_checks[name](param, name)
     return Payload(texts, is_list, params)

@@ -11,6 +11,7 @@ file), so tests can run several side by side and stop exactly the one they start
 import argparse
 import json
 import os
+import re
 import socket
 import string
 import subprocess
@@ -47,6 +48,14 @@ def render_config(model_store: Path, ports: dict[str, int]) -> str:
     template = string.Template((ROOT / "config.properties").read_text())
     metrics_config = ROOT / "handlers" / "metrics.yaml"
     return template.substitute(ports, MODEL_STORE=model_store.resolve(), METRICS_CONFIG=metrics_config)
+
+
+# A worker's log lines that say why its initialize failed: our handler's policy line, exceptions.
+FAILURE_LINE = re.compile(r"MODEL_LOG - (.*(?:failed|Error: |Exception: ).*)$")
+
+
+class RegistrationError(RuntimeError):
+    """TorchServe refused a model; the message carries the cause from the worker's log."""
 
 
 class TorchServe:
@@ -114,8 +123,28 @@ class TorchServe:
         response = requests.post(
             f"{self.management_url}/models", params=params, headers=self.headers("management"), timeout=timeout
         )
-        response.raise_for_status()
+        if not response.ok:
+            cause = self.failure_cause(Path(url).stem)
+            raise RegistrationError(f"{url}: HTTP {response.status_code} {response.text.strip()}\n{cause}")
         return response.json()
+
+    def failure_cause(self, name: str, lines: int = 5) -> str:
+        """Why the last worker of `name` failed to start, from the model log (TorchServe's answer has no cause)."""
+        log = self.workdir / "logs" / "model_log.log"
+        worker_lines = [line for line in log.read_text(errors="replace").splitlines() if f"-{name}_" in line]
+        starts = [index for index, line in enumerate(worker_lines) if "Torch worker started" in line]
+        found = (FAILURE_LINE.search(line) for line in worker_lines[starts[-1] if starts else 0 :])
+        causes = list(dict.fromkeys(match.group(1).strip() for match in found if match))
+        return "\n".join(causes[:lines]) or f"no cause found in {log}"
+
+    def describe(self, name: str) -> dict:
+        """The management API's description of a model's default version (workers, batch settings, queue)."""
+        response = requests.get(f"{self.management_url}/models/{name}", headers=self.headers("management"), timeout=30)
+        response.raise_for_status()
+        return response.json()[0]
+
+    def worker_pids(self, name: str) -> list[int]:
+        return [worker["pid"] for worker in self.describe(name)["workers"] if worker["status"] == "READY"]
 
     def unregister(self, name: str) -> None:
         requests.delete(f"{self.management_url}/models/{name}", headers=self.headers("management"), timeout=60)

@@ -81,13 +81,13 @@ def generate(tiny_models):
 def test_generation_of_a_mixed_batch_equals_generate_alone(server, generate):
     budgets = [12, 5, 16, 3]
     bodies = [{"inputs": prompt, "max_new_tokens": n} for prompt, n in zip(PROMPTS, budgets, strict=True)]
-    bodies.append({"inputs": "a", "top_k": -1})  # bad, in the same batch
+    bodies += [{"inputs": "a", "top_k": -1}, {"inputs": "a", "max_new_tokens": 10**9}]  # absurd, same batches
     responses = concurrently(server, "generator", bodies)
-    assert [response.status_code for response in responses] == [200] * 4 + [400]
+    assert [response.status_code for response in responses] == [200] * 4 + [400] * 2
     for prompt, n, response in zip(PROMPTS, budgets, responses[:4], strict=True):
         assert response.json()["generated_text"] == generate(prompt, n)
         assert response.json()["generated_tokens"] == n
-    assert "top_k" in responses[4].json()["error"]
+    assert "top_k" in responses[4].json()["error"] and "max_new_tokens" in responses[5].json()["error"]
 
 
 def test_streaming_arrives_chunk_by_chunk(server, generate):

@@ -1,0 +1,269 @@
+"""Hostile input, faults, overload, security and metrics through one real TorchServe on loopback.
+
+Models (the tiny random BERT, one small grid):
+- guarded: compiled, `overflow: reject`, at most 4 texts per request;
+- truncating: compiled, over-long texts truncated (the default);
+- broken: tests/fault_handlers/broken_compiler.py, inductor fails, `on_failure: eager`;
+- slow: tests/fault_handlers/slow.py, `sleep <s>` texts hold the worker; job queue of 2, responseTimeout 3 s.
+The host compile cache is on (a folder of this module), so a restarted worker starts warm.
+The worker kill runs last: it restarts `guarded`.
+"""
+
+import json
+import re
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from scripts.build_mar import build
+from scripts.serve import RegistrationError, TorchServe
+from scripts.soak import INVALID_REQUESTS, soak
+
+pytestmark = pytest.mark.integration
+
+FAULTS = Path(__file__).parents[1] / "fault_handlers"
+GRID = {"dtype": "float32", "buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
+CANARY = "CANARY-7f3a9c-do-not-log"
+ARCHIVES = {  # name: (handler file or None, model-config over the defaults)
+    "guarded": (None, {"handler": {**GRID, "max_inputs": 4, "buckets": {**GRID["buckets"], "overflow": "reject"}}}),
+    "truncating": (None, {"handler": GRID}),
+    "broken": (FAULTS / "broken_compiler.py", {"handler": GRID}),
+    "broken_fail": (FAULTS / "broken_compiler.py", {"handler": {**GRID, "compile": {"on_failure": "fail"}}}),
+    "slow": (
+        FAULTS / "slow.py",
+        {"jobQueueSize": 2, "responseTimeout": 3, "handler": {**GRID, "compile": {"enable": False}}},
+    ),
+}
+BATCHING = {"guarded": (4, 50), "truncating": (4, 50), "broken": (4, 50), "slow": (1, 1)}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_bert):
+    store = tmp_path_factory.mktemp("model_store")
+    for name, (handler, extra) in ARCHIVES.items():
+        build(tiny_bert, "embedding", name, store, extra, handler_file=handler)
+    cache = {"COMPILED_HANDLERS_CACHE_DIR": str(tmp_path_factory.mktemp("host-compile-cache"))}
+    torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store, env=cache)
+    torchserve.start()
+    try:
+        for name, (batch_size, delay) in BATCHING.items():
+            torchserve.register(f"{name}.mar", batch_size=batch_size, max_batch_delay=delay, workers=1)
+        yield torchserve
+    finally:
+        torchserve.stop()
+
+
+def log_text(server, name: str) -> str:
+    return (server.workdir / "logs" / name).read_text(errors="replace")
+
+
+def embedding(response) -> torch.Tensor:
+    assert response.status_code == 200, response.text
+    return torch.tensor(response.json()["embedding"])
+
+
+# -- bad input -------------------------------------------------------------------------------
+BAD_REQUESTS = [  # (body, content type, status, what the error says)
+    *[(body, kind, 400, None) for body, kind in INVALID_REQUESTS],
+    (b'["a", "b"]', "application/json", 400, "must be an object"),
+    (json.dumps({"inputs": ["a"] * 5}).encode(), "application/json", 413, "at most 4"),
+    (json.dumps({"inputs": "word " * 40}).encode(), "application/json", 413, "longer than 32 tokens"),
+    (json.dumps({"inputs": "x", "normalize": "yes"}).encode(), "application/json", 400, "true or false"),
+]
+
+
+@pytest.mark.parametrize("body, content_type, status, fragment", BAD_REQUESTS)
+def test_each_bad_request_gets_its_own_4xx_json_and_the_worker_stays_up(server, body, content_type, status, fragment):
+    response = server.predict("guarded", body, content_type=content_type)
+    assert response.status_code == status
+    answer = response.json()
+    assert set(answer) == {"error", "code"} and answer["code"] == status
+    assert fragment is None or fragment in answer["error"]
+    assert server.ping().status_code == 200
+    assert server.predict("guarded", {"inputs": "hello world"}).status_code == 200
+
+
+def test_a_body_over_max_request_size_is_refused_by_torchserve(server):
+    response = server.predict("guarded", b"x" * 7_000_000, content_type="text/plain")
+    assert response.status_code == 413
+    assert server.ping().status_code == 200
+
+
+def test_overlong_text_is_truncated_to_the_largest_bucket(server):
+    words = "the cat sat on the mat " * 10  # 60 tokens, beyond the 32-token bucket
+    longer = server.predict("truncating", {"inputs": words * 2})
+    assert torch.allclose(embedding(longer), embedding(server.predict("truncating", {"inputs": words})))
+
+
+def test_one_bad_request_in_a_batch_does_not_spoil_the_others(server):
+    texts = [f"alice sees {i} red houses by the river" for i in range(12)]
+    alone = [embedding(server.predict("guarded", {"inputs": text})) for text in texts]
+    bodies = [{"inputs": text} for text in texts]
+    bodies[3], bodies[8] = {"inputs": ""}, {"inputs": "x", "bogus": True}
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda body: server.predict("guarded", body), bodies))
+    assert [r.status_code for r in responses] == [200] * 3 + [400] + [200] * 4 + [400] + [200] * 3
+    for index, response in enumerate(responses):
+        if index not in (3, 8):
+            assert torch.allclose(embedding(response), alone[index], atol=1e-5)
+
+
+# -- compile failures ------------------------------------------------------------------------
+def test_a_compile_failure_with_on_failure_eager_serves_eagerly_and_says_so(server):
+    from fault_handlers.broken_compiler import INJECTED  # tests/ is on sys.path (conftest)
+
+    text = "hello world, the fast model"
+    assert torch.allclose(
+        embedding(server.predict("broken", {"inputs": text})),
+        embedding(server.predict("truncating", {"inputs": text})),
+        atol=1e-5,
+    )
+    log = log_text(server, "model_log.log")
+    assert re.search(r"broken_1\.0-stdout MODEL_LOG - Serving the model EAGERLY .*BackendCompilerFailed", log)
+    assert INJECTED in log
+
+
+def test_a_compile_failure_with_on_failure_fail_refuses_the_registration_fast(server):
+    from fault_handlers.broken_compiler import INJECTED
+
+    began = time.monotonic()
+    with pytest.raises(RegistrationError) as refused:
+        server.register("broken_fail.mar", workers=1)
+    assert "on_failure=fail" in str(refused.value) and INJECTED in str(refused.value)
+    assert time.monotonic() - began < 90  # one attempt (~15 s here), not TorchServe's retries for minutes
+    time.sleep(5)
+    # ts_log.log has each line twice (two appenders): count distinct start lines, timestamp included.
+    starts = re.findall(
+        r"^.*W-\d+-broken_fail_1\.0 \S+WorkerLifeCycle - Worker cmdline", log_text(server, "ts_log.log"), re.M
+    )
+    assert len(set(starts)) == 1
+
+
+# -- overload and timeouts -------------------------------------------------------------------
+def test_past_the_job_queue_the_surplus_gets_503_and_every_accepted_request_an_answer(server):
+    sent = time.monotonic()
+
+    def call(_):
+        response = server.predict("slow", {"inputs": "sleep 0.5"})
+        return response.status_code, time.monotonic() - sent
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(call, range(12)))
+    codes = [code for code, _ in results]
+    assert set(codes) == {200, 503} and codes.count(200) >= 3  # one running + a queue of two
+    refused = [seconds for code, seconds in results if code == 503]
+    assert max(refused) < max(seconds for code, seconds in results if code == 200)  # not held in line
+
+
+def test_a_request_past_response_timeout_gets_an_error_and_the_worker_comes_back(server):
+    response = server.predict("slow", {"inputs": "sleep 10"})
+    assert response.status_code >= 500
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.predict("slow", {"inputs": "hello"}).status_code == 200:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("the slow model never answered again after its response timeout")
+    assert server.ping().status_code == 200
+
+
+# -- security --------------------------------------------------------------------------------
+@pytest.mark.parametrize("api", ["inference", "management"])
+@pytest.mark.parametrize("authorization", [None, "Bearer not-the-token"])
+def test_requests_without_the_right_token_are_refused(server, api, authorization):
+    headers = {"Authorization": authorization} if authorization else {}
+    url = f"{server.inference_url}/predictions/guarded" if api == "inference" else f"{server.management_url}/models"
+    call = requests.post if api == "inference" else requests.get
+    response = call(url, json={"inputs": "x"}, headers=headers, timeout=10)
+    assert response.status_code in (400, 401) and "token" in response.text.lower()  # 400: none, 401: wrong
+
+
+def test_models_from_outside_the_model_store_are_refused(server, tmp_path):
+    outside = tmp_path / "elsewhere.mar"
+    shutil.copy(server.model_store / "truncating.mar", outside)
+    for url in (f"file://{outside}", "https://example.com/model.mar"):
+        response = requests.post(
+            f"{server.management_url}/models", params={"url": url}, headers=server.headers("management"), timeout=30
+        )
+        assert 400 <= response.status_code < 500 and "url" in response.text.lower(), url
+    assert "can access any URL" not in log_text(server, "ts_log.log")
+
+
+def test_request_text_is_never_logged_nor_echoed_back(server):
+    bodies = [
+        {"inputs": CANARY},
+        {"inputs": [CANARY, 7]},
+        {"inputs": CANARY, CANARY: 1},
+        {"inputs": f"{CANARY} " * 40},
+        f'{{"inputs": "{CANARY}"'.encode(),
+    ]
+    for body in bodies:
+        assert CANARY not in server.predict("guarded", body).text
+    time.sleep(1)  # the log writer flushes
+    for log in (server.workdir / "logs").glob("*.log"):
+        assert CANARY not in log.read_text(errors="replace"), log.name
+
+
+# -- observability ---------------------------------------------------------------------------
+def metric(text: str, name: str, **labels) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for found_labels, value in re.findall(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE):
+        if all(f'{key}="{wanted}"' in found_labels for key, wanted in labels.items()):
+            total += float(value)
+    return total
+
+
+def test_prometheus_metrics_show_compile_state_and_requests_per_bucket(server):
+    before = server.metrics()
+    assert server.predict("truncating", {"inputs": ["a cat", "a dog", "a mat"]}).status_code == 200
+    assert server.predict("truncating", {"inputs": "the cat sat on the mat " * 3}).status_code == 200
+    after = server.metrics()
+    for bucket, texts in (("3x8", 3), ("1x32", 1)):  # the batch dimension is dynamic: 3 rows, no padding
+        added = metric(after, "BucketRequests", ModelName="truncating", Bucket=bucket)
+        added -= metric(before, "BucketRequests", ModelName="truncating", Bucket=bucket)
+        assert added == texts, bucket
+    assert metric(after, "CompileFallback", ModelName="broken") == 1
+    assert metric(after, "CompileFallback", ModelName="truncating") == 0
+    for name in ("CompileSeconds", "WarmupSeconds", "PaddedTokenRatio"):
+        assert metric(after, name, ModelName="truncating") > 0, name
+    assert metric(after, "RecompilesAfterReady", ModelName="truncating") == 0
+
+
+def test_one_ready_line_per_worker_says_what_it_runs(server):
+    ready = [line for line in log_text(server, "model_log.log").splitlines() if "guarded_1.0-stdout" in line]
+    ready = [line for line in ready if "MODEL_LOG - Ready in" in line]
+    assert ready, "no ready line for guarded"
+    pattern = (
+        r"Ready in [\d.]+s: cpu, \[.*\], dtype float32, compiled=True mode=default .*lengths \[8, 32\] x batches "
+        r"\[1, 4\], 1 graphs, first pass over the grid [\d.]+s, warm-up [\d.]+s, \d+ threads, compile cache: "
+    )
+    assert re.search(pattern, ready[0])
+
+
+# -- load, then a worker killed under it (last: it restarts `guarded`) -----------------------
+SHORT_TEXTS = [f"alice walks to paris {i} times with bob" for i in range(50)]
+
+
+def test_soak_with_invalid_requests_loses_nothing_and_keeps_memory_flat(server):
+    result = soak(server, "truncating", SHORT_TEXTS, clients=4, duration=5, invalid_every=4)
+    assert result["invalid"] > 0 and result["no_answer"] == result["server_errors"] == 0
+    assert result["client_errors"] == result["invalid"] and result["wrong_answers"] == 0
+    assert result["rss_end_mb"] < result["rss_start_mb"] * 1.2
+
+
+def test_a_worker_killed_under_load_fails_only_its_batch_and_comes_back_warm(server):
+    result = soak(server, "guarded", SHORT_TEXTS, clients=8, duration=120, invalid_every=0, kill_after=2)
+    print(f"worker {result['killed_pid']} killed: answering again after {result['recovery_seconds']:.1f} s")
+    assert result["recovery_seconds"] is not None
+    assert result["no_answer"] == 0 and result["server_errors"] <= BATCHING["guarded"][0]
+    assert result["ok"] == result["requests"] - result["server_errors"]
+    ready = [line for line in log_text(server, "model_log.log").splitlines() if "guarded_1.0-stdout" in line]
+    ready = [line for line in ready if "MODEL_LOG - Ready in" in line]
+    assert len(ready) == 2 and ready[-1].endswith("compile cache: hit, this host's cache from an earlier worker")
