@@ -18,7 +18,7 @@ from tokenizers import Encoding
 from transformers import AutoConfig, AutoTokenizer
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers import buckets, compile_cache, hardware, payload, warmup
+from handlers import buckets, compile_cache, hardware, kserve_v2, payload, warmup
 from handlers.compiling import CompiledModel
 from handlers.config import CompileConfig, HandlerConfig, parse
 from handlers.length_stats import LengthStats
@@ -128,6 +128,11 @@ class CompiledHandler(BaseHandler):
                 answers[index] = error.body()
         if accepted:
             self.respond(accepted, answers)
+        for request in accepted:
+            if request.body.v2_id is not None:
+                answers[request.index] = kserve_v2.response(
+                    answers[request.index], context.model_name, self._model_version(context), request.body.v2_id
+                )
         emit(context, "RecompilesAfterReady", self.model.recompiles_after_ready, "Count")
         return answers
 
@@ -298,7 +303,14 @@ class CompiledHandler(BaseHandler):
         part = "data" if request.get("data") is not None else "body"
         header = context.get_request_header(index, part) if context.request_processor else None
         content_type = header.get("content-type") if isinstance(header, dict) else None
-        return payload.parse(request, content_type, self.param_checks(), self.config.max_inputs)
+        value = payload.decode(request, content_type)
+        parse = kserve_v2.parse if kserve_v2.is_v2(value) else payload.parse
+        return parse(value, self.param_checks(), self.config.max_inputs)
+
+    @staticmethod
+    def _model_version(context) -> str | None:
+        manifest = getattr(context, "manifest", None) or {}
+        return manifest.get("model", {}).get("modelVersion")
 
     def _tokenize(self, texts: list[str]) -> list[Encoding]:
         """Fast-tokenizer encodings per text; over-long texts are truncated or rejected (413) per config."""

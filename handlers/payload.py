@@ -1,6 +1,7 @@
 """Request bodies in, per-request errors out: what a client sent, checked before any model work.
 
-A body is raw UTF-8 text, or JSON `{"inputs": "text" | ["a", "b"], <task parameters>}`. Anything
+A body is raw UTF-8 text, or JSON `{"inputs": "text" | ["a", "b"], <task parameters>}` (or a KServe
+v2 request, handlers/kserve_v2.py, told apart after decoding). Anything
 else raises `RequestError` with a 4xx code and a message that says what was wrong without echoing
 the input back (request text is never logged or returned).
 """
@@ -33,6 +34,7 @@ class Payload:
     texts: list[str]
     is_list: bool  # a list in gets a list out, in the same order
     params: dict[str, Any]
+    v2_id: str | None = None  # a KServe v2 request (handlers/kserve_v2.py): its id, "" when it sent none
 
     def shape_like_inputs(self, answers: list) -> Any:
         """One answer per text: the list for a list of inputs, else the single answer."""
@@ -102,11 +104,14 @@ def _from_bytes(raw: bytes | bytearray, content_type: str | None) -> Any:
 
 def _texts(inputs: Any, max_inputs: int) -> tuple[list[str], bool]:
     if isinstance(inputs, str):
-        inputs, is_list = [inputs], False
-    elif isinstance(inputs, list):
-        is_list = True
-    else:
-        raise RequestError(400, "'inputs' must be a string or a list of strings")
+        return check_texts([inputs], max_inputs), False
+    if isinstance(inputs, list):
+        return check_texts(inputs, max_inputs), True
+    raise RequestError(400, "'inputs' must be a string or a list of strings")
+
+
+def check_texts(inputs: list, max_inputs: int) -> list[str]:
+    """A non-empty list of at most `max_inputs` non-blank strings."""
     if not inputs:
         raise RequestError(400, "'inputs' is an empty list: send at least one text")
     if len(inputs) > max_inputs:
@@ -116,25 +121,34 @@ def _texts(inputs: Any, max_inputs: int) -> tuple[list[str], bool]:
             raise RequestError(400, f"'inputs'[{position}] is not a string")
         if not text.strip():
             raise RequestError(400, f"'inputs'[{position}] is empty")
-    return list(inputs), is_list
+    return list(inputs)
 
 
-def parse(request: dict, content_type: str | None, param_checks: dict[str, ParamCheck], max_inputs: int) -> Payload:
-    """Check one TorchServe request and return its texts and task parameters."""
+def check_params(values: dict, param_checks: dict[str, ParamCheck]) -> dict[str, Any]:
+    """Each parameter checked by its task's check; an unknown one is refused without repeating it."""
+    params = {}
+    for name, value in values.items():
+        if name not in param_checks:
+            allowed = ", ".join(sorted(param_checks)) or "none"
+            raise RequestError(400, f"unknown parameter (names are not echoed back); allowed: {allowed}")
+        params[name] = param_checks[name](value, name)
+    return params
+
+
+def decode(request: dict, content_type: str | None) -> Any:
+    """The body as TorchServe handed it over, decoded: a str (text) or a JSON value."""
     value = _body_value(request)
     if isinstance(value, (bytes, bytearray)):
         value = _from_bytes(value, content_type)
+    return value
+
+
+def parse(value: Any, param_checks: dict[str, ParamCheck], max_inputs: int) -> Payload:
+    """Check one decoded request body and return its texts and task parameters."""
     if isinstance(value, str):
         return Payload(*_texts(value, max_inputs), params={})
     if not isinstance(value, dict) or "inputs" not in value:
         raise RequestError(400, "JSON body must be an object with an 'inputs' key")
     texts, is_list = _texts(value["inputs"], max_inputs)
-    params = {}
-    for name, param in value.items():
-        if name == "inputs":
-            continue
-        if name not in param_checks:
-            allowed = ", ".join(sorted(param_checks)) or "none"
-            raise RequestError(400, f"unknown parameter (names are not echoed back); allowed: {allowed}")
-        params[name] = param_checks[name](param, name)
+    params = check_params({name: param for name, param in value.items() if name != "inputs"}, param_checks)
     return Payload(texts, is_list, params)

@@ -82,6 +82,23 @@ def test_a_bad_request_in_a_busy_batch_gets_its_4xx_and_the_others_200(server):
     assert server.ping().status_code == 200
 
 
+def test_kserve_v2_requests_share_batches_with_plain_ones_and_get_their_own_answers(server, reference):
+    texts = TEXTS[:3]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        v2 = [pool.submit(server.infer_v2, "minilm32", texts, f"req-{i}") for i in range(5)]
+        plain = [pool.submit(server.predict, "minilm32", {"inputs": texts}) for _ in range(5)]
+        bad = pool.submit(server.infer_v2, "minilm32", ["fine", ""])
+    for index, future in enumerate(v2):
+        answer = future.result().json()
+        assert (answer["model_name"], answer["model_version"], answer["id"]) == ("minilm32", "1.0", f"req-{index}")
+        (output,) = answer["outputs"]
+        assert output["name"] == "embedding" and output["datatype"] == "FP32" and output["shape"] == [3, 384]
+        got = torch.tensor(output["data"]).reshape(3, 384)
+        assert min(torch.nn.functional.cosine_similarity(got, reference(texts)).tolist()) >= 0.9999
+    assert all(len(future.result().json()) == 3 for future in plain)
+    assert bad.result().status_code == 400 and "'inputs'[1] is empty" in bad.result().json()["error"]
+
+
 def metric_values(text: str, name: str) -> dict[str, float]:
     pattern = re.compile(rf'^{name}{{ModelName="([^"]+)".*}} ([0-9.eE+-]+)$', re.MULTILINE)
     return {model: float(value) for model, value in pattern.findall(text)}

@@ -64,6 +64,17 @@ def test_token_classification_matches_the_pipeline(server, tiny_models, aggregat
     assert_same_answers(response.json(), reference(TEXTS, aggregation_strategy=aggregation))
 
 
+def test_classification_answers_kserve_v2_like_its_own_json(server):
+    expected = server.predict("classifier", {"inputs": TEXTS, "top_k": 2}).json()
+    response = server.infer_v2("classifier", TEXTS, "abc", top_k=2)
+    assert response.status_code == 200 and response.json()["id"] == "abc"
+    labels, scores = response.json()["outputs"]
+    assert (labels["name"], labels["datatype"], labels["shape"]) == ("label", "BYTES", [3, 2])
+    assert (scores["name"], scores["datatype"], scores["shape"]) == ("score", "FP32", [3, 2])
+    assert labels["data"] == [item["label"] for answer in expected for item in answer]
+    assert scores["data"] == pytest.approx([item["score"] for answer in expected for item in answer])
+
+
 @pytest.fixture(scope="module")
 def generate(tiny_models):
     folder = tiny_models["text-generation"]

@@ -1,12 +1,12 @@
 import pytest
 
-from handlers.payload import RequestError, boolean_param, parse
+from handlers.payload import RequestError, boolean_param, decode, parse
 
 PARAMS = {"normalize": boolean_param}
 
 
 def parse_one(body, content_type="application/json", max_inputs=4):
-    return parse({"body": body}, content_type, PARAMS, max_inputs)
+    return parse(decode({"body": body}, content_type), PARAMS, max_inputs)
 
 
 def test_raw_text_json_string_and_list():

@@ -1,0 +1,120 @@
+"""KServe v2 (Open Inference Protocol) requests and answers, recognised per request.
+
+TorchServe routes `POST /v2/models/{name}/infer` to the model like `/predictions/{name}`. Its own
+`kservev2` envelope is set for the whole server and answers only the first request of a batch,
+so the handlers read and write the v2 JSON themselves, request by request, in the same batches
+as every other request:
+
+    {"id": "1", "inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}],
+     "parameters": {<the task's request parameters>}}
+ -> {"model_name": ..., "model_version": ..., "id": "1",
+     "outputs": [{"name": "embedding", "shape": [2, 384], "datatype": "FP32", "data": [...]}]}
+
+Answers become one output tensor per field (`embedding`; `label` and `score`; `generated_text`
+...), rows in input order; answers with no fixed shape (token classification's entity lists) are
+one BYTES tensor `output` of JSON strings.
+"""
+
+import json
+import math
+from typing import Any
+
+from handlers.payload import ParamCheck, Payload, RequestError, check_params, check_texts
+
+REQUEST_KEYS = {"id", "inputs", "parameters", "outputs"}
+TENSOR_KEYS = {"name", "shape", "datatype", "data", "parameters"}
+
+
+def is_v2(value: Any) -> bool:
+    """A v2 inference request: `inputs` is a list of tensor objects, not of texts."""
+    inputs = value.get("inputs") if isinstance(value, dict) else None
+    return isinstance(inputs, list) and bool(inputs) and all(isinstance(tensor, dict) for tensor in inputs)
+
+
+def parse(value: dict, param_checks: dict[str, ParamCheck], max_inputs: int) -> Payload:
+    """The texts of a v2 request's one BYTES input and its task parameters."""
+    unknown = set(value) - REQUEST_KEYS
+    if unknown:
+        raise RequestError(400, f"v2 request has unknown keys; allowed: {', '.join(sorted(REQUEST_KEYS))}")
+    if len(value["inputs"]) != 1:
+        raise RequestError(400, "v2 request must have exactly one input tensor: the texts, datatype BYTES")
+    tensor = value["inputs"][0]
+    if set(tensor) - TENSOR_KEYS or tensor.get("datatype") != "BYTES" or not isinstance(tensor.get("data"), list):
+        raise RequestError(400, "v2 input must be {name, shape, datatype: BYTES, data: [texts]}")
+    shape = tensor.get("shape")
+    if not (isinstance(shape, list) and all(isinstance(n, int) and n >= 0 for n in shape)):
+        raise RequestError(400, "v2 input shape must be a list of sizes")
+    if math.prod(shape) != len(tensor["data"]):
+        raise RequestError(400, f"v2 input shape {shape} does not match its {len(tensor['data'])} data items")
+    params = value.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise RequestError(400, "v2 'parameters' must be an object")
+    if params.get("stream"):
+        raise RequestError(400, "streaming is not part of the v2 protocol; use /predictions with stream: true")
+    request_id = value.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise RequestError(400, "v2 'id' must be a string")
+    texts = check_texts(tensor["data"], max_inputs)
+    return Payload(texts, is_list=True, params=check_params(params, param_checks), v2_id=request_id or "")
+
+
+def response(answers: list, model_name: str, model_version: str | None, request_id: str) -> dict:
+    """The v2 answer to one request from the task's per-text answers."""
+    body = {"model_name": model_name, "model_version": model_version, "outputs": outputs(answers)}
+    return {**body, "id": request_id} if request_id else body
+
+
+def outputs(answers: list) -> list[dict]:
+    if answers and all(isinstance(answer, dict) for answer in answers):
+        fields = list(answers[0])
+        if all(list(answer) == fields for answer in answers):
+            return [tensor(name, [answer[name] for answer in answers]) for name in fields]
+    if answers and all(isinstance(answer, list) and answer for answer in answers):
+        fields = list(answers[0][0]) if isinstance(answers[0][0], dict) else None
+        rows_alike = fields and all(isinstance(item, dict) and list(item) == fields for a in answers for item in a)
+        if rows_alike and len({len(answer) for answer in answers}) == 1:  # e.g. top_k labels and scores
+            return [tensor(name, [[item[name] for item in answer] for answer in answers]) for name in fields]
+    return [json_tensor("output", answers)]
+
+
+def tensor(name: str, rows: list) -> dict:
+    """A v2 tensor of `rows` (nested lists of one scalar type and a regular shape), else JSON strings."""
+    shape, leaves = _shape(rows), list(_leaves(rows))
+    datatype = _datatype(leaves)
+    if shape is None or datatype is None:
+        return json_tensor(name, rows)
+    return {"name": name, "shape": shape, "datatype": datatype, "data": leaves}
+
+
+def json_tensor(name: str, rows: list) -> dict:
+    return {"name": name, "shape": [len(rows)], "datatype": "BYTES", "data": [json.dumps(row) for row in rows]}
+
+
+def _shape(value: Any) -> list[int] | None:
+    if not isinstance(value, list):
+        return [] if isinstance(value, (bool, int, float, str)) else None
+    inner = [_shape(item) for item in value]
+    if any(shape is None or shape != inner[0] for shape in inner):
+        return None
+    return [len(value), *(inner[0] if inner else [])]
+
+
+def _leaves(value: Any):
+    if isinstance(value, list):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+def _datatype(leaves: list) -> str | None:
+    kinds = {type(leaf) for leaf in leaves}
+    if kinds == {str}:
+        return "BYTES"
+    if kinds == {bool}:
+        return "BOOL"
+    if kinds == {int}:
+        return "INT64"
+    if kinds and kinds <= {int, float}:
+        return "FP32"
+    return None

@@ -1,0 +1,88 @@
+"""KServe v2 requests in, v2 answers out: parsing, errors, and answers of every task's shape."""
+
+import json
+
+import pytest
+
+from handlers import kserve_v2
+from handlers.payload import RequestError, boolean_param, int_param
+
+PARAMS = {"normalize": boolean_param, "top_k": int_param(1, 5)}
+
+
+def request(data, shape=None, **extra):
+    tensor = {"name": "text", "shape": shape or [len(data)], "datatype": "BYTES", "data": data}
+    return {"inputs": [tensor], **extra}
+
+
+def test_a_v2_request_is_told_apart_from_a_json_one():
+    assert kserve_v2.is_v2(request(["a"]))
+    assert not kserve_v2.is_v2({"inputs": ["a", "b"]}) and not kserve_v2.is_v2({"inputs": "a"})
+    assert not kserve_v2.is_v2({"inputs": []}) and not kserve_v2.is_v2("text")
+
+
+def test_texts_parameters_and_id_are_read():
+    body = kserve_v2.parse(request(["a", "b"], id="42", parameters={"normalize": False}), PARAMS, 4)
+    assert (body.texts, body.is_list, body.params, body.v2_id) == (["a", "b"], True, {"normalize": False}, "42")
+    assert kserve_v2.parse(request(["a", "b"], shape=[1, 2]), PARAMS, 4).v2_id == ""
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ({**request(["a"]), "extra": 1}, "unknown keys"),
+        ({"inputs": [request(["a"])["inputs"][0]] * 2}, "exactly one input"),
+        ({"inputs": [{**request(["a"])["inputs"][0], "datatype": "FP32"}]}, "BYTES"),
+        (request(["a", "b"], shape=[3]), "does not match"),
+        (request(["a"], shape=["1"]), "list of sizes"),
+        (request(["a", 3]), "'inputs'[1] is not a string"),
+        (request(["a"] * 5), "at most 4"),
+        (request(["a"], parameters={"stream": True}), "streaming"),
+        (request(["a"], parameters={"secret-name": 1}), "unknown parameter"),
+        (request(["a"], parameters={"top_k": -1}), "'top_k' must be an integer"),
+        (request(["a"], id=7), "'id' must be a string"),
+    ],
+)
+def test_bad_v2_requests_get_a_4xx_that_says_why(body, fragment):
+    with pytest.raises(RequestError) as error:
+        kserve_v2.parse(body, PARAMS, 4)
+    assert error.value.code in (400, 413) and fragment in error.value.message
+    assert "secret-name" not in error.value.message
+
+
+def test_embeddings_become_one_fp32_matrix():
+    answer = kserve_v2.response([{"embedding": [0.5, 1.0]}, {"embedding": [2.0, 3]}], "m", "1.0", "7")
+    assert answer == {
+        "model_name": "m",
+        "model_version": "1.0",
+        "id": "7",
+        "outputs": [{"name": "embedding", "shape": [2, 2], "datatype": "FP32", "data": [0.5, 1.0, 2.0, 3]}],
+    }
+
+
+def test_labels_and_scores_become_two_tensors_top_k_adds_a_dimension():
+    top1 = kserve_v2.outputs([{"label": "POS", "score": 0.9}, {"label": "NEG", "score": 0.6}])
+    assert top1 == [
+        {"name": "label", "shape": [2], "datatype": "BYTES", "data": ["POS", "NEG"]},
+        {"name": "score", "shape": [2], "datatype": "FP32", "data": [0.9, 0.6]},
+    ]
+    top2 = kserve_v2.outputs([[{"label": "A", "score": 0.7}, {"label": "B", "score": 0.3}]] * 3)
+    described = [(t["name"], t["shape"], t["datatype"]) for t in top2]
+    assert described == [("label", [3, 2], "BYTES"), ("score", [3, 2], "FP32")]
+
+
+def test_generation_fields_keep_their_types():
+    answers = [{"generated_text": "hi", "finish_reason": "length", "generated_tokens": 3}] * 2
+    types = [(t["name"], t["datatype"], t["shape"]) for t in kserve_v2.outputs(answers)]
+    assert types == [
+        ("generated_text", "BYTES", [2]),
+        ("finish_reason", "BYTES", [2]),
+        ("generated_tokens", "INT64", [2]),
+    ]
+
+
+def test_answers_of_no_fixed_shape_become_json_strings():
+    entities = [[{"word": "alice", "score": 0.9}], []]
+    (tensor,) = kserve_v2.outputs(entities)
+    assert tensor["name"] == "output" and tensor["shape"] == [2] and tensor["datatype"] == "BYTES"
+    assert [json.loads(row) for row in tensor["data"]] == entities
