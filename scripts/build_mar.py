@@ -158,14 +158,14 @@ def write_model_config(config: dict, staging: Path) -> None:
     (staging / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def archive(staging: Path, name: str, handler: Path, export_path: Path) -> Path:
+def archive(staging: Path, name: str, handler: Path, export_path: Path, version: str = "1.0") -> Path:
     """Pack a staged folder (model-config.yaml included) into `export_path/name.mar`."""
     export_path = Path(export_path)
     export_path.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as temp:
         command = [
             str(Path(sys.executable).parent / "torch-model-archiver"),
-            *("--model-name", name, "--version", "1.0"),
+            *("--model-name", name, "--version", version),
             *("--handler", str(handler)),
             *("--extra-files", str(staging)),
             *("--config-file", str(staging / "model-config.yaml")),
@@ -184,6 +184,7 @@ def build(
     extra_config: dict | None = None,
     handler_file: Path | None = None,
     precompile: bool = False,
+    version: str = "1.0",
 ) -> Path:
     """The .mar of `model_dir` served by the task's handler (or `handler_file`, a subclass of it)."""
     model_dir = Path(model_dir)
@@ -201,7 +202,7 @@ def build(
         else:
             seconds = estimated_compile_seconds(config, model_dir)
         write_model_config(startup_timeout(config, seconds, measured=precompile), staging)
-        return archive(staging, name, handler, export_path)
+        return archive(staging, name, handler, export_path, version)
 
 
 def main(argv=None) -> Path:
@@ -212,6 +213,7 @@ def main(argv=None) -> Path:
     parser.add_argument("--config", type=Path, help="YAML merged over the default model-config.yaml")
     parser.add_argument("--plan", type=Path, help="length buckets chosen by scripts/plan_buckets.py (JSON)")
     parser.add_argument("--precompile", action="store_true", help="compile now and pack the cache into the .mar")
+    parser.add_argument("--version", default="1.0", help="model version (register several, then set-default)")
     parser.add_argument("--export-path", type=Path, default=ROOT / "model_store", help="where the .mar goes")
     args = parser.parse_args(argv)
     extra = yaml.safe_load(args.config.read_text()) if args.config else {}
@@ -219,7 +221,9 @@ def main(argv=None) -> Path:
         seq_lens = json.loads(args.plan.read_text())["seq_lens"]
         extra = merge(extra, {"handler": {"buckets": {"seq_lens": seq_lens}}})
     try:
-        archive = build(args.model, args.task, args.name, args.export_path, extra, precompile=args.precompile)
+        archive = build(
+            args.model, args.task, args.name, args.export_path, extra, precompile=args.precompile, version=args.version
+        )
     except BuildError as error:
         parser.exit(2, f"build_mar: {error}\n")
     print(archive)

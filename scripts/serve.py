@@ -1,11 +1,17 @@
-"""Start and stop TorchServe with our config.properties, and talk to its APIs with its tokens.
+"""Start and stop TorchServe with our config.properties, and manage its models with its tokens.
 
     python scripts/serve.py start                    # loopback ports 8080-8082, model_store/
     python scripts/serve.py register minilm.mar --batch-size 8 --max-batch-delay 5 --workers 1
+    python scripts/serve.py list                     # registered models
+    python scripts/serve.py describe minilm          # versions, workers (pid, status), batch settings, queue
+    python scripts/serve.py scale minilm --workers 2 # up or down; returns when the new workers are warm
+    python scripts/serve.py set-default minilm 2.0   # which version /predictions/minilm answers
+    python scripts/serve.py unregister minilm [1.0]
     python scripts/serve.py stop
 
-Each server gets its own working directory (key_file.json, logs, TMPDIR with TorchServe's pid
-file), so tests can run several side by side and stop exactly the one they started.
+Each server gets its own working directory (key_file.json, ports.json, logs, TMPDIR with
+TorchServe's pid file), so tests can run several side by side and stop exactly the one they
+started; every command but `start` finds the server by `--workdir` (default runs/server).
 """
 
 import argparse
@@ -54,7 +60,11 @@ def render_config(model_store: Path, ports: dict[str, int]) -> str:
 FAILURE_LINE = re.compile(r"MODEL_LOG - (.*(?:failed|Error: |Exception: ).*)$")
 
 
-class RegistrationError(RuntimeError):
+class ManagementError(RuntimeError):
+    """The management API refused a call; the message carries its answer."""
+
+
+class RegistrationError(ManagementError):
     """TorchServe refused a model; the message carries the cause from the worker's log."""
 
 
@@ -75,6 +85,12 @@ class TorchServe:
     def on_free_ports(cls, workdir: Path, model_store: Path, env=None) -> "TorchServe":
         return cls(workdir, model_store, dict(zip(DEFAULT_PORTS, free_ports(len(DEFAULT_PORTS)), strict=False)), env)
 
+    @classmethod
+    def attach(cls, workdir: Path) -> "TorchServe":
+        """The server that `start` launched from `workdir` (its ports and model store are recorded there)."""
+        recorded = json.loads((Path(workdir) / "ports.json").read_text())
+        return cls(workdir, Path(recorded["model_store"]), recorded["ports"])
+
     def _torchserve(self, *args: str) -> None:
         command = [str(Path(sys.executable).parent / "torchserve"), *args]
         subprocess.run(command, cwd=self.workdir, env=self.env, check=True, stdout=subprocess.DEVNULL)
@@ -83,6 +99,8 @@ class TorchServe:
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.properties"
         config.write_text(render_config(self.model_store, self.ports))
+        recorded = {"ports": self.ports, "model_store": str(self.model_store)}
+        (self.workdir / "ports.json").write_text(json.dumps(recorded))
         self._torchserve("--start", "--ncs", "--ts-config", str(config), "--model-store", str(self.model_store))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -111,7 +129,14 @@ class TorchServe:
     def headers(self, api: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key(api)}"}
 
-    def register(self, url: str, batch_size: int = 8, max_batch_delay: int = 5, workers: int = 1, timeout=600):
+    def register(
+        self,
+        url: str,
+        batch_size: int = 8,
+        max_batch_delay: int = 5,
+        workers: int = 1,
+        timeout=600,
+    ):
         """Register an archive of the model store and wait until its workers are warm."""
         params = {
             "url": url,
@@ -137,47 +162,100 @@ class TorchServe:
         causes = list(dict.fromkeys(match.group(1).strip() for match in found if match))
         return "\n".join(causes[:lines]) or f"no cause found in {log}"
 
-    def describe(self, name: str) -> dict:
-        """The management API's description of a model's default version (workers, batch settings, queue)."""
-        response = requests.get(f"{self.management_url}/models/{name}", headers=self.headers("management"), timeout=30)
-        response.raise_for_status()
-        return response.json()[0]
+    def _management(self, method: str, path: str, timeout: float = 600, **params) -> dict | list:
+        url = f"{self.management_url}/{path}"
+        response = requests.request(method, url, params=params, headers=self.headers("management"), timeout=timeout)
+        if not response.ok:
+            raise ManagementError(f"{method} /{path}: HTTP {response.status_code} {response.text.strip()}")
+        return response.json()
+
+    def list_models(self) -> list[dict]:
+        return self._management("GET", "models")["models"]
+
+    def describe(self, name: str, version: str | None = None) -> dict:
+        """The management API's description of one version (default: the default one) of a model."""
+        return self._management("GET", f"models/{name}" + (f"/{version}" if version else ""))[0]
 
     def worker_pids(self, name: str) -> list[int]:
         return [worker["pid"] for worker in self.describe(name)["workers"] if worker["status"] == "READY"]
 
-    def unregister(self, name: str) -> None:
-        requests.delete(f"{self.management_url}/models/{name}", headers=self.headers("management"), timeout=60)
+    def scale(self, name: str, workers: int, version: str | None = None) -> dict:
+        """Run exactly `workers` workers; returns once new ones are warm (TorchServe's synchronous scaling)."""
+        path = f"models/{name}" + (f"/{version}" if version else "")
+        return self._management("PUT", path, min_worker=workers, max_worker=workers, synchronous="true")
+
+    def set_default(self, name: str, version: str) -> dict:
+        return self._management("PUT", f"models/{name}/{version}/set-default")
+
+    def unregister(self, name: str, version: str | None = None) -> dict:
+        return self._management("DELETE", f"models/{name}" + (f"/{version}" if version else ""), timeout=120)
 
     def predict(self, name: str, body, content_type: str = "application/json", timeout=120) -> requests.Response:
         data = json.dumps(body) if content_type == "application/json" and not isinstance(body, (str, bytes)) else body
         headers = {**self.headers("inference"), "Content-Type": content_type}
         return requests.post(f"{self.inference_url}/predictions/{name}", data=data, headers=headers, timeout=timeout)
 
+    def infer_v2(self, name: str, texts: list[str], request_id: str | None = None, **parameters) -> requests.Response:
+        """A KServe v2 inference request (`/v2/models/{name}/infer`) with one BYTES input of `texts`."""
+        body = {"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": texts}]}
+        body.update({"id": request_id} if request_id else {}, **({"parameters": parameters} if parameters else {}))
+        url = f"{self.inference_url}/v2/models/{name}/infer"
+        return requests.post(url, json=body, headers=self.headers("inference"), timeout=120)
+
     def metrics(self) -> str:
         return requests.get(f"{self.metrics_url}/metrics", timeout=10).text
 
 
-def main(argv=None) -> None:
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["start", "stop", "register", "unregister"], help="what to do")
-    parser.add_argument("target", nargs="?", help="register: archive file in the model store; unregister: model name")
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "server", help="server working directory")
-    parser.add_argument("--model-store", type=Path, default=ROOT / "model_store", help="folder of .mar archives")
-    parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size (register)")
-    parser.add_argument("--max-batch-delay", type=int, default=5, help="ms to wait to fill a batch (register)")
-    parser.add_argument("--workers", type=int, default=1, help="initial workers (register)")
-    args = parser.parse_args(argv)
-    server = TorchServe(args.workdir, args.model_store)
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("start", help="start TorchServe on loopback with config.properties")
+    start.add_argument("--model-store", type=Path, default=ROOT / "model_store", help="folder of .mar archives")
+    commands.add_parser("stop", help="stop the server of --workdir")
+    register = commands.add_parser("register", help="register an archive; returns when its workers are warm")
+    register.add_argument("archive", help="a .mar file in the model store")
+    register.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size")
+    register.add_argument("--max-batch-delay", type=int, default=5, help="ms to wait to fill a batch")
+    register.add_argument("--workers", type=int, default=1, help="initial workers")
+    commands.add_parser("list", help="registered models")
+    for command, text in (("describe", "versions, workers, batch settings, queue"), ("unregister", "remove")):
+        sub = commands.add_parser(command, help=text)
+        sub.add_argument("name")
+        sub.add_argument("version", nargs="?", help="default: the default version")
+    scale = commands.add_parser("scale", help="set the number of workers; returns when new workers are warm")
+    scale.add_argument("name")
+    scale.add_argument("--workers", type=int, required=True, help="workers to run (min = max)")
+    scale.add_argument("--version", help="default: the default version")
+    default = commands.add_parser("set-default", help="the version that /predictions/NAME answers")
+    default.add_argument("name")
+    default.add_argument("version")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     if args.command == "start":
+        server = TorchServe(args.workdir, args.model_store)
         server.start()
         print(f"TorchServe on {server.inference_url}; tokens in {server.key_file()}")
-    elif args.command == "stop":
-        server.stop()
-    elif args.command == "register":
-        print(json.dumps(server.register(args.target, args.batch_size, args.max_batch_delay, args.workers)))
-    else:
-        server.unregister(args.target)
+        return
+    server = TorchServe.attach(args.workdir)
+    calls = {
+        "stop": server.stop,
+        "register": lambda: server.register(args.archive, args.batch_size, args.max_batch_delay, args.workers),
+        "list": server.list_models,
+        "describe": lambda: server.describe(args.name, args.version),
+        "scale": lambda: server.scale(args.name, args.workers, args.version),
+        "set-default": lambda: server.set_default(args.name, args.version),
+        "unregister": lambda: server.unregister(args.name, args.version),
+    }
+    try:
+        result = calls[args.command]()
+    except ManagementError as error:
+        sys.exit(f"serve.py {args.command}: {error}")
+    if result is not None:
+        print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import zipfile
 
 import pytest
@@ -10,7 +11,7 @@ import yaml
 
 from handlers.compile_cache import ROOT_ENV
 from scripts.build_mar import STARTUP_FLOOR_SECONDS, build
-from scripts.serve import TorchServe
+from scripts.serve import ManagementError, TorchServe, main
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +27,9 @@ def store(tmp_path_factory, tiny_bert):
         own_cache = {"cache_dir": str(tmp_path_factory.mktemp(f"host-cache-{attempt}"))}
         config = {"minWorkers": 4, "maxWorkers": 4, "handler": {**GRID, "compile": own_cache}}
         build(tiny_bert, "embedding", f"four{attempt}", store, config)
+    # Version 2.0 of `packed` (same model, a smaller grid), in a file of its own name.
+    newer = build(tiny_bert, "embedding", "packed", tmp_path_factory.mktemp("v2"), {"handler": GRID}, version="2.0")
+    shutil.move(newer, store / "packed-v2.mar")
     return store
 
 
@@ -77,3 +81,35 @@ def test_four_workers_started_at_once_compile_once_and_share_it(server, attempt)
     assert len(worker_lines(server, name, "compile cache: hit, this host's cache from an earlier worker")) == 3
     assert worker_lines(server, name, "check failed") == worker_lines(server, name, "EAGERLY") == []
     assert server.predict(name, {"inputs": ["a", "b c"]}).status_code == 200
+
+
+def cli(server, capsys, *argv) -> dict | list:
+    """scripts/serve.py's command line against this server, its printed JSON parsed."""
+    main(["--workdir", str(server.workdir), *argv])
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_management_cli_scales_up_warm_versions_and_unregisters(server, capsys):
+    if "packed" not in [model["modelName"] for model in cli(server, capsys, "list")]:
+        cli(server, capsys, "register", "packed.mar", "--batch-size", "4", "--workers", "1")
+    cli(server, capsys, "scale", "packed", "--workers", "2")
+    described = cli(server, capsys, "describe", "packed")
+    assert [worker["status"] for worker in described["workers"]] == ["READY"] * 2
+    # The new worker came up warm: it loaded compiled kernels instead of compiling.
+    assert worker_lines(server, "packed", "compile cache: miss") == []
+    assert len(worker_lines(server, "packed", "compile cache: hit")) == 2
+    cli(server, capsys, "scale", "packed", "--workers", "1")
+    assert len(cli(server, capsys, "describe", "packed")["workers"]) == 1
+
+    cli(server, capsys, "register", "packed-v2.mar", "--batch-size", "4", "--max-batch-delay", "7", "--workers", "1")
+    newer = cli(server, capsys, "describe", "packed", "2.0")
+    assert (newer["batchSize"], newer["maxBatchDelay"], len(newer["workers"])) == (4, 7, 1)
+    assert cli(server, capsys, "describe", "packed")["modelVersion"] == "1.0"
+    cli(server, capsys, "set-default", "packed", "2.0")
+    assert cli(server, capsys, "describe", "packed")["modelVersion"] == "2.0"
+    assert server.predict("packed", {"inputs": "hello"}).status_code == 200
+    cli(server, capsys, "unregister", "packed", "1.0")
+    with pytest.raises(ManagementError):
+        server.describe("packed", "1.0")
+    cli(server, capsys, "unregister", "packed")
+    assert "packed" not in [model["modelName"] for model in cli(server, capsys, "list")]
