@@ -8,6 +8,9 @@ VENV="${VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q torch==2.13.0
 "$VENV/bin/python" -m pip install -q -e ".[test]"
+# The KServe and Kubernetes API models, read as source by scripts/validate_manifests.py; without
+# their (heavy, server-side) dependencies, which the check does not need.
+"$VENV/bin/python" -m pip install -q --no-deps kserve==0.21.0 kubernetes==37.0.2
 
 java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
 if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ]; then
