@@ -64,3 +64,36 @@ def test_config_is_frozen():
     config = parse({})
     with pytest.raises(AttributeError):
         config.dtype = "float32"
+
+
+def documented_keys() -> set[str]:
+    """Keys in the first column of the README's configuration table (`a.b` / `c` means a.b and a.c)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("| key | default |") : readme.index("TorchServe's own `pt2: compile:`")]
+    keys = set()
+    for row in [line for line in table.splitlines() if line.startswith("| `")]:
+        prefix = ""
+        for name in re.findall(r"`([\w.]+)`", row.split("|")[1]):
+            prefix = name.rsplit(".", 1)[0] + "." if "." in name else prefix
+            keys.add(name if "." in name else prefix + name)
+    return keys
+
+
+def test_every_handler_key_is_in_the_readme_configuration_table():
+    import dataclasses
+
+    from handlers.config import HandlerConfig
+
+    def keys(cls, prefix=""):
+        for field in dataclasses.fields(cls):
+            if field.metadata.get("internal"):
+                continue
+            if dataclasses.is_dataclass(field.default):
+                yield from keys(type(field.default), f"{prefix}{field.name}.")
+            else:
+                yield prefix + field.name
+
+    assert set(keys(HandlerConfig)) == documented_keys()

@@ -1,0 +1,154 @@
+"""The README's curl and Python examples, run against a real TorchServe, their outputs checked.
+
+Every `curl` command of a ```bash block is run (with the README's addresses pointed at this
+server and $KEY set, as the README sets it), and so is every ```python block. Where a command is
+followed by `# {...}` / `# [...]` lines, its output must have that structure: the same keys, the
+same strings, numbers where numbers are shown, `...` for anything (at the end of a list: any
+number of further items); a line noted `(repeated` stands for one or more answers. The models
+are served eagerly (the examples' answers do not depend on compilation), so the server starts
+in seconds.
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.build_mar import build
+from scripts.serve import TorchServe
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+EAGER = {"handler": {"compile": {"enable": False}, "buckets": {"seq_lens": [16, 64], "batch_sizes": [1, 8]}}}
+MODELS = {"minilm": "embedding", "classifier": "text-classification", "tagger": "token-classification"}
+GENERATOR = {"generator": "text-generation"}
+ANYTHING = "..."
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(), re.MULTILINE | re.DOTALL)
+
+
+def curl_examples() -> list[tuple[str, list[str]]]:
+    """(command, expected JSON lines) for every curl command of the README's bash blocks."""
+    examples = []
+    for block in code_blocks("bash"):
+        lines = block.replace("\\\n", " ").splitlines()
+        for index, line in enumerate(lines):
+            if line.lstrip().startswith("curl "):
+                expected = []
+                for following in lines[index + 1 :]:
+                    if not following.startswith("# {") and not following.startswith("# ["):
+                        break
+                    expected.append(following[2:])
+                examples.append((line.split("  #")[0].strip(), expected))
+    return examples
+
+
+def expected_json(line: str):
+    """A README output line as JSON: bare `...` becomes the wildcard, trailing notes are dropped."""
+    text = re.sub(r'(?<!")\.\.\.(?!")', f'"{ANYTHING}"', line)
+    return json.JSONDecoder().raw_decode(text)[0]
+
+
+def matches(expected, actual) -> bool:
+    if expected == ANYTHING:
+        return True
+    if isinstance(expected, dict):
+        same_keys = isinstance(actual, dict) and set(expected) == set(actual)
+        return same_keys and all(matches(value, actual[key]) for key, value in expected.items())
+    if isinstance(expected, list):
+        if not isinstance(actual, list):
+            return False
+        if expected and expected[-1] == ANYTHING:
+            head = expected[:-1]
+            return len(actual) >= len(head) and all(map(matches, head, actual))
+        return len(actual) == len(expected) and all(map(matches, expected, actual))
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        return isinstance(actual, (int, float)) and not isinstance(actual, bool)
+    return expected == actual
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_models, minilm_dir):
+    store = tmp_path_factory.mktemp("model_store")
+    build(minilm_dir, "embedding", "minilm", store, EAGER)
+    for name, task in {**MODELS, **GENERATOR}.items():
+        if name != "minilm":
+            generation = {"generation": {"max_new_tokens": 24}} if name in GENERATOR else {}
+            build(tiny_models[task], task, name, store, {"handler": {**EAGER["handler"], **generation}})
+    torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store)
+    torchserve.start()
+    try:
+        for name in (*MODELS, *GENERATOR):
+            torchserve.register(f"{name}.mar", batch_size=8, max_batch_delay=5, workers=1)
+        yield torchserve
+    finally:
+        torchserve.stop()
+
+
+def parsed(output: str) -> list:
+    """One pretty-printed JSON answer, or JSON lines (a stream)."""
+    try:
+        return [json.loads(output)]
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in output.splitlines() if line.strip()]
+
+
+def pointed_at(text: str, server) -> str:
+    """The README's default addresses replaced by this server's."""
+    for port, url in (("8080", server.inference_url), ("8081", server.management_url), ("8082", server.metrics_url)):
+        text = text.replace(f"http://127.0.0.1:{port}", url)
+    return text
+
+
+@pytest.fixture(scope="module")
+def readme_cwd(server, tmp_path_factory) -> Path:
+    """A folder laid out like the README's: runs/server/key_file.json is this server's."""
+    cwd = tmp_path_factory.mktemp("readme")
+    (cwd / "runs" / "server").mkdir(parents=True)
+    (cwd / "runs" / "server" / "key_file.json").symlink_to(server.key_file())
+    return cwd
+
+
+def test_the_readme_has_examples_with_outputs_for_every_task():
+    commands = " ".join(command for command, expected in curl_examples() if expected)
+    for path in ("/predictions/minilm", "/predictions/classifier", "/predictions/tagger", "/predictions/generator"):
+        assert path in commands, path
+    assert "/v2/models/" in commands and code_blocks("python")
+
+
+@pytest.mark.parametrize("command, expected", curl_examples(), ids=lambda value: str(value)[:60])
+def test_a_readme_curl_example_runs_and_answers_as_shown(server, readme_cwd, command, expected):
+    key = server.key("inference")
+    result = subprocess.run(
+        ["bash", "-c", pointed_at(command, server)],
+        cwd=readme_cwd,
+        env={"KEY": key, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    if not expected:
+        return
+    answers = parsed(result.stdout)
+    for line in expected:
+        count = len(answers) - (len(expected) - 1) if "(repeated" in line else 1
+        assert count >= 1, result.stdout
+        for answer in answers[:count]:
+            assert matches(expected_json(line), answer), f"{line}\n!=\n{json.dumps(answer)[:500]}"
+        answers = answers[count:]
+    assert answers == [], result.stdout
+
+
+@pytest.mark.parametrize("block", code_blocks("python"), ids=lambda block: block.splitlines()[0][:60])
+def test_a_readme_python_example_runs(server, readme_cwd, block):
+    result = subprocess.run(
+        [sys.executable, "-c", pointed_at(block, server)], cwd=readme_cwd, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
