@@ -6,6 +6,7 @@ writes
     runs/kserve/config/config.properties   deploy/kserve/config.properties (the Kubernetes profile)
                                            with model_snapshot listing the archives
     runs/kserve/config/metrics.yaml        handlers/metrics.yaml (our gauges and counters)
+    runs/kserve/config/ready.py            deploy/kserve/ready.py (the readiness probe)
     runs/kserve/model-store/<name>.mar     the archives, packed compile cache and all
 to be copied to the volume (deploy/kserve/storage.yaml says how). Each model's name and version
 come from its archive's manifest, its responseTimeout from its model-config.yaml.
@@ -59,6 +60,7 @@ def write_layout(archives: list[Path], out: Path, batch_size: int, max_batch_del
     (out / "model-store").mkdir(parents=True, exist_ok=True)
     (out / "config" / "config.properties").write_text(render(model_snapshot(entries)))
     shutil.copy2(ROOT / "handlers" / "metrics.yaml", out / "config" / "metrics.yaml")
+    shutil.copy2(PROFILE.parent / "ready.py", out / "config" / "ready.py")
     for mar in archives:
         shutil.copy2(mar, out / "model-store" / mar.name)
     return out

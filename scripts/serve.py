@@ -95,16 +95,21 @@ class TorchServe:
         command = [str(Path(sys.executable).parent / "torchserve"), *args]
         subprocess.run(command, cwd=self.workdir, env=self.env, check=True, stdout=subprocess.DEVNULL)
 
-    def start(self, timeout: float = 120) -> None:
+    def start(self, timeout: float = 120, config_text: str | None = None) -> None:
+        """Start with our config.properties, or with `config_text` (another profile: then return once
+        TorchServe answers /ping at all, since its models may still be warming up)."""
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.properties"
-        config.write_text(render_config(self.model_store, self.ports))
+        config.write_text(config_text or render_config(self.model_store, self.ports))
         recorded = {"ports": self.ports, "model_store": str(self.model_store)}
         (self.workdir / "ports.json").write_text(json.dumps(recorded))
         self._torchserve("--start", "--ncs", "--ts-config", str(config), "--model-store", str(self.model_store))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
+                if config_text is not None:
+                    self.ping()
+                    return
                 # /ping needs the inference token too, which exists once the key file is written.
                 if self.key_file().is_file() and self.ping().ok:
                     return
@@ -127,7 +132,8 @@ class TorchServe:
         return json.loads(self.key_file().read_text())[api]["key"]
 
     def headers(self, api: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key(api)}"}
+        """The bearer token of `api`; none where token authorization is off (no key file)."""
+        return {"Authorization": f"Bearer {self.key(api)}"} if self.key_file().is_file() else {}
 
     def register(
         self,

@@ -72,6 +72,7 @@ def test_the_layout_holds_the_archive_the_profile_and_a_snapshot_of_the_models(t
     out = write_layout([mar], tmp_path / "layout", batch_size=4, max_batch_delay=10, workers=2)
     assert (out / "model-store" / "tiny.mar").read_bytes() == mar.read_bytes()
     assert (out / "config" / "metrics.yaml").read_text() == (ROOT / "handlers" / "metrics.yaml").read_text()
+    assert (out / "config" / "ready.py").read_text() == (DEPLOY / "ready.py").read_text()
     rendered = (out / "config" / "config.properties").read_text()
     assert "${" not in rendered
     snapshot = json.loads(properties(rendered)["model_snapshot"])
