@@ -135,14 +135,7 @@ class TorchServe:
         """The bearer token of `api`; none where token authorization is off (no key file)."""
         return {"Authorization": f"Bearer {self.key(api)}"} if self.key_file().is_file() else {}
 
-    def register(
-        self,
-        url: str,
-        batch_size: int = 8,
-        max_batch_delay: int = 5,
-        workers: int = 1,
-        timeout=600,
-    ):
+    def register(self, url: str, batch_size: int = 8, max_batch_delay: int = 5, workers: int = 1, timeout=600):
         """Register an archive of the model store and wait until its workers are warm."""
         params = {
             "url": url,

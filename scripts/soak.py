@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts import build_mar, measure  # noqa: E402
+from scripts.loadtest import default_model  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
 from scripts.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
 
@@ -230,8 +231,6 @@ def parse_args(argv):
 
 
 def main(argv=None) -> dict:
-    from scripts.loadtest import default_model
-
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as temp:
         temp = Path(temp)
