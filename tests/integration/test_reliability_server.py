@@ -71,6 +71,7 @@ def embedding(response) -> torch.Tensor:
 BAD_REQUESTS = [  # (body, content type, status, what the error says)
     *[(body, kind, 400, None) for body, kind in INVALID_REQUESTS],
     (b'["a", "b"]', "application/json", 400, "must be an object"),
+    (b'{"inputs": ""}', "application/json", 400, "'inputs'[0] is empty"),
     (json.dumps({"inputs": ["a"] * 5}).encode(), "application/json", 413, "at most 4"),
     (json.dumps({"inputs": "word " * 40}).encode(), "application/json", 413, "longer than 32 tokens"),
     (json.dumps({"inputs": "x", "normalize": "yes"}).encode(), "application/json", 400, "true or false"),
