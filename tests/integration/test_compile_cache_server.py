@@ -16,7 +16,8 @@ from scripts.serve import ManagementError, TorchServe, main
 pytestmark = pytest.mark.integration
 
 GRID = {"dtype": "float32", "buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
-ATTEMPTS = (1, 2)
+# One attempt here; tests/unit/test_compile_cache.py races four real processes three times.
+ATTEMPTS = (1,)
 
 
 @pytest.fixture(scope="module")
