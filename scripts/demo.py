@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handlers.metrics import NAMES as METRIC_NAMES  # noqa: E402
+from handlers.metrics import COUNTERS, GAUGES  # noqa: E402
 from scripts.build_mar import build  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
 
@@ -65,7 +65,7 @@ def main(argv=None) -> None:
         print(
             f"{args.requests} more requests: median {statistics.median(latencies):.1f} ms, max {max(latencies):.1f} ms"
         )
-        ours = [line for line in server.metrics().splitlines() if line.split("{")[0] in METRIC_NAMES]
+        ours = [line for line in server.metrics().splitlines() if line.split("{")[0] in (*GAUGES, *COUNTERS)]
         print("metrics:\n  " + "\n  ".join(ours))
     finally:
         server.stop()
