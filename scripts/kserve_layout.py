@@ -16,7 +16,6 @@ import argparse
 import json
 import shutil
 import string
-import sys
 import zipfile
 from pathlib import Path
 
@@ -83,4 +82,4 @@ def main(argv=None) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    main()

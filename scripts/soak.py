@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts import build_mar, measure  # noqa: E402
-from scripts.loadtest import default_model  # noqa: E402
+from scripts.loadtest import MAX_CLIENTS, MAX_DURATION, default_model  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
 from scripts.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
 
@@ -214,8 +214,8 @@ def print_report(result: dict, failures: list[str], args) -> None:
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="HF model folder (default: the embedded MiniLM)")
-    parser.add_argument("--clients", type=int, default=16, help="concurrent clients (1..64)")
-    parser.add_argument("--duration", type=float, default=60, help="seconds of traffic (at most 600)")
+    parser.add_argument("--clients", type=int, default=16, help=f"concurrent clients (at most {MAX_CLIENTS})")
+    parser.add_argument("--duration", type=float, default=60, help=f"seconds of traffic (at most {MAX_DURATION})")
     parser.add_argument("--invalid-every", type=int, default=5, help="every Nth request is invalid (0: none)")
     parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size")
     parser.add_argument("--kill-after", type=float, help="kill -9 the worker this many seconds into the run")
@@ -223,8 +223,8 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 4 clients x 5 s")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "soak.json")
     args = parser.parse_args(argv)
-    if not (1 <= args.clients <= 64 and 0 < args.duration <= 600 and args.invalid_every >= 0):
-        parser.error("--clients must be 1..64, --duration 0..600 s, --invalid-every >= 0")
+    if not (1 <= args.clients <= MAX_CLIENTS and 0 < args.duration <= MAX_DURATION and args.invalid_every >= 0):
+        parser.error(f"--clients must be 1..{MAX_CLIENTS}, --duration 0..{MAX_DURATION} s, --invalid-every >= 0")
     if args.quick:
         args.clients, args.duration = 4, 5.0
     return args

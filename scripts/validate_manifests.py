@@ -24,7 +24,6 @@ KINDS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): "V1beta1InferenceService",
     ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
     ("v1", "Pod"): "V1Pod",
-    ("v1", "ConfigMap"): "V1ConfigMap",
 }
 # Strings take numbers too: quantities ("2" or 2) and int-or-string fields are written either way.
 SCALARS = {
