@@ -2,7 +2,10 @@
 
 A task handler subclasses `CompiledHandler` and supplies the module to compile (`build_model`),
 its request parameters (`PARAMS`), and how one output row becomes an answer (`encode`). Tasks
-that do not answer with one forward pass per text (generation) replace `infer` and `respond`.
+that do not answer with one forward pass per text (generation) replace `infer`, `inference` and
+`answer`. `handle` has TorchServe's shape: it drives `preprocess` (decode, check, tokenize, pad to
+buckets), `inference` and `postprocess`, each overridable the way TorchServe's docs teach, and each
+request runs inside its own failure boundary (handlers/batch.py).
 """
 
 import contextlib
@@ -19,6 +22,7 @@ from transformers import AutoConfig, AutoTokenizer
 from ts.torch_handler.base_handler import BaseHandler
 
 from handlers import buckets, compile_cache, hardware, kserve_v2, payload, warmup
+from handlers.batch import Accepted, Batch, split_until_isolated
 from handlers.compiling import CompiledModel
 from handlers.config import CompileConfig, HandlerConfig, parse
 from handlers.length_stats import LengthStats
@@ -39,15 +43,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def run_eager(module: torch.nn.Module) -> CompiledModel:
     """`module` run eagerly behind the same interface as the compiled model."""
     return CompiledModel(module, CompileConfig(enable=False), graphs_needed=0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Accepted:
-    """A request that passed its checks: its position in the batch, body and tokenized texts."""
-
-    index: int
-    body: payload.Payload
-    encodings: list[Encoding]
 
 
 class CompiledHandler(BaseHandler):
@@ -115,54 +110,90 @@ class CompiledHandler(BaseHandler):
         self.initialized = True
         self._log_ready(report, time.perf_counter() - started)
 
+    # -- requests: TorchServe's handle -> preprocess -> inference -> postprocess ----------------
     def handle(self, data, context):
+        """Answers for a batch, one per request in order; a request's failure is its own answer."""
         self.context = context
-        answers: list[Any] = [None] * len(data)
-        accepted = []
-        for index, request in enumerate(data):
-            try:
-                body = self._parse(request, context, index)
-                accepted.append(Accepted(index, body, self._tokenize(body.texts)))
-            except payload.RequestError as error:
-                context.set_response_status(error.code, error.phrase, index)
-                answers[index] = error.body()
-        if accepted:
-            self.respond(accepted, answers)
-        for request in accepted:
-            if request.body.v2_id is not None:
-                answers[request.index] = kserve_v2.response(
-                    answers[request.index], context.model_name, self._model_version(context), request.body.v2_id
-                )
+        try:
+            answers = self.postprocess(self.inference(self.preprocess(data)))
+        except Exception as error:  # a defect past every per-request boundary: still answer everyone
+            batch = Batch.of(len(data), context)
+            for index in range(len(data)):
+                batch.fail(index, "handle", error)
+            answers = batch.answers
         emit(context, "RecompilesAfterReady", self.model.recompiles_after_ready, "Count")
         return answers
 
-    def respond(self, accepted: list["Accepted"], answers: list[Any]) -> None:
-        """Fill in the answers of the accepted requests: one forward pass over all their texts."""
-        token_ids = [encoding.ids for request in accepted for encoding in request.encodings]
-        rows = self.infer(token_ids)
-        position = 0
-        for request in accepted:
-            count = len(request.encodings)
-            answers[request.index] = self.encode(rows[position : position + count], request.body, request.encodings)
-            position += count
+    def preprocess(self, data) -> Batch:
+        """Decode, check and tokenize each request in its own boundary, then pad the texts to buckets."""
+        batch = Batch.of(len(data), self.context)
+        for index, request in enumerate(data):
+            with batch.guard(index, "preprocess"):
+                body = self.parse_request(request, index)
+                batch.accepted.append(Accepted(index, body, self.tokenize(body.texts)))
+        batch.prepared = self.prepare(self._token_ids(batch.accepted))
+        return batch
+
+    def inference(self, data: Batch, *args, **kwargs) -> Batch:
+        """The model over the accepted requests' texts; a failing call is split until it is isolated."""
+
+        def run(requests: list[Accepted]) -> None:
+            token_ids = self._token_ids(requests)
+            prepared = data.take_prepared() or self.prepare(token_ids)
+            rows = self.run_prepared(token_ids, prepared)
+            position = 0
+            for request in requests:
+                data.outputs[request.index] = rows[position : position + len(request.encodings)]
+                position += len(request.encodings)
+
+        split_until_isolated(data, data.accepted, run)
+        return data
+
+    def postprocess(self, data: Batch) -> list[Any]:
+        """Each served request's answer (in KServe v2 form if it came so), checked to be sendable."""
+        version = self._model_version(self.context)
+        for request in data.live(data.accepted):
+            with data.guard(request.index, "postprocess"):
+                answer = self.answer(request, data.outputs[request.index])
+                if request.body.v2_id is not None:
+                    answer = kserve_v2.response(answer, self.context.model_name, version, request.body.v2_id)
+                payload.check_sendable(answer)
+                data.answers[request.index] = answer
+        return data.answers
+
+    def answer(self, request: Accepted, outputs: Any) -> Any:
+        """The JSON answer of one request from what inference made for it (its output rows)."""
+        return self.encode(outputs, request.body, request.encodings)
+
+    @staticmethod
+    def _token_ids(requests: list[Accepted]) -> list[list[int]]:
+        return [encoding.ids for request in requests for encoding in request.encodings]
 
     # -- the request path after tokenization (warm-up takes it too) -------------------------
     def infer(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
         """Output rows, in order, for tokenized texts: grouped by bucket, padded, run."""
-        model = model or self.model
+        return self.run_prepared(token_ids, self.prepare(token_ids), model)
+
+    def prepare(self, token_ids: list[list[int]]) -> list[tuple[buckets.Group, dict[str, torch.Tensor]]]:
+        """The texts grouped by bucket, each group padded to its bucket's shape."""
         groups = buckets.group_requests([len(ids) for ids in token_ids], self.plan)
+        padded = [buckets.pad_group([token_ids[i] for i in group.indices], group, self.pad_id) for group in groups]
+        return list(zip(groups, padded, strict=True))
+
+    def run_prepared(self, token_ids: list[list[int]], prepared, model=None) -> list[torch.Tensor]:
+        """One model call per padded group; output rows back in the texts' order."""
+        model = model or self.model
         rows: list[torch.Tensor | None] = [None] * len(token_ids)
         with torch.inference_mode():
-            for group in groups:
-                inputs = buckets.pad_group([token_ids[i] for i in group.indices], group, self.pad_id)
-                inputs = {name: tensor.to(self.device) for name, tensor in inputs.items()}
+            for group, padded in prepared:
+                inputs = {name: tensor.to(self.device) for name, tensor in padded.items()}
                 for tensor in inputs.values():
                     buckets.mark_dynamic_dims(tensor, self.plan)
                 output = model(inputs).float().cpu()
                 for row, index in enumerate(group.indices):
                     rows[index] = output[row]
         if self.initialized:
-            self.record_padding([len(ids) for ids in token_ids], groups)
+            self.record_padding([len(ids) for ids in token_ids], [group for group, _ in prepared])
         return rows
 
     def record_padding(self, lengths: list[int], groups: list[buckets.Group]) -> None:
@@ -299,20 +330,22 @@ class CompiledHandler(BaseHandler):
         )
 
     # -- request steps -----------------------------------------------------------------------
-    def _parse(self, request: dict, context, index: int) -> payload.Payload:
+    def parse_request(self, request: dict, index: int) -> payload.Payload:
+        """One request's body, decoded and checked: its texts and task parameters."""
         part = "data" if request.get("data") is not None else "body"
+        context = self.context
         header = context.get_request_header(index, part) if context.request_processor else None
         content_type = header.get("content-type") if isinstance(header, dict) else None
         value = payload.decode(request, content_type)
-        parse = kserve_v2.parse if kserve_v2.is_v2(value) else payload.parse
-        return parse(value, self.param_checks(), self.config.max_inputs)
+        read = kserve_v2.parse if kserve_v2.is_v2(value) else payload.parse
+        return read(value, self.param_checks(), self.config.max_inputs)
 
     @staticmethod
     def _model_version(context) -> str | None:
         manifest = getattr(context, "manifest", None) or {}
         return manifest.get("model", {}).get("modelVersion")
 
-    def _tokenize(self, texts: list[str]) -> list[Encoding]:
+    def tokenize(self, texts: list[str]) -> list[Encoding]:
         """Fast-tokenizer encodings per text; over-long texts are truncated or rejected (413) per config."""
         limit = self.plan.max_seq_len
         reject = self.config.buckets.overflow == "reject"

@@ -61,7 +61,7 @@ class Continuation:
 
 @dataclasses.dataclass
 class Job:
-    """One prompt of one request (a base.Accepted), and what it has generated so far."""
+    """One prompt of one request (a batch.Accepted), and what it has generated so far."""
 
     request: Any
     position: int  # which text of the request

@@ -15,10 +15,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from ts.handler_utils.utils import send_intermediate_predict_response
 
 from handlers import buckets
-from handlers.base import Accepted, CompiledHandler
+from handlers.base import CompiledHandler
+from handlers.batch import Accepted, Batch, split_until_isolated
 from handlers.continuation import Continuation, Job
 from handlers.decoding import CachePool, DecodeStep, GroupDecoder, left_pad
-from handlers.payload import RequestError, boolean_param, int_param, number_param
+from handlers.payload import RequestError, boolean_param, int_param, is_unicode_text, number_param
 from handlers.sampling import Sampler
 
 MAX_STOP_LENGTH = 64
@@ -61,6 +62,8 @@ class GenerationHandler(CompiledHandler):
             raise RequestError(400, f"parameter '{name}' must be a string or a list of at most {limit} strings")
         if not all(isinstance(stop, str) and 0 < len(stop) <= MAX_STOP_LENGTH for stop in stops):
             raise RequestError(400, f"parameter '{name}': each stop string must have 1 to {MAX_STOP_LENGTH} characters")
+        if not all(is_unicode_text(stop) for stop in stops):
+            raise RequestError(400, f"parameter '{name}': a stop string holds a lone surrogate, not Unicode text")
         return stops
 
     # -- model ------------------------------------------------------------------------------
@@ -103,21 +106,40 @@ class GenerationHandler(CompiledHandler):
         return rows
 
     # -- requests ---------------------------------------------------------------------------
-    def respond(self, accepted: list[Accepted], answers: list[Any]) -> None:
-        for request in accepted:
+    def prepare(self, token_ids: list[list[int]]) -> list[buckets.Group]:
+        """Prompt buckets; each group is left-padded into its static cache when it runs."""
+        return buckets.generation_groups([len(ids) for ids in token_ids], self.plan)
+
+    def inference(self, data: Batch, *args, **kwargs) -> Batch:
+        """Generate for every accepted prompt; a failing group is split until the failing request is alone."""
+        for request in data.accepted:
             if request.body.params.get("stream", False):
                 self.context.set_response_content_type(request.index, "application/jsonl")
+        split_until_isolated(data, data.accepted, lambda requests: self._generate_for(data, requests))
+        return data
+
+    def answer(self, request: Accepted, outputs: list[Job]) -> Any:
+        return self._final_answer(request, outputs)
+
+    def _generate_for(self, batch: Batch, requests: list[Accepted]) -> None:
         jobs = [
             self._job(request, position, encoding.ids)
-            for request in accepted
+            for request in requests
             for position, encoding in enumerate(request.encodings)
         ]
-        groups = buckets.generation_groups([len(job.ids) for job in jobs], self.plan)
+        groups = batch.take_prepared() or self.prepare([job.ids for job in jobs])
         self.record_padding([len(job.ids) for job in jobs], groups)
-        for group in groups:
-            self._generate([jobs[i] for i in group.indices], group)
-        for request in accepted:
-            answers[request.index] = self._final_answer(request, [job for job in jobs if job.request is request])
+        try:
+            for group in groups:
+                self._generate([jobs[i] for i in group.indices], group)
+        except Exception as error:
+            # A request that already streamed text cannot start again: it ends here with its error.
+            for job in jobs:
+                if job.continuation.streamed:
+                    batch.fail(job.request.index, "inference", error)
+            raise
+        for request in requests:
+            batch.outputs[request.index] = [job for job in jobs if job.request is request]
 
     def _job(self, request: Accepted, position: int, ids: list[int]) -> Job:
         params = request.body.params

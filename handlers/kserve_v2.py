@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any
 
-from handlers.payload import ParamCheck, Payload, RequestError, check_params, check_texts
+from handlers.payload import ParamCheck, Payload, RequestError, check_params, check_texts, is_unicode_text
 
 REQUEST_KEYS = {"id", "inputs", "parameters", "outputs"}
 TENSOR_KEYS = {"name", "shape", "datatype", "data", "parameters"}
@@ -52,8 +52,8 @@ def parse(value: dict, param_checks: dict[str, ParamCheck], max_inputs: int) -> 
     if params.get("stream"):
         raise RequestError(400, "streaming is not part of the v2 protocol; use /predictions with stream: true")
     request_id = value.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise RequestError(400, "v2 'id' must be a string")
+    if request_id is not None and not (isinstance(request_id, str) and is_unicode_text(request_id)):
+        raise RequestError(400, "v2 'id' must be a string of Unicode text (it is echoed back)")
     texts = check_texts(tensor["data"], max_inputs)
     return Payload(texts, is_list=True, params=check_params(params, param_checks), v2_id=request_id or "")
 

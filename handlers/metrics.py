@@ -15,8 +15,12 @@ GAUGES = (
     "RecompilesAfterReady",
     "PaddedTokenRatio",
 )
-# Counters, each with one dimension more than the gauges: texts served per bucket ("4x32": batch x length).
-COUNTERS = {"BucketRequests": "Bucket"}
+# Counters, each with one dimension more than the gauges:
+COUNTERS = {
+    "BucketRequests": "Bucket",  # texts served per bucket ("4x32": batch x length)
+    "RequestFailures": "Stage",  # requests answered 500 (preprocess, inference, postprocess or handle)
+    "BatchSplits": "Cause",  # batched model calls that raised and were split, by exception type
+}
 
 
 def _dimensions(context) -> list[Dimension]:

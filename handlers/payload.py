@@ -11,6 +11,9 @@ import json
 from typing import Any, Callable
 
 HTTP_PHRASES = {400: "Bad Request", 413: "Payload Too Large", 422: "Unprocessable Entity"}
+# The deepest JSON any request needs is 4 levels (a KServe v2 body); deeper is refused before any
+# work, so no step ever recurses on what a client nested.
+MAX_JSON_DEPTH = 16
 
 
 class RequestError(Exception):
@@ -99,7 +102,45 @@ def _from_bytes(raw: bytes | bytearray, content_type: str | None) -> Any:
             return json.loads(text)
         except json.JSONDecodeError as error:
             raise RequestError(400, f"request body is not valid JSON ({error.msg} at position {error.pos})") from None
+        except RecursionError:
+            raise RequestError(400, f"JSON body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+        except ValueError:  # e.g. an integer past Python's 4300-digit conversion limit
+            raise RequestError(400, "JSON body holds a number that cannot be read") from None
     return text
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
+    """Refuse JSON nested deeper than `limit`, walking it without recursion."""
+    level = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for node in level
+            if isinstance(node, (dict, list))
+            for child in (node.values() if isinstance(node, dict) else node)
+        ]
+        if not level:
+            return
+    if any(isinstance(node, (dict, list)) for node in level):
+        raise RequestError(400, f"JSON body is nested deeper than {limit} levels")
+
+
+def is_unicode_text(text: str) -> bool:
+    """True unless `text` holds a lone surrogate (U+D800-U+DFFF), which JSON's \\u escapes allow but
+    UTF-8 cannot encode; the tokenizer takes exactly the strings UTF-8 can encode (tests/unit/test_payload.py)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_sendable(answer: Any) -> None:
+    """Raise unless TorchServe can send `answer`: JSON without NaN or infinity, text that UTF-8 encodes."""
+    if isinstance(answer, str):
+        answer.encode("utf-8")
+    else:
+        json.dumps(answer, allow_nan=False)
 
 
 def _texts(inputs: Any, max_inputs: int) -> tuple[list[str], bool]:
@@ -121,6 +162,8 @@ def check_texts(inputs: list, max_inputs: int) -> list[str]:
             raise RequestError(400, f"'inputs'[{position}] is not a string")
         if not text.strip():
             raise RequestError(400, f"'inputs'[{position}] is empty")
+        if not is_unicode_text(text):
+            raise RequestError(400, f"'inputs'[{position}] holds a lone surrogate (U+D800-U+DFFF), not Unicode text")
     return list(inputs)
 
 
@@ -140,6 +183,7 @@ def decode(request: dict, content_type: str | None) -> Any:
     value = _body_value(request)
     if isinstance(value, (bytes, bytearray)):
         value = _from_bytes(value, content_type)
+    check_depth(value)
     return value
 
 

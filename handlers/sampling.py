@@ -27,7 +27,10 @@ class Sampler:
         """The next token id from one row of logits (vocab,)."""
         if not self.do_sample:
             return int(logits.argmax())
-        scores = logits.float() / self.temperature
+        # In float64, where every temperature the request check admits (> 0) is itself nonzero, and
+        # shifted so the best score is 0: a tiny temperature then gives 0 and -inf, never nan.
+        scores = logits.double()
+        scores = (scores - scores.max()) / self.temperature
         if 0 < self.top_k < scores.numel():
             threshold = torch.topk(scores, self.top_k).values[-1]
             scores = scores.masked_fill(scores < threshold, float("-inf"))

@@ -11,6 +11,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-requests", type=int, default=200, help="generated requests per task in the fuzz tests")
+    parser.addoption("--fuzz-seed", type=int, default=1, help="seed of the fuzz tests' generated requests")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
     """One inductor cache for the whole run (in process and TorchServe alike).

@@ -38,3 +38,13 @@ class RecordingSocket:
 
     def sendall(self, message) -> None:
         self.messages.append(bytes(message))
+
+
+class RecordingMetrics:
+    """Stands in for a context's metrics cache: keeps (name, value, dimensions, metric type) per call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def add_metric(self, name, value, unit, dimensions, metric_type):
+        self.calls.append((name, value, {d.name: d.value for d in dimensions}, metric_type.name))

@@ -5,17 +5,17 @@ import math
 SCORE_TOLERANCE = 1e-4
 
 
-def assert_same_answers(ours, reference, path="answer"):
-    """Equal structure and values, except floats, which may differ by SCORE_TOLERANCE."""
+def assert_same_answers(ours, reference, path="answer", tolerance=SCORE_TOLERANCE):
+    """Equal structure and values, except floats, which may differ by `tolerance`."""
     if isinstance(reference, dict):
         assert set(ours) == set(reference), f"{path}: keys {sorted(ours)} != {sorted(reference)}"
         for key in reference:
-            assert_same_answers(ours[key], reference[key], f"{path}.{key}")
+            assert_same_answers(ours[key], reference[key], f"{path}.{key}", tolerance)
     elif isinstance(reference, list):
         assert len(ours) == len(reference), f"{path}: {len(ours)} items, pipeline has {len(reference)}"
         for index, (got, want) in enumerate(zip(ours, reference, strict=True)):
-            assert_same_answers(got, want, f"{path}[{index}]")
+            assert_same_answers(got, want, f"{path}[{index}]", tolerance)
     elif isinstance(reference, str):
         assert ours == reference, f"{path}: {ours!r} != {reference!r}"
     else:  # numbers, numpy scalars included
-        assert math.isclose(float(ours), float(reference), abs_tol=SCORE_TOLERANCE), f"{path}: {ours} != {reference}"
+        assert math.isclose(float(ours), float(reference), abs_tol=tolerance), f"{path}: {ours} != {reference}"

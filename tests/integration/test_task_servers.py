@@ -9,34 +9,15 @@ import torch
 from parity import assert_same_answers
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-from scripts.build_mar import build
-from scripts.serve import TorchServe
-
 pytestmark = pytest.mark.integration
 
-SMALL_GRID = {"dtype": "float32", "buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
-ARCHIVES = {
-    "classifier": ("text-classification", {"handler": SMALL_GRID}),
-    "tagger": ("token-classification", {"handler": SMALL_GRID}),
-    "generator": ("text-generation", {"handler": {**SMALL_GRID, "generation": {"max_new_tokens": 16}}}),
-}
 TEXTS = ["alice walks to paris quickly", "the cat sat on the red mat in berlin", "Ünïcode bob, zzz!"]
 PROMPTS = ["hello world, the cat", "alice walks to paris and bob runs to london with carol", "a", "the"]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_models):
-    store = tmp_path_factory.mktemp("model_store")
-    for name, (task, extra) in ARCHIVES.items():
-        build(tiny_models[task], task, name, store, extra)
-    torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store)
-    torchserve.start()
-    try:
-        for name in ARCHIVES:
-            torchserve.register(f"{name}.mar", batch_size=4, max_batch_delay=200, workers=1)
-        yield torchserve
-    finally:
-        torchserve.stop()
+def server(task_server):
+    return task_server
 
 
 def concurrently(server, name, bodies) -> list[requests.Response]:
@@ -125,4 +106,4 @@ def test_no_recompiles_after_ready(server):
         for line in text.splitlines()
         if line.startswith("RecompilesAfterReady{")
     }
-    assert values == {"classifier": 0.0, "tagger": 0.0, "generator": 0.0}
+    assert values == {"embedder": 0.0, "classifier": 0.0, "tagger": 0.0, "generator": 0.0}

@@ -31,7 +31,7 @@ def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny
     answers = handler.handle([{"body": {"inputs": text}} for text in texts], context)
     assert compiled_graph_count() == graphs
     assert handler.model.recompiles_after_ready == 0
-    eager = handler.infer([e.ids for e in handler._tokenize(texts)], run_eager(handler.model.eager))
+    eager = handler.infer([e.ids for e in handler.tokenize(texts)], run_eager(handler.model.eager))
     for answer, row in zip(answers, eager, strict=True):
         expected = torch.nn.functional.normalize(row, dim=-1)
         assert torch.allclose(torch.tensor(answer["embedding"]), expected, atol=1e-5)
@@ -45,7 +45,7 @@ def test_regional_compile_warms_blocks_with_and_without_padding_and_live_traffic
     start_batch(handler.context, ["application/json"] * len(texts))
     answers = handler.handle([{"body": {"inputs": text}} for text in texts], handler.context)
     assert compiled_graph_count() == 2 and handler.model.recompiles_after_ready == 0
-    eager = handler.infer([e.ids for e in handler._tokenize(texts)], run_eager(handler.model.eager))
+    eager = handler.infer([e.ids for e in handler.tokenize(texts)], run_eager(handler.model.eager))
     for answer, row in zip(answers, eager, strict=True):
         assert torch.allclose(torch.tensor(answer["embedding"]), torch.nn.functional.normalize(row, dim=-1), atol=1e-5)
 
@@ -81,7 +81,7 @@ def test_bad_request_in_a_batch_gets_its_own_4xx(tiny_bert):
 
 def test_truncate_caps_long_texts_at_the_largest_bucket(tiny_bert):
     handler = ready_handler(tiny_bert)
-    assert [len(e.ids) for e in handler._tokenize(["a " * 100, "the cat"])] == [32, 4]
+    assert [len(e.ids) for e in handler.tokenize(["a " * 100, "the cat"])] == [32, 4]
 
 
 def test_compile_off_serves_eagerly(tiny_bert):

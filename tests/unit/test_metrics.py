@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import yaml
+from fakes import RecordingMetrics
 
 from handlers import metrics
 from handlers.buckets import Group
@@ -19,14 +20,6 @@ def test_every_gauge_and_counter_is_declared_with_the_dimensions_it_is_emitted_w
         assert declared("gauge")[name] == ["ModelName", "Level"], name
     for name, extra in metrics.COUNTERS.items():
         assert declared("counter")[name] == ["ModelName", "Level", extra], name
-
-
-class RecordingMetrics:
-    def __init__(self):
-        self.calls = []
-
-    def add_metric(self, name, value, unit, dimensions, metric_type):
-        self.calls.append((name, value, {d.name: d.value for d in dimensions}, metric_type.name))
 
 
 class Context:

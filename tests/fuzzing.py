@@ -1,0 +1,204 @@
+"""Seeded hostile request bodies for each task, and TorchServe's own decoding of a request's body.
+
+`hostile_cases(task, seed, count)` yields `Case`s: random bytes, random and mutated JSON, random
+Unicode (lone surrogates, control characters, NUL, bidi marks) as JSON and as text, random content
+types, deep nesting, unreadable numbers, KServe v2 envelopes, and each task's parameters with
+random values. The same seed gives the same cases.
+"""
+
+import dataclasses
+import json
+import random
+import struct
+
+CONTENT_TYPES = [
+    "application/json",
+    "text/plain",
+    "application/octet-stream",
+    "application/json; charset=utf-16",
+    "text/html; charset=latin-1",
+    "application/x-www-form-urlencoded",
+    "image/png",
+    "",
+]
+# Each task's request parameters, with values a client could plausibly get wrong.
+PARAMS = {
+    "embedding": ["normalize"],
+    "text-classification": ["top_k"],
+    "token-classification": ["aggregation_strategy"],
+    "text-generation": ["max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop", "stream"],
+}
+GOOD_VALUES = {
+    "normalize": [True, False],
+    "top_k": [None, 1, 2, 5],
+    "aggregation_strategy": ["none", "simple", "first", "average", "max"],
+    "max_new_tokens": [1, 3, 8],
+    "do_sample": [True, False],
+    "temperature": [1e-300, 1e-30, 0.01, 0.7, 1.0, 100.0],
+    "top_p": [1e-9, 0.1, 0.9, 1.0],
+    "seed": [0, 1, 2**63 - 1],
+    "stop": [".", ["a", "\u2028"], "\U0001f600"],
+    "stream": [False, True],
+}
+ODD_VALUES = [
+    None, True, 0, -1, 1, 2**63, 10**30, -(10**30), 1e-300, -0.0, 1e308, float("nan"), float("inf"),
+    "", "x", "\ud800", [], [1], {}, {"a": 1}, ["\udfff"], "\x00",
+]  # fmt: skip
+ALPHABET = (
+    [chr(c) for c in range(0x20, 0x7F)]
+    + [chr(c) for c in range(0x00, 0x20)]
+    + ["\x7f", "\u0085", "\u00a0", "\u200b", "\u200d", "\u202e", "\u2028", "\ufeff", "\ufffd", "\uffff"]
+    + ["\u0301", "\u0928", "\u4e2d", "\U0001f600", "\U0010ffff", "\ud800", "\udfff", "\udbff\udfff", "é", "ß"]
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    kind: str
+    body: bytes
+    content_type: str
+    v2: bool = False  # sent to /v2/models/<name>/infer instead of /predictions/<name>
+
+    def __str__(self) -> str:
+        return f"{self.kind} ({self.content_type or 'no content type'}{', v2' if self.v2 else ''}): {self.body[:300]!r}"
+
+
+def random_text(rng: random.Random, longest: int = 40) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, longest)))
+
+
+def random_json(rng: random.Random, depth: int = 0):
+    roll = rng.random()
+    if depth > 3 or roll < 0.4:
+        return rng.choice([*ODD_VALUES, random_text(rng)])
+    if roll < 0.7:
+        return [random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {random_text(rng, 8): random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+def dumps(value) -> bytes:
+    """JSON as a client could send it: lone surrogates become \\ud800 escapes; NaN stays the bare word."""
+    return json.dumps(value).encode()
+
+
+def ordinary(task: str, text: str) -> dict:
+    """An ordinary request of `task`, whose answer alone is known."""
+    return {"inputs": text, "max_new_tokens": 6} if task == "text-generation" else {"inputs": text}
+
+
+def valid_body(rng: random.Random, task: str) -> dict:
+    inputs = rng.choice(["hello world", ["alice in paris", "bob"], "the cat sat on the mat"])
+    names = rng.sample(PARAMS[task], min(len(PARAMS[task]), rng.randint(0, 2)))
+    params = {name: rng.choice(GOOD_VALUES[name]) for name in names}
+    if task == "text-generation":
+        params["max_new_tokens"] = rng.choice(GOOD_VALUES["max_new_tokens"])
+    return {"inputs": inputs, **params}
+
+
+def mutate(rng: random.Random, raw: bytes) -> bytes:
+    data = bytearray(raw)
+    for _ in range(rng.randint(1, 4)):
+        at = rng.randrange(len(data) + 1)
+        action = rng.randrange(4)
+        if action == 0 and data:
+            del data[min(at, len(data) - 1)]
+        elif action == 1:
+            data[at:at] = rng.choice([b"{", b"}", b"[", b"]", b'"', b"\\", b",", b":", b"\\ud800", b"\xff", b"0"])
+        elif action == 2:
+            data = data[:at]
+        else:
+            data[at:at] = data[rng.randrange(len(data) + 1) :][:20]
+    return bytes(data)
+
+
+def v2_envelope(rng: random.Random, task: str) -> dict:
+    data = rng.choice([["hello", "world"], [random_text(rng)], [1, 2], "text", [], [["nested"]]])
+    tensor = {
+        "name": rng.choice(["text", "", None, 5]),
+        "shape": rng.choice([[len(data)] if isinstance(data, list) else [1], [], [-1], [2, 1], "2", [10**20]]),
+        "datatype": rng.choice(["BYTES", "BYTES", "FP32", "INT64", None]),
+        "data": data,
+    }
+    envelope = {"inputs": rng.choice([[tensor], [tensor, tensor], [tensor], [{}]])}
+    if rng.random() < 0.5:
+        envelope["id"] = rng.choice(["1", "\ud800", 7, None, random_text(rng, 10)])
+    if rng.random() < 0.5:
+        params = valid_body(rng, task)
+        params.pop("inputs")
+        envelope["parameters"] = rng.choice([params, random_json(rng), {"stream": True}])
+    if rng.random() < 0.2:
+        envelope[random_text(rng, 5)] = random_json(rng)
+    return envelope
+
+
+def _bad_params(rng: random.Random, task: str) -> dict:
+    body = valid_body(rng, task)
+    for name in rng.sample(PARAMS[task], min(len(PARAMS[task]), rng.randint(1, 2))):
+        body[name] = rng.choice(ODD_VALUES + [random_json(rng)])
+    return body
+
+
+def _deep(rng: random.Random, task: str) -> bytes:
+    depth = rng.choice([17, 100, 990, 1100, 50_000])
+    nested = b"[" * depth + b"]" * depth
+    return rng.choice([nested, b'{"inputs": ' + nested + b"}", b'{"inputs": "x", "top_k": ' + nested + b"}"])
+
+
+def _body(rng: random.Random, task: str, kind: str) -> tuple[bytes, bool]:
+    """(body, sent as v2) for one hostile case of `kind`."""
+    if kind == "bytes":
+        return bytes(rng.randrange(256) for _ in range(rng.randint(0, 64))), False
+    if kind == "json":
+        return dumps(random_json(rng)), False
+    if kind == "mutated":
+        return mutate(rng, dumps(valid_body(rng, task))), False
+    if kind == "unicode":
+        text = random_text(rng)
+        return rng.choice(
+            [dumps({"inputs": text}), dumps({"inputs": [text, "ok"]}), text.encode("utf-8", "surrogatepass")]
+        ), False
+    if kind == "params":
+        return dumps(_bad_params(rng, task)), False
+    if kind == "deep":
+        return _deep(rng, task), False
+    if kind == "number":
+        return b'{"inputs": "x", "seed": ' + b"9" * rng.choice([4301, 20_000]) + b"}", False
+    if kind == "v2":
+        return dumps(v2_envelope(rng, task)), True
+    return dumps(valid_body(rng, task)), rng.random() < 0.2  # "valid": a well-formed body, any content type
+
+
+KINDS = ["bytes", "json", "mutated", "unicode", "params", "deep", "number", "v2", "valid"]
+
+
+def hostile_cases(task: str, seed: int, count: int):
+    """`count` generated cases for `task`, the same for the same seed."""
+    rng = random.Random(f"{task}-{seed}")
+    for _ in range(count):
+        kind = rng.choice(KINDS)
+        body, v2 = _body(rng, task, kind)
+        content_type = "application/json" if rng.random() < 0.6 else rng.choice(CONTENT_TYPES)
+        yield Case(kind, body, content_type, v2)
+
+
+def torchserve_request(case: Case) -> dict:
+    """The request dict a TorchServe worker hands `handle` for this body, decoded by TorchServe's own code."""
+    from ts.protocol.otf_message_handler import _retrieve_input_data
+
+    frame = b""
+    for part in (b"body", case.content_type.encode(), case.body):
+        frame += struct.pack("!i", len(part)) + part
+    stream = _Stream(frame)
+    parameter = _retrieve_input_data(stream)
+    return {parameter["name"]: parameter["value"]}
+
+
+class _Stream:
+    """Stands in for the worker's socket: what TorchServe's frame reader receives."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def recv(self, size: int) -> bytes:
+        chunk, self.data = self.data[:size], self.data[size:]
+        return chunk
