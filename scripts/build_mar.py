@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -46,7 +47,27 @@ DEFAULT_MODEL_CONFIG = {
 }
 # Per task, over DEFAULT_MODEL_CONFIG: generation answers after a whole decode loop, not one pass.
 TASK_MODEL_CONFIG = {"text-generation": {"responseTimeout": 300}}
-SKIPPED_FILES = {".gitattributes", "README.md"}
+# What serving reads from a model folder; anything else a Hub snapshot holds (ONNX, OpenVINO, TF,
+# Flax, pickle weights, READMEs, training files) stays out of the archive.
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "*.model",  # sentencepiece vocabularies
+    "chat_template.jinja",
+    "chat_template.json",
+    "modules.json",  # sentence-transformers: its modules, their settings, the length limit
+    "config_sentence_transformers.json",
+    "sentence_bert_config.json",
+)
 # startupTimeout = MARGIN x (compile + warm-up) + what a worker spends before it (interpreter, imports,
 # model load), never under TorchServe's own default. Measured here: 5-6 s before initialize.
 STARTUP_MARGIN = 2.0
@@ -143,15 +164,45 @@ def run_precompile(staging: Path, handler: Path) -> dict:
         return json.loads(result.read_text())
 
 
-def stage(model_dir: Path, config: dict, staging: Path) -> None:
-    """Model files and our handlers package side by side, as they will sit in the archive root."""
-    for item in model_dir.iterdir():
-        if item.name in SKIPPED_FILES or item.name.startswith("."):
-            continue
-        target = staging / item.name
-        shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
+def serving_files(model_dir: Path) -> list[Path]:
+    """The files of `model_dir` that serving reads: MODEL_FILES, and the settings of its
+    sentence-transformers modules (e.g. 1_Pooling/config.json)."""
+    files = {path for pattern in MODEL_FILES for path in model_dir.glob(pattern) if path.is_file()}
+    modules = json.loads((model_dir / "modules.json").read_text()) if (model_dir / "modules.json").is_file() else []
+    for module in modules:
+        folder = model_dir / module.get("path", "")
+        if module.get("path") and folder.is_dir():
+            files.update(path for path in folder.glob("*.json") if path.is_file())
+    return sorted(files)
+
+
+def stage(model_dir: Path, config: dict, staging: Path) -> list[Path]:
+    """Model files and our handlers package side by side, as they will sit in the archive root;
+    returns what of `model_dir` was left out."""
+    kept = serving_files(model_dir)
+    for path in kept:
+        target = staging / path.relative_to(model_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
     shutil.copytree(ROOT / "handlers", staging / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
     write_model_config(config, staging)
+    every = [path for path in model_dir.rglob("*") if path.is_file() and ".git" not in path.parts]
+    return sorted(set(every) - set(kept))
+
+
+def describe_archive(archive_path: Path, left_out: list[Path], model_dir: Path) -> str:
+    """The archive's size and contents (the handlers package in one line), and what was left out."""
+    with zipfile.ZipFile(archive_path) as mar:
+        entries = [(info.filename, info.file_size) for info in mar.infolist() if not info.is_dir()]
+    code = [(name, size) for name, size in entries if name.startswith("handlers/")]
+    lines = [f"{archive_path} ({archive_path.stat().st_size / 1e6:.1f} MB):"]
+    lines += [f"  {size / 1e6:9.3f} MB  {name}" for name, size in entries if not name.startswith("handlers/")]
+    lines.append(f"  {sum(size for _, size in code) / 1e6:9.3f} MB  handlers/ ({len(code)} files: our handler package)")
+    if left_out:
+        names = ", ".join(str(path.relative_to(model_dir)) for path in left_out[:12])
+        more = f" and {len(left_out) - 12} more" if len(left_out) > 12 else ""
+        lines.append(f"  left out of {model_dir} (serving does not read them): {names}{more}")
+    return "\n".join(lines)
 
 
 def write_model_config(config: dict, staging: Path) -> None:
@@ -192,7 +243,7 @@ def build(
     config = model_config(task, extra_config or {})
     with tempfile.TemporaryDirectory() as temp:
         staging = Path(temp)
-        stage(model_dir, config, staging)
+        left_out = stage(model_dir, config, staging)
         handler = staging / "handlers" / HANDLER_FILES[task]
         if handler_file is not None:
             handler = staging / Path(handler_file).name
@@ -202,7 +253,9 @@ def build(
         else:
             seconds = estimated_compile_seconds(config, model_dir)
         write_model_config(startup_timeout(config, seconds, measured=precompile), staging)
-        return archive(staging, name, handler, export_path, version)
+        built = archive(staging, name, handler, export_path, version)
+    print(describe_archive(built, left_out, model_dir))
+    return built
 
 
 def main(argv=None) -> Path:
@@ -215,6 +268,9 @@ def main(argv=None) -> Path:
     parser.add_argument("--precompile", action="store_true", help="compile now and pack the cache into the .mar")
     parser.add_argument("--version", default="1.0", help="model version (register several, then set-default)")
     parser.add_argument("--export-path", type=Path, default=ROOT / "model_store", help="where the .mar goes")
+    parser.add_argument(
+        "--handler", type=Path, help="your subclass of the task's handler (one class in its own file) to serve instead"
+    )
     args = parser.parse_args(argv)
     extra = yaml.safe_load(args.config.read_text()) if args.config else {}
     if args.plan:
@@ -222,7 +278,14 @@ def main(argv=None) -> Path:
         extra = merge(extra, {"handler": {"buckets": {"seq_lens": seq_lens}}})
     try:
         archive = build(
-            args.model, args.task, args.name, args.export_path, extra, precompile=args.precompile, version=args.version
+            args.model,
+            args.task,
+            args.name,
+            args.export_path,
+            extra,
+            handler_file=args.handler,
+            precompile=args.precompile,
+            version=args.version,
         )
     except BuildError as error:
         parser.exit(2, f"build_mar: {error}\n")

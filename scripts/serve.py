@@ -19,7 +19,6 @@ import json
 import os
 import re
 import socket
-import string
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PORTS = {
+DEFAULT_PORTS = {  # the repository's config.properties: TorchServe's usual ports
     "INFERENCE_PORT": 8080,
     "MANAGEMENT_PORT": 8081,
     "METRICS_PORT": 8082,
@@ -49,11 +48,38 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def port_settings(ports: dict[str, int]) -> dict[str, str]:
+    """config.properties keys for `ports`, every listener on loopback."""
+    return {
+        "inference_address": f"http://127.0.0.1:{ports['INFERENCE_PORT']}",
+        "management_address": f"http://127.0.0.1:{ports['MANAGEMENT_PORT']}",
+        "metrics_address": f"http://127.0.0.1:{ports['METRICS_PORT']}",
+        "grpc_inference_port": str(ports["GRPC_INFERENCE_PORT"]),
+        "grpc_management_port": str(ports["GRPC_MANAGEMENT_PORT"]),
+    }
+
+
+def with_settings(text: str, settings: dict[str, str]) -> str:
+    """A config.properties text with the values of `settings` replaced; comments and other keys kept."""
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        key = line.split("=", 1)[0].strip()
+        if "=" in line and not line.lstrip().startswith("#") and key in settings:
+            lines[index] = f"{key}={settings[key]}"
+    missing = set(settings) - {line.split("=", 1)[0].strip() for line in lines}
+    return "\n".join(lines + [f"{key}={settings[key]}" for key in sorted(missing)]) + "\n"
+
+
 def render_config(model_store: Path, ports: dict[str, int]) -> str:
-    """config.properties with the model store's absolute path and the ports filled in."""
-    template = string.Template((ROOT / "config.properties").read_text())
-    metrics_config = ROOT / "handlers" / "metrics.yaml"
-    return template.substitute(ports, MODEL_STORE=model_store.resolve(), METRICS_CONFIG=metrics_config)
+    """The repository's config.properties for a server run from another folder: absolute paths, `ports`."""
+    store = model_store.resolve()
+    settings = {
+        **port_settings(ports),
+        "model_store": str(store),
+        "allowed_urls": f"file://{store}/.*",
+        "metrics_config": str(ROOT / "handlers" / "metrics.yaml"),
+    }
+    return with_settings((ROOT / "config.properties").read_text(), settings)
 
 
 # A worker's log lines that say why its initialize failed: our handler's policy line, exceptions.
@@ -91,9 +117,23 @@ class TorchServe:
         recorded = json.loads((Path(workdir) / "ports.json").read_text())
         return cls(workdir, Path(recorded["model_store"]), recorded["ports"])
 
-    def _torchserve(self, *args: str) -> None:
+    def run(self, *args: str) -> None:
+        """`torchserve ARGS` in the working directory, as a user would type it there."""
+        (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         command = [str(Path(sys.executable).parent / "torchserve"), *args]
         subprocess.run(command, cwd=self.workdir, env=self.env, check=True, stdout=subprocess.DEVNULL)
+
+    def wait_until_ready(self, names: list[str], timeout: float = 600) -> None:
+        """Until every model of `names` has a READY worker (TorchServe's /ping says 200 before that)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if all(self.worker_pids(name) for name in names):
+                    return
+            except (requests.ConnectionError, ValueError, KeyError, ManagementError):
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"models {names} not ready within {timeout}s; see {self.workdir / 'logs'}")
 
     def start(self, timeout: float = 120, config_text: str | None = None) -> None:
         """Start with our config.properties, or with `config_text` (another profile: then return once
@@ -103,7 +143,7 @@ class TorchServe:
         config.write_text(config_text or render_config(self.model_store, self.ports))
         recorded = {"ports": self.ports, "model_store": str(self.model_store)}
         (self.workdir / "ports.json").write_text(json.dumps(recorded))
-        self._torchserve("--start", "--ncs", "--ts-config", str(config), "--model-store", str(self.model_store))
+        self.run("--start", "--ncs", "--ts-config", str(config), "--model-store", str(self.model_store))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -122,7 +162,7 @@ class TorchServe:
         return requests.get(f"{self.inference_url}/ping", headers=self.headers("inference"), timeout=2)
 
     def stop(self) -> None:
-        self._torchserve("--stop")
+        self.run("--stop")
 
     def key_file(self) -> Path:
         return self.workdir / "key_file.json"

@@ -1,16 +1,26 @@
-"""The MiniLM archive through a real TorchServe (Java) on free loopback ports."""
+"""The MiniLM archive through a real TorchServe (Java), started the way the README's plain path does:
+
+    torchserve --start --ncs --ts-config config.properties --model-store model_store --models minilm=minilm.mar
+
+from a folder laid out like the repository (its config.properties as it is, model_store/,
+handlers/metrics.yaml), with the ports moved only if TorchServe's usual ones are busy.
+"""
 
 import re
+import shutil
+import socket
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
 
 from scripts.build_mar import build
-from scripts.serve import TorchServe
+from scripts.serve import DEFAULT_PORTS, TorchServe, free_ports, port_settings, with_settings
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [
     "hello world",
     "TorchServe answers embedding requests from a compiled model.",
@@ -18,19 +28,35 @@ TEXTS = [
     "word " * 400,  # longer than the largest bucket: truncated at 256 tokens, as encode does
 ]
 # (model name, extra model-config, minimum cosine to sentence-transformers' float32 encode)
-MODELS = [("minilm32", {"handler": {"dtype": "float32"}}, 0.9999), ("minilm", {}, 0.999)]
+BATCHING = {"batchSize": 8, "maxBatchDelay": 20}
+MODELS = [("minilm32", {**BATCHING, "handler": {"dtype": "float32"}}, 0.9999), ("minilm", BATCHING, 0.999)]
+
+
+def busy(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, minilm_dir):
-    store = tmp_path_factory.mktemp("model_store")
+    root = tmp_path_factory.mktemp("repo_layout")
     for name, extra, _ in MODELS:
-        build(minilm_dir, "embedding", name, store, extra)
-    torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store)
-    torchserve.start()
+        build(minilm_dir, "embedding", name, root / "model_store", extra)
+    (root / "handlers").mkdir()
+    shutil.copy(ROOT / "handlers" / "metrics.yaml", root / "handlers")
+    config = (ROOT / "config.properties").read_text()
+    ports = DEFAULT_PORTS
+    if any(busy(port) for port in ports.values()):
+        ports = dict(zip(DEFAULT_PORTS, free_ports(len(DEFAULT_PORTS)), strict=True))
+        config = with_settings(config, port_settings(ports))
+    (root / "config.properties").write_text(config)
+    torchserve = TorchServe(root, root / "model_store", ports)
+    models = [f"{name}={name}.mar" for name, _, _ in MODELS]
+    torchserve.run(
+        "--start", "--ncs", "--ts-config", "config.properties", "--model-store", "model_store", "--models", *models
+    )
     try:
-        for name, _, _ in MODELS:
-            torchserve.register(f"{name}.mar", batch_size=8, max_batch_delay=20, workers=1)
+        torchserve.wait_until_ready([name for name, _, _ in MODELS])
         yield torchserve
     finally:
         torchserve.stop()

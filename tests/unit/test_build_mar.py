@@ -94,3 +94,34 @@ def test_the_precompile_progress_bar_walks_the_grid():
         "precompiling [#######...] 3/4 shapes",
         "precompiling [##########] 4/4 shapes",
     ]
+
+
+def test_only_what_serving_reads_goes_into_the_archive(tiny_bert, tmp_path, capsys):
+    """A Hub snapshot's ONNX, OpenVINO, TF, pickle and README leftovers stay out; the output lists both."""
+    import shutil
+
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(tiny_bert, snapshot)
+    leftovers = ["onnx/model.onnx", "openvino/openvino_model.bin", "tf_model.h5", "pytorch_model.bin", "README.md"]
+    for name in leftovers + ["2_Normalize/.keep"]:
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).write_bytes(b"x")
+    modules = json.loads((snapshot / "modules.json").read_text())
+    (snapshot / "modules.json").write_text(json.dumps(modules + [{"path": "2_Normalize", "type": "x.Normalize"}]))
+    archive = build(snapshot, "embedding", "tiny", tmp_path / "store", {"handler": {"dtype": "float32"}})
+    with zipfile.ZipFile(archive) as mar:
+        model_files = {name for name in mar.namelist() if not name.startswith(("handlers/", "MAR-INF/"))}
+    assert model_files == {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "modules.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+        "model-config.yaml",
+        "embedding.py",
+    }
+    printed = capsys.readouterr().out
+    assert f"{archive} (" in printed and "model.safetensors" in printed and "handlers/ (" in printed
+    assert all(name in printed for name in leftovers)
