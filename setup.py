@@ -4,8 +4,10 @@ setup(
     name="ts-compiled-handlers",
     version="0.1.0",
     description="TorchServe handlers that serve HuggingFace transformers compiled, bucketed and warmed",
-    packages=["handlers"],
+    # scripts: the tools behind the `hfserve` command (build, serve, plan, benchmark, load test).
+    packages=["handlers", "scripts"],
     package_data={"handlers": ["metrics.yaml"]},
+    entry_points={"console_scripts": ["hfserve = scripts.cli:main"]},
     python_requires=">=3.10",
     # torch>=2.6 is met by the pinned CPU build the install script puts in first.
     install_requires=[

@@ -42,6 +42,7 @@ from handlers.classification import ClassificationHandler  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
 from handlers.token_classification import TokenClassificationHandler  # noqa: E402
 from scripts import measure  # noqa: E402
+from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make  # noqa: E402
 
 TINY = {
@@ -172,18 +173,22 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=["minilm"])
-    parser.add_argument("--modes", nargs="+", choices=handler_config.MODES, default=["default"])
-    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32"])
-    parser.add_argument("--strategies", nargs="+", choices=handler_config.DYNAMIC, default=["all"])
-    parser.add_argument("--scopes", nargs="+", choices=("whole", "regional"), default=["whole"])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["minilm"], help="models to measure")
+    parser.add_argument("--modes", nargs="+", choices=handler_config.MODES, default=["default"], help="compile modes")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32"], help="dtypes to measure")
+    parser.add_argument(
+        "--strategies", nargs="+", choices=handler_config.DYNAMIC, default=["all"], help="shape strategies"
+    )
+    parser.add_argument(
+        "--scopes", nargs="+", choices=("whole", "regional"), default=["whole"], help="whole-model or regional compile"
+    )
     parser.add_argument("--seq-lens", nargs="+", type=int, help="length buckets (default: the handler's)")
     parser.add_argument("--batch-sizes", nargs="+", type=int, help="batch buckets (default: the handler's)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per bucket and contender")
     parser.add_argument("--iterations", type=int, default=50, help="timed calls per bucket and contender")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny embedding model, 2x2 grid, 10 calls")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark.json", help="where the JSON goes")
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.seq_lens, args.batch_sizes = ["tiny-embedding"], [16, 32], [1, 4]

@@ -1,7 +1,7 @@
 """Build a self-contained .mar: model files, tokenizer, our `handlers` package, model-config.yaml.
 
-    python scripts/build_mar.py --model DIR --task embedding --name minilm [--config extra.yaml] [--plan plan.json]
-                                [--precompile]
+    hfserve build --model DIR --task embedding --model-name minilm [--config extra.yaml] [--plan plan.json]
+                  [--precompile] [--version 2.0] [--export-path DIR] [--force] [--handler my_handler.py]
 
 The archive registers on any TorchServe whose Python has torch and transformers. Model folders
 without safetensors weights, or whose config asks for remote code, are refused.
@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from handlers import buckets  # noqa: E402
 from handlers.config import TASKS, parse  # noqa: E402
+from scripts.cli import HelpFormatter, UserError  # noqa: E402
 
 HANDLER_FILES = {
     "embedding": "embedding.py",
@@ -259,20 +260,28 @@ def build(
 
 
 def main(argv=None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="HF model folder (save_pretrained output)")
     parser.add_argument("--task", choices=TASKS, default="embedding", help="which handler serves the model")
-    parser.add_argument("--name", required=True, help="model name: the archive is NAME.mar")
-    parser.add_argument("--config", type=Path, help="YAML merged over the default model-config.yaml")
-    parser.add_argument("--plan", type=Path, help="length buckets chosen by scripts/plan_buckets.py (JSON)")
+    parser.add_argument("--model-name", "--name", dest="name", required=True, help="the archive is NAME.mar")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="YAML merged over our default model-config.yaml (torch-model-archiver's --config-file replaces it)",
+    )
+    parser.add_argument("--plan", type=Path, help="length buckets chosen by `hfserve plan` (JSON)")
     parser.add_argument("--precompile", action="store_true", help="compile now and pack the cache into the .mar")
     parser.add_argument("--version", default="1.0", help="model version (register several, then set-default)")
     parser.add_argument("--export-path", type=Path, default=ROOT / "model_store", help="where the .mar goes")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing NAME.mar in --export-path")
     parser.add_argument(
         "--handler", type=Path, help="your subclass of the task's handler (one class in its own file) to serve instead"
     )
     args = parser.parse_args(argv)
-    extra = yaml.safe_load(args.config.read_text()) if args.config else {}
+    target = args.export_path / f"{args.name}.mar"
+    if target.exists() and not args.force:
+        raise UserError(f"{target} exists; pass --force to overwrite it, or another --model-name")
+    extra = read_config(args.config) if args.config else {}
     if args.plan:
         seq_lens = json.loads(args.plan.read_text())["seq_lens"]
         extra = merge(extra, {"handler": {"buckets": {"seq_lens": seq_lens}}})
@@ -287,11 +296,22 @@ def main(argv=None) -> Path:
             precompile=args.precompile,
             version=args.version,
         )
-    except BuildError as error:
-        parser.exit(2, f"build_mar: {error}\n")
-    print(archive)
+    except (BuildError, ValueError) as error:  # ValueError: the config's own check, naming key and value
+        raise UserError(str(error)) from None
     return archive
 
 
+def read_config(path: Path) -> dict:
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise UserError(f"{path} is not valid YAML: {' '.join(str(error).split())}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} must hold a YAML mapping (model-config.yaml keys), not {type(config).__name__}")
+    return config
+
+
 if __name__ == "__main__":
-    main()
+    from scripts.cli import main as hfserve
+
+    hfserve(["build", *sys.argv[1:]])

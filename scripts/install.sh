@@ -1,20 +1,44 @@
 #!/usr/bin/env bash
-# Create or reuse the virtual environment, install the pinned CPU torch first (a plain `torch`
-# would pull a multi-GB CUDA build), then this package with its test extra, and make sure Java 17+
-# is there for TorchServe.
+# Create or reuse the virtual environment, install torch first (a plain `torch` would pull a
+# multi-GB CUDA build where a CPU one is wanted), then this package with its test extra, and make
+# sure Java 17+ is there for TorchServe.
+#
+#   TORCH_SPEC       which torch to install first (default torch==2.13.0: the CPU build this
+#                    project is tested with); e.g. torch==2.13.0 with TORCH_INDEX_URL for a CUDA build
+#   TORCH_INDEX_URL  the package index to take torch from (default: pip's own configuration);
+#                    PyTorch's wheel index for your CUDA version gives a CUDA build
+#   VENV             where the environment goes (default .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
+
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ]; then
+  install_java="apt-get update -q && apt-get install -y -q openjdk-17-jre-headless"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "TorchServe needs Java 17 or newer, and this machine has none. Install it as root, e.g.:" >&2
+    echo "  sudo sh -c '$install_java'" >&2
+    echo "(or your system's JDK 17+ package), then run this script again." >&2
+    exit 1
+  fi
+  if ! command -v apt-get >/dev/null; then
+    echo "TorchServe needs Java 17 or newer; install your system's JDK 17+ package, then run this again." >&2
+    exit 1
+  fi
+  echo "Java 17 not found: installing openjdk-17-jre-headless" >&2
+  sh -c "$install_java"
+fi
+
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q torch==2.13.0
+if [ -n "$TORCH_INDEX_URL" ]; then
+  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
+else
+  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+fi
 "$VENV/bin/python" -m pip install -q -e ".[test]"
 # The KServe and Kubernetes API models, read as source by scripts/validate_manifests.py; without
 # their (heavy, server-side) dependencies, which the check does not need.
 "$VENV/bin/python" -m pip install -q --no-deps kserve==0.21.0 kubernetes==37.0.2
-
-java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
-if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ]; then
-  echo "Java 17 not found: installing openjdk-17-jre-headless" >&2
-  apt-get update -q && apt-get install -y -q openjdk-17-jre-headless
-fi
 echo "environment ready: $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'), java $(java_major))"

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from handlers.buckets import seq_bucket  # noqa: E402
 from handlers.config import BucketConfig  # noqa: E402
 from handlers.length_stats import read_histograms  # noqa: E402
+from scripts.cli import HelpFormatter  # noqa: E402
 
 
 def aligned(length: int, align: int, max_len: int) -> int:
@@ -101,7 +102,7 @@ def compare(histogram: dict[int, int], plans: dict[str, tuple[int, ...]]) -> lis
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--lengths", type=Path, help="a file of lengths or a histogram (see above)")
     parser.add_argument("--log", type=Path, help="a TorchServe model_log.log with LengthHistogram lines")
     parser.add_argument("--model", help="with --log: the model whose histogram to read")

@@ -1,13 +1,15 @@
 """Start and stop TorchServe with our config.properties, and manage its models with its tokens.
 
-    python scripts/serve.py start                    # loopback ports 8080-8082, model_store/
-    python scripts/serve.py register minilm.mar --batch-size 8 --max-batch-delay 5 --workers 1
-    python scripts/serve.py list                     # registered models
-    python scripts/serve.py describe minilm          # versions, workers (pid, status), batch settings, queue
-    python scripts/serve.py scale minilm --workers 2 # up or down; returns when the new workers are warm
-    python scripts/serve.py set-default minilm 2.0   # which version /predictions/minilm answers
-    python scripts/serve.py unregister minilm [1.0]
-    python scripts/serve.py stop
+    hfserve start                      # loopback ports 8080-8082 (or --inference-port ...), model_store/
+    hfserve register minilm.mar --batch-size 8 --max-batch-delay 5 --workers 1
+    hfserve list                       # registered models
+    hfserve describe minilm            # versions, workers (pid, status), batch settings, queue
+    hfserve scale minilm --workers 2   # up or down; returns when the new workers are warm
+    hfserve set-default minilm 2.0     # which version /predictions/minilm answers
+    hfserve unregister minilm [1.0]
+    hfserve stop
+
+(`python scripts/serve.py COMMAND ...` is the same.)
 
 Each server gets its own working directory (key_file.json, ports.json, logs, TMPDIR with
 TorchServe's pid file), so tests can run several side by side and stop exactly the one they
@@ -27,6 +29,10 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.cli import HelpFormatter, UserError  # noqa: E402
+
 DEFAULT_PORTS = {  # the repository's config.properties: TorchServe's usual ports
     "INFERENCE_PORT": 8080,
     "MANAGEMENT_PORT": 8081,
@@ -70,8 +76,9 @@ def with_settings(text: str, settings: dict[str, str]) -> str:
     return "\n".join(lines + [f"{key}={settings[key]}" for key in sorted(missing)]) + "\n"
 
 
-def render_config(model_store: Path, ports: dict[str, int]) -> str:
-    """The repository's config.properties for a server run from another folder: absolute paths, `ports`."""
+def render_config(model_store: Path, ports: dict[str, int], base: Path | None = None) -> str:
+    """The repository's config.properties (or `base`) for a server run from another folder: absolute
+    paths, `ports`; every other setting kept."""
     store = model_store.resolve()
     settings = {
         **port_settings(ports),
@@ -79,7 +86,7 @@ def render_config(model_store: Path, ports: dict[str, int]) -> str:
         "allowed_urls": f"file://{store}/.*",
         "metrics_config": str(ROOT / "handlers" / "metrics.yaml"),
     }
-    return with_settings((ROOT / "config.properties").read_text(), settings)
+    return with_settings((base or ROOT / "config.properties").read_text(), settings)
 
 
 # A worker's log lines that say why its initialize failed: our handler's policy line, exceptions.
@@ -135,12 +142,12 @@ class TorchServe:
             time.sleep(1)
         raise TimeoutError(f"models {names} not ready within {timeout}s; see {self.workdir / 'logs'}")
 
-    def start(self, timeout: float = 120, config_text: str | None = None) -> None:
+    def start(self, timeout: float = 120, config_text: str | None = None, base_config: Path | None = None) -> None:
         """Start with our config.properties, or with `config_text` (another profile: then return once
         TorchServe answers /ping at all, since its models may still be warming up)."""
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.properties"
-        config.write_text(config_text or render_config(self.model_store, self.ports))
+        config.write_text(config_text or render_config(self.model_store, self.ports, base_config))
         recorded = {"ports": self.ports, "model_store": str(self.model_store)}
         (self.workdir / "ports.json").write_text(json.dumps(recorded))
         self.run("--start", "--ncs", "--ts-config", str(config), "--model-store", str(self.model_store))
@@ -246,43 +253,79 @@ class TorchServe:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "server", help="server working directory")
-    commands = parser.add_subparsers(dest="command", required=True)
-    start = commands.add_parser("start", help="start TorchServe on loopback with config.properties")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    workdir = ROOT / "runs" / "server"
+    parser.add_argument("--workdir", type=Path, default=workdir, help="the server's working directory")
+    common = argparse.ArgumentParser(add_help=False)  # --workdir after the command too (the newer spelling)
+    text = f"the server's working directory (default: {workdir})"
+    common.add_argument("--workdir", type=Path, default=argparse.SUPPRESS, help=text)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
+
+    start = command("start", "start TorchServe on loopback with a copy of config.properties (absolute paths, ports)")
     start.add_argument("--model-store", type=Path, default=ROOT / "model_store", help="folder of .mar archives")
-    commands.add_parser("stop", help="stop the server of --workdir")
-    register = commands.add_parser("register", help="register an archive; returns when its workers are warm")
+    start.add_argument("--ts-config", type=Path, default=ROOT / "config.properties", help="the config to start from")
+    for key, port in DEFAULT_PORTS.items():
+        start.add_argument(f"--{key.lower().replace('_', '-')}", type=int, default=port, help="loopback port")
+    command("stop", "stop the server of --workdir")
+    register = command("register", "register an archive of the model store; returns when its workers are warm")
     register.add_argument("archive", help="a .mar file in the model store")
     register.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size")
     register.add_argument("--max-batch-delay", type=int, default=5, help="ms to wait to fill a batch")
     register.add_argument("--workers", type=int, default=1, help="initial workers")
-    commands.add_parser("list", help="registered models")
-    for command, text in (("describe", "versions, workers, batch settings, queue"), ("unregister", "remove")):
-        sub = commands.add_parser(command, help=text)
+    command("list", "registered models")
+    for name, text in (("describe", "versions, workers, batch settings, queue"), ("unregister", "remove")):
+        sub = command(name, text)
         sub.add_argument("name")
         sub.add_argument("version", nargs="?", help="default: the default version")
-    scale = commands.add_parser("scale", help="set the number of workers; returns when new workers are warm")
+    scale = command("scale", "set the number of workers; returns when new workers are warm")
     scale.add_argument("name")
     scale.add_argument("--workers", type=int, required=True, help="workers to run (min = max)")
     scale.add_argument("--version", help="default: the default version")
-    default = commands.add_parser("set-default", help="the version that /predictions/NAME answers")
+    default = command("set-default", "the version that /predictions/NAME answers")
     default.add_argument("name")
     default.add_argument("version")
     return parser.parse_args(argv)
 
 
+def start(args) -> TorchServe:
+    ports = {key: getattr(args, key.lower()) for key in DEFAULT_PORTS}
+    for key, port in ports.items():
+        if busy(port):
+            option = "--" + key.lower().replace("_", "-")
+            raise UserError(f"port {port} ({option}) is in use: stop what holds it, or pass {option} with a free port")
+    if not args.ts_config.is_file():
+        raise UserError(f"no config file {args.ts_config}")
+    server = TorchServe(args.workdir, args.model_store, ports)
+    server.start(base_config=args.ts_config)
+    print(f"TorchServe on {server.inference_url}; tokens in {server.key_file()}")
+    return server
+
+
+def busy(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def register(server: TorchServe, args) -> dict:
+    if "://" not in args.archive and not (server.model_store / args.archive).is_file():
+        raise UserError(f"{args.archive} is not in the model store {server.model_store}; build it with hfserve build")
+    return server.register(args.archive, args.batch_size, args.max_batch_delay, args.workers)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.command == "start":
-        server = TorchServe(args.workdir, args.model_store)
-        server.start()
-        print(f"TorchServe on {server.inference_url}; tokens in {server.key_file()}")
+        start(args)
         return
+    if not (args.workdir / "ports.json").is_file():
+        raise UserError(f"no server was started from {args.workdir}; run hfserve start (or pass its --workdir)")
     server = TorchServe.attach(args.workdir)
     calls = {
         "stop": server.stop,
-        "register": lambda: server.register(args.archive, args.batch_size, args.max_batch_delay, args.workers),
+        "register": lambda: register(server, args),
         "list": server.list_models,
         "describe": lambda: server.describe(args.name, args.version),
         "scale": lambda: server.scale(args.name, args.workers, args.version),
@@ -292,10 +335,14 @@ def main(argv=None) -> None:
     try:
         result = calls[args.command]()
     except ManagementError as error:
-        sys.exit(f"serve.py {args.command}: {error}")
+        raise UserError(
+            str(error).splitlines()[0] + "".join(f"; {line}" for line in str(error).splitlines()[1:3])
+        ) from None
     if result is not None:
         print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    from scripts.cli import main as cli_main
+
+    cli_main(sys.argv[1:])

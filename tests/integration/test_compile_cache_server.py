@@ -11,7 +11,8 @@ import yaml
 
 from handlers.compile_cache import ROOT_ENV
 from scripts.build_mar import STARTUP_FLOOR_SECONDS, build
-from scripts.serve import ManagementError, TorchServe, main
+from scripts.cli import main as hfserve
+from scripts.serve import ManagementError, TorchServe
 
 pytestmark = pytest.mark.integration
 
@@ -84,9 +85,9 @@ def test_four_workers_started_at_once_compile_once_and_share_it(server, attempt)
     assert server.predict(name, {"inputs": ["a", "b c"]}).status_code == 200
 
 
-def cli(server, capsys, *argv) -> dict | list:
-    """scripts/serve.py's command line against this server, its printed JSON parsed."""
-    main(["--workdir", str(server.workdir), *argv])
+def cli(server, capsys, command, *argv) -> dict | list:
+    """`hfserve COMMAND --workdir DIR ...` against this server, its printed JSON parsed."""
+    hfserve([command, "--workdir", str(server.workdir), *argv])
     return json.loads(capsys.readouterr().out)
 
 

@@ -8,7 +8,6 @@ handlers/metrics.yaml), with the ports moved only if TorchServe's usual ones are
 
 import re
 import shutil
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 from scripts.build_mar import build
-from scripts.serve import DEFAULT_PORTS, TorchServe, free_ports, port_settings, with_settings
+from scripts.serve import DEFAULT_PORTS, TorchServe, busy, free_ports, port_settings, with_settings
 
 pytestmark = pytest.mark.integration
 
@@ -30,11 +29,6 @@ TEXTS = [
 # (model name, extra model-config, minimum cosine to sentence-transformers' float32 encode)
 BATCHING = {"batchSize": 8, "maxBatchDelay": 20}
 MODELS = [("minilm32", {**BATCHING, "handler": {"dtype": "float32"}}, 0.9999), ("minilm", BATCHING, 0.999)]
-
-
-def busy(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture(scope="module")

@@ -124,11 +124,11 @@ def test_the_readme_has_examples_with_outputs_for_every_task():
 
 @pytest.mark.parametrize("command, expected", curl_examples(), ids=lambda value: str(value)[:60])
 def test_a_readme_curl_example_runs_and_answers_as_shown(server, readme_cwd, command, expected):
-    key = server.key("inference")
+    keys = {"KEY": server.key("inference"), "MKEY": server.key("management")}
     result = subprocess.run(
         ["bash", "-c", pointed_at(command, server)],
         cwd=readme_cwd,
-        env={"KEY": key, "PATH": "/usr/bin:/bin"},
+        env={**keys, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,0 +1,96 @@
+"""`hfserve`: the one command for what a user does with these handlers.
+
+    hfserve build --model DIR --task embedding --model-name minilm   # -> model_store/minilm.mar
+    hfserve start                      # TorchServe on loopback with config.properties, runs/server
+    hfserve register minilm.mar        # returns when the worker is warm
+    hfserve list | describe NAME | scale NAME --workers N | set-default NAME VERSION | unregister NAME
+    hfserve stop
+    hfserve plan --log runs/server/logs/model_log.log --model minilm   # length buckets for your traffic
+    hfserve benchmark | loadtest       # compiled vs eager per bucket; ours vs stock TorchServe handlers
+
+`hfserve COMMAND --help` shows each command's flags with their defaults. Bad input (an unknown
+command, a missing archive, a busy port, a config file that does not parse, no server) gets one
+line on stderr and exit status 1 or 2, never a traceback.
+"""
+
+import argparse
+import importlib
+import sys
+
+import requests
+import yaml
+
+# command: (module, its own subcommand or None, what it does)
+COMMANDS = {
+    "build": ("scripts.build_mar", None, "build a .mar archive from a model folder"),
+    "start": ("scripts.serve", "start", "start TorchServe on loopback with the repository's config.properties"),
+    "stop": ("scripts.serve", "stop", "stop the server that start launched"),
+    "register": ("scripts.serve", "register", "register an archive of the model store; returns when warm"),
+    "list": ("scripts.serve", "list", "the registered models"),
+    "describe": ("scripts.serve", "describe", "a model's versions, workers, batch settings and queue"),
+    "scale": ("scripts.serve", "scale", "set a model's number of workers; returns when new ones are warm"),
+    "set-default": ("scripts.serve", "set-default", "the version that /predictions/NAME answers"),
+    "unregister": ("scripts.serve", "unregister", "remove a model or one of its versions"),
+    "plan": ("scripts.plan_buckets", None, "choose length buckets from your traffic's lengths"),
+    "benchmark": ("scripts.benchmark", None, "compiled vs eager per bucket, in process"),
+    "loadtest": ("scripts.loadtest", None, "ours vs stock TorchServe handlers on the same traffic"),
+}
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Module docstrings as written, and every flag's default in --help (those that have one)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        no_default = action.default in (None, False, argparse.SUPPRESS) or action.option_strings == []
+        return text if no_default or "(default" in text else f"{text} (default: {action.default})"
+
+
+class UserError(Exception):
+    """Bad input from the user: reported in one line, without a traceback."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    commands = "\n".join(f"  {name:<12} {what}" for name, (_, _, what) in COMMANDS.items())
+    top = OneLineParser(
+        prog="hfserve",
+        description=__doc__,
+        epilog=f"commands:\n{commands}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_argument("command", metavar="COMMAND", help="one of the commands below")
+    top.add_argument("args", nargs=argparse.REMAINDER, help="the command's own flags (hfserve COMMAND --help)")
+    return top
+
+
+def main(argv=None) -> None:
+    top = parser()
+    args = top.parse_args(argv)
+    if args.command not in COMMANDS:
+        top.error(f"unknown command {args.command!r}; commands: {', '.join(COMMANDS)}")
+    module_name, subcommand, _ = COMMANDS[args.command]
+    sys.argv[0] = f"hfserve {args.command}" if subcommand is None else "hfserve"  # argparse's usage line
+    forwarded = ([subcommand] if subcommand else []) + args.args
+    try:
+        importlib.import_module(module_name).main(forwarded)
+    except (UserError, FileNotFoundError, yaml.YAMLError, requests.ConnectionError) as error:
+        sys.exit(f"hfserve {args.command}: error: {one_line(error)}")
+
+
+def one_line(error: BaseException) -> str:
+    if isinstance(error, requests.ConnectionError):
+        return "no TorchServe answers at that address; start one with `hfserve start`"
+    if isinstance(error, yaml.YAMLError):
+        return f"the config file is not valid YAML: {' '.join(str(error).split())}"
+    if isinstance(error, FileNotFoundError):
+        return f"no such file: {error.filename}"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+if __name__ == "__main__":
+    main()

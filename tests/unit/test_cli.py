@@ -1,0 +1,84 @@
+"""The installed `hfserve` command: its commands are there, and bad input gets one line, never a traceback."""
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HFSERVE = Path(sys.executable).parent / "hfserve"
+
+
+def hfserve(*argv, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HFSERVE), *argv], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert fragment in lines[0], lines[0]
+
+
+def test_help_lists_every_command_and_each_command_shows_its_defaults():
+    result = hfserve("--help")
+    assert result.returncode == 0
+    for command in ("build", "start", "stop", "register", "list", "describe", "scale", "unregister", "plan"):
+        assert f"\n  {command} " in result.stdout, command
+    assert "(default: 8080)" in hfserve("start", "--help").stdout
+    assert "(default: 1.0)" in hfserve("build", "--help").stdout
+
+
+def test_an_unknown_command_is_one_line():
+    assert_one_line_error(hfserve("serve-all-the-things"), "unknown command 'serve-all-the-things'")
+
+
+def test_a_config_file_that_does_not_parse_is_one_line(tiny_bert, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("handler: {dtype: [unclosed\n")
+    result = hfserve(
+        "build", "--model", str(tiny_bert), "--model-name", "x", "--config", str(bad), "--export-path", str(tmp_path)
+    )
+    assert_one_line_error(result, "is not valid YAML")
+
+
+def test_a_bad_config_value_is_one_line_naming_it(tiny_bert, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("handler: {dtype: int8}\n")
+    result = hfserve(
+        "build", "--model", str(tiny_bert), "--model-name", "x", "--config", str(bad), "--export-path", str(tmp_path)
+    )
+    assert_one_line_error(result, "handler.dtype='int8'")
+
+
+def test_an_existing_archive_is_not_overwritten_without_force(tmp_path, tiny_bert):
+    (tmp_path / "minilm.mar").write_bytes(b"an earlier version")
+    result = hfserve("build", "--model", str(tiny_bert), "--name", "minilm", "--export-path", str(tmp_path))
+    assert_one_line_error(result, "pass --force")
+    assert (tmp_path / "minilm.mar").read_bytes() == b"an earlier version"
+
+
+def test_a_busy_port_is_one_line_naming_the_flag(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = hfserve("start", "--workdir", str(tmp_path), "--inference-port", str(port))
+    assert_one_line_error(result, f"port {port} (--inference-port) is in use")
+
+
+@pytest.mark.parametrize("command", [["register", "missing.mar"], ["list"]])
+def test_a_missing_archive_or_server_is_one_line(tmp_path, command):
+    store = tmp_path / "store"
+    store.mkdir()
+    ports = {"INFERENCE_PORT": 1, "MANAGEMENT_PORT": 1, "METRICS_PORT": 1}
+    (tmp_path / "ports.json").write_text(json.dumps({"ports": ports, "model_store": str(store)}))
+    result = hfserve(command[0], "--workdir", str(tmp_path), *command[1:])
+    expected = "missing.mar is not in the model store" if command[0] == "register" else "no TorchServe answers"
+    assert_one_line_error(result, expected)
+
+
+def test_a_command_without_a_started_server_is_one_line(tmp_path):
+    assert_one_line_error(hfserve("describe", "minilm", "--workdir", str(tmp_path)), "no server was started")
