@@ -81,9 +81,9 @@ class CompiledHandler(BaseHandler):
         started = time.perf_counter()
         self.context = context
         self.config: HandlerConfig = parse(context.model_yaml_config)
-        self.worker = hardware.configure_worker(self.config.threads, self.config.workers)
-        self.device = self._device(context.system_properties.get("gpu_id"))
         model_dir = Path(context.system_properties["model_dir"])
+        self.worker = hardware.configure_worker(self.config.threads, self.config.workers, model_dir)
+        self.device = self._device(context.system_properties.get("gpu_id"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
         if not self.tokenizer.is_fast:
             raise ValueError(f"{model_dir} has no fast tokenizer (tokenizer.json); offsets and speed need one")
@@ -114,6 +114,7 @@ class CompiledHandler(BaseHandler):
     def handle(self, data, context):
         """Answers for a batch, one per request in order; a request's failure is its own answer."""
         self.context = context
+        self.worker.refresh()  # workers may have come or gone: re-share the cores
         try:
             answers = self.postprocess(self.inference(self.preprocess(data)))
         except Exception as error:  # a defect past every per-request boundary: still answer everyone
@@ -254,9 +255,7 @@ class CompiledHandler(BaseHandler):
         root = compile_cache.default_root() if option == "auto" else None if option == "off" else Path(option)
         if not self.config.compile.enable or root is None:
             return contextlib.nullcontext(None)
-        valid_for = compile_cache.manifest(
-            HARDWARE, self.dtype, self.worker.threads, self.plan, self.model.options, model_dir
-        )
+        valid_for = compile_cache.manifest(HARDWARE, self.dtype, self.plan, self.model.options, model_dir)
         self.host_cache = compile_cache.HostCache(root, valid_for)
         return self.host_cache.lease(model_dir / compile_cache.PACKED_DIR)
 
@@ -311,7 +310,8 @@ class CompiledHandler(BaseHandler):
         emit(self.context, "CompileFallback", int(self.config.compile.enable and not self.model.is_compiled), "Count")
         logger.info(
             "Ready in %.1fs: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, lengths %s x batches "
-            "%s, %d graphs, first pass over the grid %.1fs, warm-up %.1fs, %d threads, compile cache: %s",
+            "%s, %d graphs, first pass over the grid %.1fs, warm-up %.1fs, %d threads (%d live workers), "
+            "compile cache: %s",
             seconds,
             HARDWARE.device_name,
             sorted(HARDWARE.cpu_flags),
@@ -326,6 +326,7 @@ class CompiledHandler(BaseHandler):
             report.compile_seconds,
             report.warmup_seconds,
             self.worker.threads,
+            self.worker.workers,
             CACHE_SOURCES[self.cache_source],
         )
 

@@ -78,8 +78,10 @@ def handlers_digest() -> str:
     return digest.hexdigest()
 
 
-def manifest(hardware, dtype: torch.dtype, threads: int, plan, compile_options, model_dir: Path) -> dict:
-    """Everything a compiled kernel depends on; a cache is used only where all of it matches."""
+def manifest(hardware, dtype: torch.dtype, plan, compile_options, model_dir: Path) -> dict:
+    """Everything a compiled kernel depends on; a cache is used only where all of it matches. Not the
+    thread count: kernels read it at run time (inductor's cpp.dynamic_threads, handlers/hardware.py),
+    so a worker started by a scale-up, with fewer threads, still loads the cache."""
     return {
         "format": FORMAT,
         "torch": torch.__version__,
@@ -88,7 +90,7 @@ def manifest(hardware, dtype: torch.dtype, threads: int, plan, compile_options, 
         "cuda_capability": list(hardware.cuda_capability) if hardware.cuda_capability else None,
         "cpu_flags": sorted(read_cpu_flags(wanted=CPU_VECTOR_FLAGS)),
         "dtype": str(dtype).removeprefix("torch."),
-        "threads": threads,
+        "dynamic_threads": True,
         "buckets": {"seq_lens": list(plan.seq_lens), "batch_sizes": list(plan.batch_sizes)},
         "compile": {
             name: getattr(compile_options, name) for name in ("backend", "mode", "fullgraph", "dynamic", "regional")

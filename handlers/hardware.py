@@ -1,8 +1,7 @@
 """What the machine can do, and the process-wide torch settings that follow from it.
 
 `detect()` runs once per process at handler import (it is cached, so every handler module can call
-it); `configure_worker()` runs in `initialize`, once the model config says how many workers share
-the cores.
+it); `configure_worker()` runs in `initialize` and shares the cores among the model's live workers.
 """
 
 import dataclasses
@@ -12,6 +11,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from handlers.worker_threads import LiveWorkers, ThreadShare
 
 logger = logging.getLogger(__name__)
 
@@ -48,16 +49,6 @@ class Hardware:
         if self.device == "cuda":
             return torch.float16
         return torch.float32
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSettings:
-    """What `configure_worker` set for this worker process."""
-
-    threads: int
-    cores: int
-    workers: int
-    fx_graph_cache: bool
 
 
 def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), wanted=CPU_MATRIX_FLAGS) -> frozenset[str]:
@@ -103,23 +94,31 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def configure_worker(threads: int | None, workers: int) -> WorkerSettings:
-    """Turn the inductor FX graph cache on and give each worker its share of the cores.
+def configure_worker(threads: int | None, min_workers: int, model_dir: Path | None) -> ThreadShare:
+    """Turn the inductor FX graph cache on and give this worker its share of the cores.
 
     One thread instead of two halved MiniLM throughput for a single worker on 2 cores, so the
-    default divides the cores by the workers instead of pinning everyone to one thread.
+    default divides the cores by the live workers of the model (at least `min_workers`, which start
+    together) instead of pinning everyone to one thread, and follows that count as it changes.
     """
     import torch._inductor.config as inductor_config
 
     inductor_config.fx_graph_cache = True
-    # Inductor precompiles a C++ header (a 150 MB .gch in the temp dir, ~10 s on 2 cores) before it
-    # even looks for a cached kernel, so with it a worker whose kernels all come from the cache
-    # still paid that at every fresh host. Measured on MiniLM: without it a cold compile is no
-    # slower (44 s vs 46 s) and a start from the packed cache skips the header entirely.
+    # Inductor precompiles a C++ header (a 150 MB .gch in the temp dir) before it even looks for a
+    # cached kernel, so with it a worker whose kernels all come from the cache still paid that at
+    # every fresh host; without it a cold compile is no slower (README, "Cold start").
     inductor_config.cpp_cache_precompile_headers = False
-    cores = usable_cores()
-    chosen = threads if threads is not None else max(1, cores // max(1, workers))
-    torch.set_num_threads(chosen)
-    settings = WorkerSettings(chosen, cores, workers, inductor_config.fx_graph_cache)
-    logger.info("Worker settings: %s", settings)
-    return settings
+    # Compiled CPU kernels read the thread count when they run instead of baking it in at compile
+    # time, so a worker's share of the cores can change as workers come and go (its cost per call:
+    # scripts/benchmark_threads.py, README "Tuning").
+    inductor_config.cpp.dynamic_threads = True
+    live = LiveWorkers(model_dir) if model_dir is not None else None
+    share = ThreadShare(live, usable_cores(), threads, min_workers)
+    logger.info(
+        "Worker settings: %d threads, %d cores, %d workers, fx_graph_cache=%s",
+        share.threads,
+        share.cores,
+        share.workers,
+        inductor_config.fx_graph_cache,
+    )
+    return share

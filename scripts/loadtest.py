@@ -11,8 +11,9 @@ each batch padded to its longest text: benchmarks/longest_handler.py) and `stock
 generalized transformers handler: every request padded to max_length, pt2 compile, no warm-up:
 benchmarks/stock_handler.py).
 
-    python scripts/loadtest.py                  # MiniLM, all contenders, 16 clients x 60 s each
-    python scripts/loadtest.py --quick          # CI smoke: tiny random model, 4 clients x 3 s each
+    hfserve loadtest                  # MiniLM, all contenders, 16 clients x 60 s each
+    hfserve loadtest --quick          # CI smoke: tiny random model, 4 clients x 3 s each
+    hfserve loadtest --contenders ours-auto --workers 1 2 --rounds 3   # 1 vs 2 workers, alternating
 
 Prints a table, writes runs/loadtest.json, runs/loadtest_latency.png, runs/loadtest_throughput.png
 and keeps the server logs in runs/loadtest_logs/ (plan_buckets.py --log reads them).
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts import build_mar, measure  # noqa: E402
+from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
 from scripts.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
 
@@ -127,10 +129,10 @@ def gauge(metrics_text: str, name: str, model: str) -> float | None:
     return float(found[-1]) if found else None
 
 
-def run_contender(server: TorchServe, name: str, texts, probe: list[str], args) -> dict:
-    """Register, time the first answer, drive the traffic, read the metrics, unregister."""
+def run_contender(server: TorchServe, name: str, texts, probe: list[str], args, workers: int = 1, label=None) -> dict:
+    """Register with `workers` workers, time the first answer, drive the traffic, read the metrics, unregister."""
     began = time.perf_counter()
-    server.register(f"{name}.mar", batch_size=args.batch_size, max_batch_delay=args.max_batch_delay, workers=1)
+    server.register(f"{name}.mar", batch_size=args.batch_size, max_batch_delay=args.max_batch_delay, workers=workers)
     registered = time.perf_counter() - began
     first = server.predict(name, probe[0], content_type="text/plain")
     first_answer = time.perf_counter() - began
@@ -139,7 +141,9 @@ def run_contender(server: TorchServe, name: str, texts, probe: list[str], args) 
     metrics = server.metrics()
     server.unregister(name)
     return {
-        "contender": name,
+        "contender": label or name,
+        "archive": name,
+        "workers": workers,
         "register_seconds": registered,
         "first_answer_seconds": first_answer if first.ok else None,
         "recompiles_after_ready": gauge(metrics, "RecompilesAfterReady", name),
@@ -204,13 +208,28 @@ def ratios(rows: list[dict]) -> list[dict]:
             )
     lost = sum(row["lost"] for row in rows)
     checks.append({"check": "lost requests, all contenders", "value": lost, "target": "0", "met": lost == 0})
+    return checks + worker_checks(rows)
+
+
+def worker_checks(rows: list[dict]) -> list[dict]:
+    """Per archive, each worker count's median steady req/s over the rounds against 1 worker's."""
+    medians: dict[tuple[str, int], float] = {}
+    for key in {(row["archive"], row["workers"]) for row in rows}:
+        values = sorted(row["steady_requests_per_second"] for row in rows if (row["archive"], row["workers"]) == key)
+        medians[key] = values[len(values) // 2]
+    checks = []
+    for (archive, workers), median in sorted(medians.items()):
+        if workers != 1 and (archive, 1) in medians:
+            ratio = median / medians[(archive, 1)]
+            name = f"{archive} {workers} workers / 1, median steady req/s"
+            checks.append({"check": name, "value": ratio, "target": ">= 0.95", "met": ratio >= 0.95})
     return checks
 
 
 def print_report(rows: list[dict], checks: list[dict], machine: str, args) -> None:
     print(f"{machine}; {args.clients} clients x {args.duration:g} s per contender, batch {args.batch_size}")
     print(
-        f"{'contender':<15}{'req/s':>8}{'steady':>8}{'tok/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+        f"{'contender':<22}{'req/s':>8}{'steady':>8}{'tok/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
         f"{'ok':>7}{'err':>5}{'lost':>5}{'first s':>9}{'recomp':>7}{'pad':>6}{'cos':>9}"
     )
     for row in rows:
@@ -219,7 +238,7 @@ def print_report(rows: list[dict], checks: list[dict], machine: str, args) -> No
         recompiles = "-" if row["recompiles_after_ready"] is None else f"{row['recompiles_after_ready']:.0f}"
         pad = "-" if row["padded_token_ratio"] is None else f"{row['padded_token_ratio']:.2f}"
         print(
-            f"{row['contender']:<15}{row['requests_per_second']:>8.1f}{row['steady_requests_per_second']:>8.1f}"
+            f"{row['contender']:<22}{row['requests_per_second']:>8.1f}{row['steady_requests_per_second']:>8.1f}"
             f"{row['steady_tokens_per_second']:>9.0f}"
             f"{latency['p50'] * 1e3:>9.1f}{latency['p90'] * 1e3:>9.1f}{latency['p99'] * 1e3:>9.1f}"
             f"{row['ok']:>7}{row['errors']:>5}{row['lost']:>5}{row['first_answer_seconds'] or 0:>9.1f}"
@@ -258,17 +277,19 @@ def plot(rows: list[dict], stem: Path) -> None:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", type=Path, help="HF model folder (default: the embedded MiniLM)")
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), help="who serves")
     parser.add_argument("--clients", type=int, default=16, help=f"concurrent clients (at most {MAX_CLIENTS})")
     parser.add_argument("--duration", type=float, default=60, help=f"seconds per contender (at most {MAX_DURATION})")
     parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size, every contender")
     parser.add_argument("--max-batch-delay", type=int, default=10, help="TorchServe max_batch_delay in ms")
     parser.add_argument("--max-length", type=int, default=256, help="longest request; the stock handler pads to it")
     parser.add_argument("--seed", type=int, default=0, help="seed of the traffic")
+    parser.add_argument("--workers", nargs="+", type=int, default=[1], help="workers per contender: each in turn")
+    parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, alternating")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 4 clients x 3 s")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "loadtest.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "loadtest.json", help="where the JSON goes")
     args = parser.parse_args(argv)
     if not (1 <= args.clients <= MAX_CLIENTS and 0 < args.duration <= MAX_DURATION):
         parser.error(f"--clients must be 1..{MAX_CLIENTS} and --duration 0..{MAX_DURATION} s")
@@ -298,7 +319,13 @@ def main(argv=None) -> dict:
         )
         server.start()
         try:
-            rows = [run_contender(server, name, texts, probe, args) for name in args.contenders]
+            rows = []
+            for round_ in range(1, args.rounds + 1):  # alternating: every contender once per round
+                for name in args.contenders:
+                    for workers in args.workers:
+                        label = name + (f" {workers}w" if len(args.workers) > 1 else "")
+                        label += f" r{round_}" if args.rounds > 1 else ""
+                        rows.append(run_contender(server, name, texts, probe, args, workers, label))
         finally:
             server.stop()
             # Kept for plan_buckets.py --log (the handler's LengthHistogram lines) and for debugging.

@@ -46,14 +46,22 @@ def test_a_matching_packed_cache_is_loaded_not_compiled(packed_model, empty_host
 
 
 def test_a_packed_cache_for_other_settings_is_refused_naming_the_field(packed_model, empty_host, caplog):
-    manifest = json.loads((packed_model / compile_cache.PACKED_DIR / compile_cache.MANIFEST_FILE).read_text())
-    packed_threads = manifest["valid_for"]["threads"]
     with caplog.at_level(logging.INFO):
-        handler = ready_handler(EmbeddingHandler, packed_model, threads=packed_threads + 1, **GRID)
+        handler = ready_handler(EmbeddingHandler, packed_model, **{**GRID, "dtype": "bfloat16"})
     assert handler.cache_source == "compiled"
     assert "Packed compile cache IGNORED" in caplog.text
-    assert f"threads: packed {packed_threads}, this worker {packed_threads + 1}" in caplog.text
+    assert "dtype: packed 'float32', this worker 'bfloat16'" in caplog.text
     assert "compile cache: miss, compiled here" in caplog.text
+
+
+def test_a_worker_with_another_thread_count_still_loads_the_packed_cache(packed_model, empty_host, caplog):
+    """A scale-up gives each worker fewer threads: its kernels read the count at run time, so it still hits."""
+    packed = json.loads((packed_model / compile_cache.PACKED_DIR / compile_cache.MANIFEST_FILE).read_text())
+    assert "threads" not in packed["valid_for"] and packed["valid_for"]["dynamic_threads"] is True
+    with caplog.at_level(logging.INFO):
+        handler = ready_handler(EmbeddingHandler, packed_model, threads=1, **GRID)
+    assert handler.worker.threads == 1 and handler.cache_source == "archive"
+    assert counters["inductor"]["fxgraph_cache_miss"] == 0
 
 
 def test_a_truncated_packed_cache_never_breaks_the_worker(packed_model, empty_host, tmp_path, caplog):

@@ -72,9 +72,8 @@ def test_threads_share_the_cores_between_workers(monkeypatch, cores, workers, th
     set_threads = []
     monkeypatch.setattr(hardware, "usable_cores", lambda: cores)
     monkeypatch.setattr(torch, "set_num_threads", set_threads.append)
-    settings = hardware.configure_worker(threads, workers)
+    settings = hardware.configure_worker(threads, workers, None)
     assert settings.threads == expected and set_threads == [expected]
-    assert settings.fx_graph_cache is True
     import torch._inductor.config as inductor_config
 
-    assert inductor_config.fx_graph_cache is True
+    assert inductor_config.fx_graph_cache is True and inductor_config.cpp.dynamic_threads is True

@@ -1,6 +1,6 @@
 import pytest
 
-from scripts.loadtest import Outcome, gauge, ratios, summarize_outcomes
+from scripts.loadtest import Outcome, gauge, ratios, summarize_outcomes, worker_checks
 
 METRICS = """# HELP RecompilesAfterReady Torchserve prometheus gauge metric with unit: Count
 # TYPE RecompilesAfterReady gauge
@@ -37,6 +37,8 @@ def test_ratios_check_the_targets_from_one_run():
     def row(name, rps, p50=0.1, p99=0.15, recompiles=0.0, lost=0):
         return {
             "contender": name,
+            "archive": name,
+            "workers": 1,
             "steady_requests_per_second": rps,
             "latency": {"p50": p50, "p99": p99},
             "recompiles_after_ready": recompiles,
@@ -49,3 +51,14 @@ def test_ratios_check_the_targets_from_one_run():
     assert checks["ours-float32 / eager-longest steady req/s"]["value"] == 1.5
     assert not checks["ours-float32 p99 / p50"]["met"]
     assert checks["lost requests, all contenders"]["met"]
+
+
+def test_more_workers_are_checked_by_their_median_over_rounds_against_one():
+    rows = [
+        {"archive": "ours-auto", "workers": workers, "steady_requests_per_second": rps}
+        for workers, rps in [(1, 50), (2, 49), (1, 60), (2, 10), (1, 40), (2, 48)]
+    ]
+    (check,) = worker_checks(rows)
+    assert check["check"] == "ours-auto 2 workers / 1, median steady req/s"
+    assert check["value"] == 48 / 50 and check["met"]
+    assert worker_checks(rows[:1]) == []

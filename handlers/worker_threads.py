@@ -1,0 +1,90 @@
+"""Threads per worker that follow the number of live workers of the model, however it is set.
+
+TorchServe never tells a backend how many workers its model has (`minWorkers` is only where it
+starts; `register --workers`, `scale` and restarts change it), so the workers of one model find
+each other: each holds an exclusive `flock` on a file of its own in a folder of the model's
+extracted archive, which all its workers share. A file whose lock can be taken belongs to a worker
+that is gone (the kernel drops the lock when a process dies, even by kill -9) and is removed.
+Each worker recounts at most once a second, before a batch, and re-applies `cores // workers`
+threads when the count changed. Compiled kernels follow the change because they are built with
+inductor's `cpp.dynamic_threads` (handlers/hardware.py).
+"""
+
+import fcntl
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FOLDER = ".live-workers"
+RECOUNT_SECONDS = 1.0
+_HELD = {}  # path -> open locked file: a process is one worker, however many handlers it builds
+
+
+class LiveWorkers:
+    """This worker's entry among the live workers of one model, and their count."""
+
+    def __init__(self, model_dir: Path):
+        self.folder = Path(model_dir) / FOLDER
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.path = self.folder / f"{os.getpid()}.worker"
+        if self.path not in _HELD:
+            lock = open(self.path, "w")  # held, and so locked, for this process's lifetime
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _HELD[self.path] = lock
+
+    def count(self) -> int:
+        """Live workers of the model, this one included; files of dead workers are removed."""
+        live = 0
+        for path in self.folder.glob("*.worker"):
+            if path == self.path or self._held(path):
+                live += 1
+        return live
+
+    @staticmethod
+    def _held(path: Path) -> bool:
+        try:
+            with open(path) as other:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except FileNotFoundError:
+            return False
+        path.unlink(missing_ok=True)  # its worker is gone: the lock was free
+        return False
+
+
+class ThreadShare:
+    """`cores // live workers` intra-op threads (at least 1), re-applied when the count changes."""
+
+    def __init__(self, live: LiveWorkers | None, cores: int, fixed: int | None = None, starting: int = 1):
+        self.live = live
+        self.cores = cores
+        self.fixed = fixed  # a `threads: N` from the config: kept whatever the worker count
+        # `starting` workers (minWorkers) start together: count them before all have registered.
+        self.workers = max(starting, live.count() if live is not None else 1)
+        self.threads = self._apply()
+        self.checked = time.monotonic()
+
+    def _apply(self) -> int:
+        threads = self.fixed or max(1, self.cores // max(1, self.workers))
+        torch.set_num_threads(threads)
+        return threads
+
+    def refresh(self) -> None:
+        """Recount the live workers (at most once a second) and re-apply the share if it changed."""
+        now = time.monotonic()
+        if self.fixed is not None or self.live is None or now - self.checked < RECOUNT_SECONDS:
+            return
+        self.checked = now
+        workers = self.live.count()
+        if workers != self.workers:
+            self.workers = workers
+            self.threads = self._apply()
+            logger.info(
+                "Threads: %d live workers of this model share %d cores: %d threads", workers, self.cores, self.threads
+            )

