@@ -1,5 +1,7 @@
 """One TorchServe with a tiny archive of every task, shared by the task and fuzz tests of the run."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from archives import SMALL_GRID, TASK_ARCHIVES
 
@@ -17,8 +19,9 @@ def task_server(tmp_path_factory, tiny_models):
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("task_torchserve"), store)
     torchserve.start()
     try:
-        for name in TASK_ARCHIVES:
-            torchserve.register(f"{name}.mar", batch_size=4, max_batch_delay=100, workers=1)
+        # All at once: their workers' start-ups (interpreter, imports, model load) overlap.
+        with ThreadPoolExecutor(len(TASK_ARCHIVES)) as pool:
+            list(pool.map(lambda name: torchserve.register(f"{name}.mar", 4, 100, 1), TASK_ARCHIVES))
         yield torchserve
     finally:
         torchserve.stop()
