@@ -310,7 +310,7 @@ class CompiledHandler(BaseHandler):
         emit(self.context, "CompileFallback", int(self.config.compile.enable and not self.model.is_compiled), "Count")
         logger.info(
             "Ready in %.1fs: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, lengths %s x batches "
-            "%s, %d graphs, first pass over the grid %.1fs, warm-up %.1fs, %d threads (%d live workers), "
+            "%s, %d graphs, first pass over the grid %.1fs, warm-up %.1fs, %d threads (live workers: %d), "
             "compile cache: %s",
             seconds,
             HARDWARE.device_name,

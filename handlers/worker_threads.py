@@ -86,5 +86,5 @@ class ThreadShare:
             self.workers = workers
             self.threads = self._apply()
             logger.info(
-                "Threads: %d live workers of this model share %d cores: %d threads", workers, self.cores, self.threads
+                "Threads re-shared: %d (live workers of this model: %d, cores: %d)", self.threads, workers, self.cores
             )

@@ -3,12 +3,14 @@
 import json
 import re
 import shutil
+import time
 import zipfile
 
 import pytest
 import requests
 import yaml
 
+from handlers import hardware
 from handlers.compile_cache import ROOT_ENV
 from scripts.build_mar import STARTUP_FLOOR_SECONDS, build
 from scripts.cli import main as hfserve
@@ -59,7 +61,8 @@ def test_a_precompiled_archive_carries_its_cache_and_a_measured_startup_timeout(
     assert "compile_cache/inductor-cache.tar.gz" in names
     valid_for = manifest["valid_for"]
     assert valid_for["dtype"] == "float32" and valid_for["buckets"] == {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
-    assert {"torch", "triton", "device", "cpu_flags", "threads", "compile", "model_config"} <= set(valid_for)
+    assert {"torch", "triton", "device", "cpu_flags", "compile", "model_config"} <= set(valid_for)
+    assert "threads" not in valid_for and valid_for["dynamic_threads"] is True  # any worker count loads it
     assert manifest["built"]["initialize_seconds"] > 0 and manifest["built"]["graphs"] == 1
     assert config["startupTimeout"] >= max(STARTUP_FLOOR_SECONDS, 2 * manifest["built"]["initialize_seconds"])
 
@@ -85,6 +88,17 @@ def test_four_workers_started_at_once_compile_once_and_share_it(server, attempt)
     assert server.predict(name, {"inputs": ["a", "b c"]}).status_code == 200
 
 
+def until_logged(server, model: str, text: str, tries: int = 40) -> list[str]:
+    """Requests, a quarter second apart, until a worker of `model` has logged `text` (workers recount
+    their peers before a batch, at most once a second, and TorchServe picks which worker answers)."""
+    for _ in range(tries):
+        if lines := worker_lines(server, model, text):
+            return lines
+        assert server.predict(model, {"inputs": "hello"}).status_code == 200
+        time.sleep(0.25)
+    return worker_lines(server, model, text)
+
+
 def cli(server, capsys, command, *argv) -> dict | list:
     """`hfserve COMMAND --workdir DIR ...` against this server, its printed JSON parsed."""
     hfserve([command, "--workdir", str(server.workdir), *argv])
@@ -100,8 +114,32 @@ def test_the_management_cli_scales_up_warm_versions_and_unregisters(server, caps
     # The new worker came up warm: it loaded compiled kernels instead of compiling.
     assert worker_lines(server, "packed", "compile cache: miss") == []
     assert len(worker_lines(server, "packed", "compile cache: hit")) == 2
+    # Two workers on this host's cores: the new one starts with its share, the first one re-shares.
+    cores = hardware.usable_cores()
+    assert (
+        len(worker_lines(server, "packed", f"Worker settings: {max(1, cores // 2)} threads, {cores} cores, 2 workers"))
+        == 1
+    )
+    assert (
+        len(
+            until_logged(
+                server,
+                "packed",
+                f"Threads re-shared: {max(1, cores // 2)} (live workers of this model: 2, cores: {cores})",
+            )
+        )
+        == 1
+    )
     cli(server, capsys, "scale", "packed", "--workers", "1")
     assert len(cli(server, capsys, "describe", "packed")["workers"]) == 1
+    assert (
+        len(
+            until_logged(
+                server, "packed", f"Threads re-shared: {cores} (live workers of this model: 1, cores: {cores})"
+            )
+        )
+        == 1
+    )
 
     cli(server, capsys, "register", "packed-v2.mar", "--batch-size", "4", "--max-batch-delay", "7", "--workers", "1")
     newer = cli(server, capsys, "describe", "packed", "2.0")

@@ -243,7 +243,8 @@ def test_one_ready_line_per_worker_says_what_it_runs(server):
     assert ready, "no ready line for guarded"
     pattern = (
         r"Ready in [\d.]+s: cpu, \[.*\], dtype float32, compiled=True mode=default .*lengths \[8, 32\] x batches "
-        r"\[1, 4\], 1 graphs, first pass over the grid [\d.]+s, warm-up [\d.]+s, \d+ threads, compile cache: "
+        r"\[1, 4\], 1 graphs, first pass over the grid [\d.]+s, warm-up [\d.]+s, \d+ threads \(live workers: 1\), "
+        r"compile cache: "
     )
     assert re.search(pattern, ready[0])
 

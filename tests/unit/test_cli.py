@@ -35,22 +35,17 @@ def test_an_unknown_command_is_one_line():
     assert_one_line_error(hfserve("serve-all-the-things"), "unknown command 'serve-all-the-things'")
 
 
-def test_a_config_file_that_does_not_parse_is_one_line(tiny_bert, tmp_path):
+@pytest.mark.parametrize(
+    "config, expected",
+    [("handler: {dtype: [unclosed\n", "is not valid YAML"), ("handler: {dtype: int8}\n", "handler.dtype='int8'")],
+)
+def test_a_config_file_that_does_not_parse_or_has_a_bad_value_is_one_line(tiny_bert, tmp_path, config, expected):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("handler: {dtype: [unclosed\n")
+    bad.write_text(config)
     result = hfserve(
         "build", "--model", str(tiny_bert), "--model-name", "x", "--config", str(bad), "--export-path", str(tmp_path)
     )
-    assert_one_line_error(result, "is not valid YAML")
-
-
-def test_a_bad_config_value_is_one_line_naming_it(tiny_bert, tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("handler: {dtype: int8}\n")
-    result = hfserve(
-        "build", "--model", str(tiny_bert), "--model-name", "x", "--config", str(bad), "--export-path", str(tmp_path)
-    )
-    assert_one_line_error(result, "handler.dtype='int8'")
+    assert_one_line_error(result, expected)
 
 
 def test_an_existing_archive_is_not_overwritten_without_force(tmp_path, tiny_bert):
