@@ -112,7 +112,12 @@ def configure_worker(threads: int | None, min_workers: int, model_dir: Path | No
     # time, so a worker's share of the cores can change as workers come and go (its cost per call:
     # scripts/benchmark_threads.py, README "Tuning").
     inductor_config.cpp.dynamic_threads = True
-    live = LiveWorkers(model_dir) if model_dir is not None else None
+    live = None
+    if model_dir is not None:
+        try:
+            live = LiveWorkers(model_dir)
+        except OSError as error:  # no writable temp dir: keep the share minWorkers gives
+            logger.warning("Threads will not follow the live workers: %s", error)
     share = ThreadShare(live, usable_cores(), threads, min_workers)
     logger.info(
         "Worker settings: %d threads, %d cores, %d workers, fx_graph_cache=%s",

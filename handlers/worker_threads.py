@@ -2,17 +2,20 @@
 
 TorchServe never tells a backend how many workers its model has (`minWorkers` is only where it
 starts; `register --workers`, `scale` and restarts change it), so the workers of one model find
-each other: each holds an exclusive `flock` on a file of its own in a folder of the model's
-extracted archive, which all its workers share. A file whose lock can be taken belongs to a worker
-that is gone (the kernel drops the lock when a process dies, even by kill -9) and is removed.
+each other: each holds an exclusive `flock` on a file of its own in a folder named after the
+model's extracted archive, which all its workers share (the folder is in the temp dir, so a
+read-only model folder works too). A file whose lock can be taken belongs to a worker that is
+gone (the kernel drops the lock when a process dies, even by kill -9) and is removed.
 Each worker recounts at most once a second, before a batch, and re-applies `cores // workers`
 threads when the count changed. Compiled kernels follow the change because they are built with
 inductor's `cpp.dynamic_threads` (handlers/hardware.py).
 """
 
 import fcntl
+import hashlib
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-FOLDER = ".live-workers"
+ROOT = Path(tempfile.gettempdir()) / "compiled-handlers-workers"
 RECOUNT_SECONDS = 1.0
 _HELD = {}  # path -> open locked file: a process is one worker, however many handlers it builds
 
@@ -28,8 +31,8 @@ _HELD = {}  # path -> open locked file: a process is one worker, however many ha
 class LiveWorkers:
     """This worker's entry among the live workers of one model, and their count."""
 
-    def __init__(self, model_dir: Path):
-        self.folder = Path(model_dir) / FOLDER
+    def __init__(self, model_dir: Path, root: Path | None = None):
+        self.folder = (root or ROOT) / hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:16]
         self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / f"{os.getpid()}.worker"
         if self.path not in _HELD:

@@ -101,6 +101,9 @@ class RegistrationError(ManagementError):
     """TorchServe refused a model; the message carries the cause from the worker's log."""
 
 
+REGISTERED = re.compile(r'Model "(?P<name>[^"]+)" Version: (?P<version>\S+) registered with (?P<workers>\d+)')
+
+
 class TorchServe:
     """One TorchServe process tree, its working directory and its API tokens."""
 
@@ -197,7 +200,13 @@ class TorchServe:
         if not response.ok:
             cause = self.failure_cause(Path(url).stem)
             raise RegistrationError(f"{url}: HTTP {response.status_code} {response.text.strip()}\n{cause}")
-        return response.json()
+        answer = response.json()
+        # TorchServe starts the archive's minWorkers, not initial_workers, when model-config.yaml
+        # sets them (ours does): scale to what was asked.
+        registered = REGISTERED.search(answer.get("status", ""))
+        if registered and int(registered["workers"]) != workers:
+            return self.scale(registered["name"], workers, registered["version"])
+        return answer
 
     def failure_cause(self, name: str, lines: int = 5) -> str:
         """Why the last worker of `name` failed to start, from the model log (TorchServe's answer has no cause)."""
@@ -274,7 +283,12 @@ def parse_args(argv):
     register.add_argument("archive", help="a .mar file in the model store")
     register.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size")
     register.add_argument("--max-batch-delay", type=int, default=5, help="ms to wait to fill a batch")
-    register.add_argument("--workers", type=int, default=1, help="initial workers")
+    register.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="workers to start (TorchServe alone would start the archive's minWorkers instead)",
+    )
     command("list", "registered models")
     for name, text in (("describe", "versions, workers, batch settings, queue"), ("unregister", "remove")):
         sub = command(name, text)

@@ -141,9 +141,10 @@ def test_the_management_cli_scales_up_warm_versions_and_unregisters(server, caps
         == 1
     )
 
-    cli(server, capsys, "register", "packed-v2.mar", "--batch-size", "4", "--max-batch-delay", "7", "--workers", "1")
+    # --workers wins over the archive's minWorkers (1), which TorchServe's registration alone would start.
+    cli(server, capsys, "register", "packed-v2.mar", "--batch-size", "4", "--max-batch-delay", "7", "--workers", "2")
     newer = cli(server, capsys, "describe", "packed", "2.0")
-    assert (newer["batchSize"], newer["maxBatchDelay"], len(newer["workers"])) == (4, 7, 1)
+    assert (newer["batchSize"], newer["maxBatchDelay"], len(newer["workers"])) == (4, 7, 2)
     assert cli(server, capsys, "describe", "packed")["modelVersion"] == "1.0"
     cli(server, capsys, "set-default", "packed", "2.0")
     assert cli(server, capsys, "describe", "packed")["modelVersion"] == "2.0"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from handlers import worker_threads
+from handlers import hardware, worker_threads
 from handlers.worker_threads import LiveWorkers, ThreadShare
 
 HOLDER = """
@@ -37,7 +37,7 @@ def test_workers_count_each_other_and_a_killed_one_drops_out(tmp_path):
         os.kill(others[0].pid, signal.SIGKILL)  # no chance to clean up: the kernel drops its lock
         others[0].wait()
         assert me.count() == 2
-        assert not (tmp_path / worker_threads.FOLDER / f"{others[0].pid}.worker").exists()
+        assert not (me.folder / f"{others[0].pid}.worker").exists()
     finally:
         for process in others:
             process.kill()
@@ -74,3 +74,22 @@ def test_workers_that_start_together_share_from_the_start_and_a_fixed_count_stay
 def test_handlers_built_twice_in_one_process_are_one_worker(tmp_path):
     first, second = LiveWorkers(tmp_path), LiveWorkers(tmp_path)
     assert first.count() == second.count() == 1
+
+
+def test_a_read_only_model_folder_gets_nothing_written_into_it(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    model_dir.chmod(0o555)
+    try:
+        assert LiveWorkers(model_dir).count() == 1
+        assert list(model_dir.iterdir()) == []
+    finally:
+        model_dir.chmod(0o755)
+
+
+def test_without_a_writable_temp_dir_the_worker_keeps_the_starting_share(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(worker_threads, "ROOT", Path("/proc/no-such-place"))
+    share = hardware.configure_worker(None, min_workers=2, model_dir=tmp_path)
+    assert share.live is None and share.workers == 2 and share.threads == max(1, hardware.usable_cores() // 2)
+    assert "Threads will not follow the live workers" in caplog.text
