@@ -106,6 +106,7 @@ class CompiledHandler(BaseHandler):
 
             shutdown_compile_workers()
         self.model.mark_ready()
+        self.traced_threads = {self.worker.threads}
         self.lengths = LengthStats(context.model_name, self.config.buckets.histogram_every)
         self.initialized = True
         self._log_ready(report, time.perf_counter() - started)
@@ -114,7 +115,8 @@ class CompiledHandler(BaseHandler):
     def handle(self, data, context):
         """Answers for a batch, one per request in order; a request's failure is its own answer."""
         self.context = context
-        self.worker.refresh()  # workers may have come or gone: re-share the cores
+        if self.worker.refresh():  # workers came or went, and this one's share of the cores changed
+            self._trace_at_new_thread_count()
         try:
             answers = self.postprocess(self.inference(self.preprocess(data)))
         except Exception as error:  # a defect past every per-request boundary: still answer everyone
@@ -276,6 +278,22 @@ class CompiledHandler(BaseHandler):
             self._on_failure(error)
             self.model.fall_back_to_eager(f"{type(error).__name__}: {error}")
             return dataclasses.replace(warmup.run_grid(self.infer, self.plan, 1, self._filler, None), graphs=0)
+
+    def _trace_at_new_thread_count(self) -> None:
+        """Dynamo guards on the thread count, so without this every call after a re-share would
+        count as a recompile and run eagerly. The kernels come from inductor's cache (built with
+        dynamic threads, they do not change); dynamo keeps the graphs of every count it has seen."""
+        threads = self.worker.threads
+        if not self.model.is_compiled or threads in self.traced_threads:
+            return
+        began = time.perf_counter()
+        self.traced_threads.add(threads)
+        try:
+            self.model.retrace(lambda: warmup.run_grid(self.infer, self.plan, 1, self._filler, None))
+        except Exception as error:  # as at start: a compile error can be of any type
+            self.model.fall_back_to_eager(f"tracing again at {threads} threads: {type(error).__name__}: {error}")
+            return
+        logger.info("Grid traced again at %d threads in %.1fs", threads, time.perf_counter() - began)
 
     def _on_failure(self, error: Exception) -> None:
         logger.error("Compile or warm-up check failed (on_failure=%s): %s", self.config.compile.on_failure, error)

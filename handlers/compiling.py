@@ -12,6 +12,7 @@ layer, so compiling is faster; the code around the blocks runs eagerly.
 """
 
 import logging
+from typing import Callable
 
 import torch
 import torch._dynamo
@@ -96,6 +97,7 @@ class CompiledModel:
         self.ready = False
         self.recompiles_after_ready = 0
         self.graphs_needed = graphs_needed
+        self.graphs_per_state = graphs_needed
 
     def compile(self) -> None:
         """Wrap the model with torch.compile (lazy: graphs are built by the first calls)."""
@@ -141,6 +143,17 @@ class CompiledModel:
 
     def mark_ready(self) -> None:
         self.ready = True
+
+    def retrace(self, run_grid: Callable[[], object]) -> None:
+        """Let `run_grid` compile the grid again under a new process state (dynamo's guards cover
+        the thread count), next to the graphs of the earlier states."""
+        self.graphs_needed += self.graphs_per_state
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, self.graphs_needed)
+        self.ready = False
+        try:
+            run_grid()
+        finally:
+            self.ready = True
 
     def __call__(self, inputs: dict) -> torch.Tensor:
         if self.compiled is None:

@@ -78,16 +78,21 @@ class ThreadShare:
         torch.set_num_threads(threads)
         return threads
 
-    def refresh(self) -> None:
-        """Recount the live workers (at most once a second) and re-apply the share if it changed."""
+    def refresh(self) -> bool:
+        """Recount the live workers (at most once a second) and re-apply the share; True when the
+        thread count changed."""
         now = time.monotonic()
         if self.fixed is not None or self.live is None or now - self.checked < RECOUNT_SECONDS:
-            return
+            return False
         self.checked = now
         workers = self.live.count()
-        if workers != self.workers:
-            self.workers = workers
-            self.threads = self._apply()
-            logger.info(
-                "Threads re-shared: %d (live workers of this model: %d, cores: %d)", self.threads, workers, self.cores
-            )
+        if workers == self.workers:
+            return False
+        self.workers = workers
+        threads, self.threads = self.threads, self._apply()
+        if threads == self.threads:
+            return False
+        logger.info(
+            "Threads re-shared: %d (live workers of this model: %d, cores: %d)", self.threads, workers, self.cores
+        )
+        return True

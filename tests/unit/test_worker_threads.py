@@ -1,5 +1,6 @@
 """Live workers found through lock files, with real processes, and the thread share that follows them."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -8,8 +9,11 @@ import time
 from pathlib import Path
 
 import torch
+from fakes import ready_handler, start_batch
 
 from handlers import hardware, worker_threads
+from handlers.compiling import compiled_graph_count
+from handlers.embedding import EmbeddingHandler
 from handlers.worker_threads import LiveWorkers, ThreadShare
 
 HOLDER = """
@@ -93,3 +97,30 @@ def test_without_a_writable_temp_dir_the_worker_keeps_the_starting_share(tmp_pat
     share = hardware.configure_worker(None, min_workers=2, model_dir=tmp_path)
     assert share.live is None and share.workers == 2 and share.threads == max(1, hardware.usable_cores() // 2)
     assert "Threads will not follow the live workers" in caplog.text
+
+
+def test_a_new_thread_share_is_traced_once_and_never_answered_eagerly(tiny_bert, monkeypatch, caplog):
+    handler = ready_handler(EmbeddingHandler, tiny_bert, buckets={"seq_lens": [8, 16], "batch_sizes": [1, 2]})
+    before, graphs = handler.worker.threads, compiled_graph_count()
+    monkeypatch.setattr(worker_threads, "RECOUNT_SECONDS", 0.0)
+    handler.worker.cores = 2 * before + 2  # so that a second worker changes this one's share
+
+    def embed() -> None:
+        start_batch(handler.context, ["application/json"] * 2)
+        answers = handler.handle([{"body": {"inputs": "a few words"}}, {"body": {"inputs": "b"}}], handler.context)
+        assert all(len(answer["embedding"]) == 32 for answer in answers)
+
+    other = start_worker(tiny_bert)
+    try:
+        with caplog.at_level(logging.INFO):
+            embed()
+    finally:
+        other.kill()
+        other.wait()
+    assert handler.worker.threads == torch.get_num_threads() == before + 1
+    assert f"Grid traced again at {before + 1} threads" in caplog.text
+    assert compiled_graph_count() == 2 * graphs and handler.model.recompiles_after_ready == 0
+    handler.worker.cores = before  # alone again, at the first count: its graphs are still there
+    embed()
+    assert handler.worker.threads == before and compiled_graph_count() == 2 * graphs
+    assert handler.model.recompiles_after_ready == 0
