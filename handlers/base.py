@@ -115,8 +115,11 @@ class CompiledHandler(BaseHandler):
     def handle(self, data, context):
         """Answers for a batch, one per request in order; a request's failure is its own answer."""
         self.context = context
-        if self.worker.refresh():  # workers came or went, and this one's share of the cores changed
-            self._trace_at_new_thread_count()
+        try:
+            if self.worker.refresh():  # workers came or went, and this one's share of the cores changed
+                self._trace_at_new_thread_count()
+        except OSError as error:  # the count is an optimization: never a reason to fail a batch
+            logger.warning("Could not recount the live workers: %s", error)
         try:
             answers = self.postprocess(self.inference(self.preprocess(data)))
         except Exception as error:  # a defect past every per-request boundary: still answer everyone
@@ -201,6 +204,8 @@ class CompiledHandler(BaseHandler):
 
     def record_padding(self, lengths: list[int], groups: list[buckets.Group]) -> None:
         """Count live traffic's lengths, padding and texts per bucket; export the ratio since ready."""
+        if not self.model.ready:  # a grid traced again after a re-share is not traffic
+            return
         self.lengths.record(lengths, buckets.padded_tokens(groups))
         emit(self.context, "PaddedTokenRatio", round(self.lengths.padded_ratio, 4), "Ratio")
         for group in groups:

@@ -42,8 +42,10 @@ def parse(value: dict, param_checks: dict[str, ParamCheck], max_inputs: int) -> 
     if set(tensor) - TENSOR_KEYS or tensor.get("datatype") != "BYTES" or not isinstance(tensor.get("data"), list):
         raise RequestError(400, "v2 input must be {name, shape, datatype: BYTES, data: [texts]}")
     shape = tensor.get("shape")
-    if not (isinstance(shape, list) and all(isinstance(n, int) and n >= 0 for n in shape)):
-        raise RequestError(400, "v2 input shape must be a list of sizes")
+    if not (isinstance(shape, list) and len(shape) <= 8 and all(isinstance(n, int) and n >= 0 for n in shape)):
+        raise RequestError(400, "v2 input shape must be a list of at most 8 sizes")
+    if any(n > max_inputs for n in shape):  # before multiplying: huge integers cost time to multiply
+        raise RequestError(413, f"v2 input shape {shape} is too large: at most {max_inputs} texts per request")
     if math.prod(shape) != len(tensor["data"]):
         raise RequestError(400, f"v2 input shape {shape} does not match its {len(tensor['data'])} data items")
     params = value.get("parameters") or {}

@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -23,42 +24,50 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(tempfile.gettempdir()) / "compiled-handlers-workers"
+ROOT = Path(tempfile.gettempdir()) / f"compiled-handlers-workers-{os.getuid()}"
 RECOUNT_SECONDS = 1.0
-_HELD = {}  # path -> open locked file: a process is one worker, however many handlers it builds
+# model folder -> this process's locked file in it: a process is one worker however many handlers it builds
+_HELD: dict[Path, tuple[Path, int]] = {}
 
 
 class LiveWorkers:
     """This worker's entry among the live workers of one model, and their count."""
 
     def __init__(self, model_dir: Path, root: Path | None = None):
-        self.folder = (root or ROOT) / hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:16]
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.path = self.folder / f"{os.getpid()}.worker"
-        if self.path not in _HELD:
-            lock = open(self.path, "w")  # held, and so locked, for this process's lifetime
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _HELD[self.path] = lock
+        root = root or ROOT
+        root.mkdir(mode=0o700, exist_ok=True)
+        if root.is_symlink() or root.stat().st_uid != os.getuid():  # in a shared temp dir: only our own
+            raise PermissionError(f"{root} is not a folder of this user's")
+        self.folder = root / hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:16]
+        self.folder.mkdir(mode=0o700, exist_ok=True)
+        if self.folder not in _HELD:
+            # pid and a random part: a later process with this pid never takes over a stale file
+            path = self.folder / f"{os.getpid()}-{secrets.token_hex(4)}.worker"
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held for this process's lifetime
+            _HELD[self.folder] = (path, descriptor)
+        self.path, self._descriptor = _HELD[self.folder]
 
     def count(self) -> int:
         """Live workers of the model, this one included; files of dead workers are removed."""
-        live = 0
-        for path in self.folder.glob("*.worker"):
-            if path == self.path or self._held(path):
-                live += 1
-        return live
+        os.utime(self._descriptor)  # in use: temp-dir cleaners leave it alone
+        return 1 + sum(self._held(path) for path in self.folder.glob("*.worker") if path != self.path)
 
     @staticmethod
     def _held(path: Path) -> bool:
         try:
-            with open(path) as other:
-                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # gone already, or not a file a worker made
+            return False
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
-        except FileNotFoundError:
+        else:
+            path.unlink(missing_ok=True)  # its worker is gone (the kernel dropped its lock): removed under ours
             return False
-        path.unlink(missing_ok=True)  # its worker is gone: the lock was free
-        return False
+        finally:
+            os.close(descriptor)
 
 
 class ThreadShare:

@@ -10,11 +10,13 @@
 
 `hfserve COMMAND --help` shows each command's flags with their defaults. Bad input (an unknown
 command, a missing archive, a busy port, a config file that does not parse, no server) gets one
-line on stderr and exit status 1 or 2, never a traceback.
+line on stderr and exit status 1 or 2, never a traceback; so does any other failure, whose
+traceback `HFSERVE_TRACEBACK=1` shows.
 """
 
 import argparse
 import importlib
+import os
 import sys
 
 import requests
@@ -80,6 +82,11 @@ def main(argv=None) -> None:
         importlib.import_module(module_name).main(forwarded)
     except (UserError, FileNotFoundError, yaml.YAMLError, requests.ConnectionError) as error:
         sys.exit(f"hfserve {args.command}: error: {one_line(error)}")
+    except Exception as error:  # anything else: still one line, the traceback on request
+        if os.environ.get("HFSERVE_TRACEBACK"):
+            raise
+        where = "HFSERVE_TRACEBACK=1 shows where"
+        sys.exit(f"hfserve {args.command}: error: {type(error).__name__}: {one_line(error)} ({where})")
 
 
 def one_line(error: BaseException) -> str:

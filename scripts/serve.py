@@ -211,6 +211,8 @@ class TorchServe:
     def failure_cause(self, name: str, lines: int = 5) -> str:
         """Why the last worker of `name` failed to start, from the model log (TorchServe's answer has no cause)."""
         log = self.workdir / "logs" / "model_log.log"
+        if not log.is_file():
+            return f"no worker log at {log}"
         worker_lines = [line for line in log.read_text(errors="replace").splitlines() if f"-{name}_" in line]
         starts = [index for index, line in enumerate(worker_lines) if "Torch worker started" in line]
         found = (FAILURE_LINE.search(line) for line in worker_lines[starts[-1] if starts else 0 :])

@@ -77,3 +77,12 @@ def test_a_missing_archive_or_server_is_one_line(tmp_path, command):
 
 def test_a_command_without_a_started_server_is_one_line(tmp_path):
     assert_one_line_error(hfserve("describe", "minilm", "--workdir", str(tmp_path)), "no server was started")
+
+
+def test_any_other_failure_is_one_line_too(tiny_bert, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text("{not json")
+    result = hfserve(
+        "build", "--model", str(tiny_bert), "--model-name", "x", "--plan", str(plan), "--export-path", str(tmp_path)
+    )
+    assert_one_line_error(result, "JSONDecodeError")

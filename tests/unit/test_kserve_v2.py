@@ -34,7 +34,9 @@ def test_texts_parameters_and_id_are_read():
         ({"inputs": [request(["a"])["inputs"][0]] * 2}, "exactly one input"),
         ({"inputs": [{**request(["a"])["inputs"][0], "datatype": "FP32"}]}, "BYTES"),
         (request(["a", "b"], shape=[3]), "does not match"),
-        (request(["a"], shape=["1"]), "list of sizes"),
+        (request(["a"], shape=["1"]), "list of at most 8 sizes"),
+        (request(["a"], shape=[1] * 9), "list of at most 8 sizes"),
+        (request(["a"], shape=[10**100, 0]), "at most 4 texts"),  # refused before multiplying
         (request(["a", 3]), "'inputs'[1] is not a string"),
         (request(["a"] * 5), "at most 4"),
         (request(["a"], parameters={"stream": True}), "streaming"),
