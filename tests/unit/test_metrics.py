@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import torch
 import yaml
 from fakes import RecordingMetrics
 
@@ -30,11 +31,15 @@ class Context:
 
 
 def test_texts_are_counted_per_bucket_of_each_group():
-    from handlers.base import CompiledHandler
+    from handlers.base import CompiledHandler, run_eager
     from handlers.length_stats import LengthStats
 
     handler = CompiledHandler()
     handler.context, handler.lengths = Context(), LengthStats("m")
+    handler.model = run_eager(torch.nn.Identity())
+    handler.record_padding([3, 5, 20], [Group((0, 1), 2, 8), Group((2,), 1, 32)])  # warm-up: not traffic
+    assert handler.context.metrics.calls == []
+    handler.model.mark_ready()
     handler.record_padding([3, 5, 20], [Group((0, 1), 2, 8), Group((2,), 1, 32)])
     counted = [call for call in handler.context.metrics.calls if call[0] == "BucketRequests"]
     assert [(value, dims["Bucket"], kind) for _, value, dims, kind in counted] == [
