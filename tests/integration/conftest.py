@@ -8,6 +8,8 @@ from archives import SMALL_GRID, TASK_ARCHIVES
 from scripts.build_mar import build
 from scripts.serve import TorchServe
 
+STARTUP_SECONDS = 600
+
 
 @pytest.fixture(scope="session")
 def task_server(tmp_path_factory, tiny_models):
@@ -15,7 +17,9 @@ def task_server(tmp_path_factory, tiny_models):
     store = tmp_path_factory.mktemp("task_model_store")
     for name, task in TASK_ARCHIVES.items():
         extra = {"generation": {"max_new_tokens": 16}} if task == "text-generation" else {}
-        build(tiny_models[task], task, name, store, {"handler": {**SMALL_GRID, **extra}})
+        # Four workers compile at once on as few as two cores: more time than one alone is given.
+        config = {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **extra}}
+        build(tiny_models[task], task, name, store, config)
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("task_torchserve"), store)
     torchserve.start()
     try:
