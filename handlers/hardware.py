@@ -113,7 +113,7 @@ def configure_worker(threads: int | None, min_workers: int, model_dir: Path | No
     # scripts/benchmark_threads.py, README "Tuning").
     inductor_config.cpp.dynamic_threads = True
     live = None
-    if model_dir is not None:
+    if model_dir is not None and threads is None:  # a fixed `threads: N` never follows the count
         try:
             live = LiveWorkers(model_dir)
         except OSError as error:  # no writable temp dir: keep the share minWorkers gives
