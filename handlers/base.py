@@ -21,7 +21,7 @@ from tokenizers import Encoding
 from transformers import AutoConfig, AutoTokenizer
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers import buckets, compile_cache, hardware, kserve_v2, payload, warmup
+from handlers import aot_package, buckets, compile_cache, hardware, kserve_v2, payload, warmup
 from handlers.batch import Accepted, Batch, split_until_isolated
 from handlers.compiling import CompiledModel
 from handlers.config import CompileConfig, HandlerConfig, parse
@@ -36,6 +36,7 @@ CACHE_SOURCES = {
     "host": "hit, this host's cache from an earlier worker",
     "compiled": "miss, compiled here",
     "off": "off",
+    "aot": "not needed, the archive's AOT package serves",
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -79,6 +80,20 @@ class CompiledHandler(BaseHandler):
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context):
         started = time.perf_counter()
+        module = self.load_model(context)
+        model_dir = Path(context.system_properties["model_dir"])
+        self.load_seconds = time.perf_counter() - started
+        if not self._serve_from_package(model_dir, module):
+            self._compile_and_warm_up(model_dir, module)
+        self.model.mark_ready()
+        self.traced_threads = {self.worker.threads}
+        self.lengths = LengthStats(context.model_name, self.config.buckets.histogram_every)
+        self.initialized = True
+        self._log_ready(self.warmup_report, time.perf_counter() - started)
+
+    def load_model(self, context) -> torch.nn.Module:
+        """Everything before compiling: configuration, threads, tokenizer, bucket plan, and the eager
+        model at its dtype (the build's precompile step starts from here too)."""
         self.context = context
         self.config: HandlerConfig = parse(context.model_yaml_config)
         model_dir = Path(context.system_properties["model_dir"])
@@ -92,11 +107,33 @@ class CompiledHandler(BaseHandler):
         self.plan = self._plan(model_dir)
         module = self.build_model(model_dir).eval().to(self.device)
         self.dtype = self._choose_dtype(module)
-        module.to(self.dtype)
-        options = dataclasses.replace(self.config.compile, dynamic=self.plan.dynamic)  # a task may fix it
-        self.model = CompiledModel(module, options, self.graphs_needed())
+        self.compile_options = dataclasses.replace(self.config.compile, dynamic=self.plan.dynamic)  # a task may fix it
+        return module.to(self.dtype)
+
+    def package_manifest(self, model_dir: Path) -> dict:
+        """What an AOT package must have been built for to serve this worker."""
+        return aot_package.manifest(HARDWARE, self.dtype, self.plan, self.compile_options, model_dir)
+
+    def _serve_from_package(self, model_dir: Path, module: torch.nn.Module) -> bool:
+        """Serve the archive's AOT package if it matches this worker and passes warm-up and the
+        check; otherwise say why, loudly, and let the worker compile."""
+        packed = model_dir / aot_package.PACKAGE_DIR
+        if not (packed.is_dir() and self.config.compile.enable and self.config.task in aot_package.TASKS):
+            return False
+        try:
+            runner = aot_package.load(packed, self.package_manifest(model_dir), module, self.device)
+            self.model = aot_package.AotModel(runner, module, self.plan, self.compile_options)
+            self.warmup_report = self._warm_up_package()
+        except Exception as error:  # a package of any defect is a reason to compile, never to fail
+            logger.warning("AOT package IGNORED, compiling instead: %s: %s", type(error).__name__, error)
+            return False
+        self.cache_source = "aot"
+        return True
+
+    def _compile_and_warm_up(self, model_dir: Path, module: torch.nn.Module) -> None:
+        self.model = CompiledModel(module, self.compile_options, self.graphs_needed())
         with self._compile_cache(model_dir) as lease:
-            self.warmup_report = report = self._warm_up()
+            self.warmup_report = self._warm_up()
             if lease is not None and self.model.is_compiled:
                 self.host_cache.publish(lease)
         self.cache_source = lease.source if lease is not None and self.model.is_compiled else "off"
@@ -105,11 +142,6 @@ class CompiledHandler(BaseHandler):
             from torch._inductor.async_compile import shutdown_compile_workers
 
             shutdown_compile_workers()
-        self.model.mark_ready()
-        self.traced_threads = {self.worker.threads}
-        self.lengths = LengthStats(context.model_name, self.config.buckets.histogram_every)
-        self.initialized = True
-        self._log_ready(report, time.perf_counter() - started)
 
     # -- requests: TorchServe's handle -> preprocess -> inference -> postprocess ----------------
     def handle(self, data, context):
@@ -284,12 +316,22 @@ class CompiledHandler(BaseHandler):
             self.model.fall_back_to_eager(f"{type(error).__name__}: {error}")
             return dataclasses.replace(warmup.run_grid(self.infer, self.plan, 1, self._filler, None), graphs=0)
 
+    def _warm_up_package(self) -> warmup.WarmupReport:
+        """One pass over the grid (the package's first call at a shape sets up its kernels) and the
+        compiled-vs-eager check: the build checked this package, but on the build's host."""
+        report = warmup.run_grid(self.infer, self.plan, 1, self._filler, None, self.warmup_progress)
+        if self.config.warmup.verify:
+            probe = self._probe_ids()
+            eager = self.infer(probe, run_eager(self.model.eager))
+            warmup.check_drift("AOT package vs eager", self.infer(probe), eager, self._tolerance(self.dtype))
+        return report
+
     def _trace_at_new_thread_count(self) -> None:
         """Dynamo guards on the thread count, so without this every call after a re-share would
         count as a recompile and run eagerly. The kernels come from inductor's cache (built with
         dynamic threads, they do not change); dynamo keeps the graphs of every count it has seen."""
         threads = self.worker.threads
-        if not self.model.is_compiled or threads in self.traced_threads:
+        if not (self.model.is_compiled and self.model.guards_thread_count) or threads in self.traced_threads:
             return
         began = time.perf_counter()
         self.traced_threads.add(threads)
@@ -324,6 +366,15 @@ class CompiledHandler(BaseHandler):
             probe += [self._filler(length, 1)[0] for length in lengths]
         return probe
 
+    @property
+    def model_source(self) -> str:
+        """What the worker serves from: `aot package`, `archive cache`, `host cache`, `compiled` or `eager`."""
+        if not self.model.is_compiled:
+            return "eager"
+        return {"aot": "aot package", "archive": "archive cache", "host": "host cache"}.get(
+            self.cache_source, "compiled"
+        )
+
     def _log_ready(self, report: warmup.WarmupReport, seconds: float) -> None:
         emit(self.context, "CompileSeconds", round(report.compile_seconds, 3), "Seconds")
         emit(self.context, "WarmupSeconds", round(report.warmup_seconds, 3), "Seconds")
@@ -331,11 +382,13 @@ class CompiledHandler(BaseHandler):
         cache_hit = self.cache_source in ("archive", "host")
         emit(self.context, "CompileCacheHit", int(cache_hit), "Count")
         emit(self.context, "CompileFallback", int(self.config.compile.enable and not self.model.is_compiled), "Count")
+        emit(self.context, "AotPackage", int(self.model_source == "aot package"), "Count")
         logger.info(
-            "Ready in %.1fs: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, lengths %s x batches "
-            "%s, %d graphs, first pass over the grid %.1fs, warm-up %.1fs, %d threads (live workers: %d), "
-            "compile cache: %s",
+            "Ready in %.1fs from %s: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, "
+            "lengths %s x batches %s, %d graphs, model load %.1fs, first pass over the grid %.1fs, warm-up %.1fs, "
+            "%d threads (live workers: %d), compile cache: %s",
             seconds,
+            self.model_source,
             HARDWARE.device_name,
             sorted(HARDWARE.cpu_flags),
             str(self.dtype).removeprefix("torch."),
@@ -346,6 +399,7 @@ class CompiledHandler(BaseHandler):
             list(self.plan.seq_lens),
             list(self.plan.batch_sizes),
             report.graphs,
+            self.load_seconds,
             report.compile_seconds,
             report.warmup_seconds,
             self.worker.threads,

@@ -89,6 +89,8 @@ def compiled_graph_count() -> int:
 class CompiledModel:
     """The eager module, its compiled form, and the switch between them."""
 
+    guards_thread_count = True  # dynamo's global-state guard covers torch.get_num_threads()
+
     def __init__(self, model: torch.nn.Module, options: CompileConfig, graphs_needed: int):
         """Nothing is compiled until `compile()`, so its failure follows the on_failure policy."""
         self.eager = model

@@ -1,16 +1,19 @@
 """Build a self-contained .mar: model files, tokenizer, our `handlers` package, model-config.yaml.
 
     hfserve build --model DIR --task embedding --model-name minilm [--config extra.yaml] [--plan plan.json]
-                  [--precompile] [--version 2.0] [--export-path DIR] [--force] [--handler my_handler.py]
+                  [--precompile [aot|cache]] [--version 2.0] [--export-path DIR] [--force] [--handler my_handler.py]
 
 The archive registers on any TorchServe whose Python has torch and transformers. Model folders
 without safetensors weights, or whose config asks for remote code, are refused.
 
-`--precompile` compiles and warms the grid at build time (scripts/precompile.py, a fresh process
-set up like a worker) and packs the compile cache into the archive, with a manifest of what it is
-valid for; workers on a matching host load it instead of compiling. Either way the build estimates
-a worker's compile + warm-up time and writes `startupTimeout` with a margin into model-config.yaml
-(measured with --precompile, estimated from the grid and the model's depth without).
+`--precompile` compiles at build time in a fresh process set up like a worker (scripts/precompile.py)
+and packs the result into the archive with a manifest of what it is valid for; workers on a matching
+host load it instead of compiling. `aot` (the default where the task exports: every task but
+generation) is an AOTInductor package, which a worker loads without dynamo; `cache` is inductor's
+compile cache, which saves the kernels but not dynamo's tracing. The build writes a
+`startupTimeout` with a margin into model-config.yaml that fits a worker that has to compile anyway
+(another host, a mismatched package): measured with `--precompile cache`, estimated from the grid
+and the model's depth otherwise.
 """
 
 import argparse
@@ -29,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handlers import buckets  # noqa: E402
+from handlers import aot_package, buckets  # noqa: E402
 from handlers.config import TASKS, parse  # noqa: E402
 from scripts.cli import HelpFormatter, UserError  # noqa: E402
 
@@ -155,12 +158,24 @@ def startup_timeout(config: dict, compile_seconds: float, measured: bool) -> dic
     return config
 
 
-def run_precompile(staging: Path, handler: Path) -> dict:
-    """Compile in a fresh process set up like a worker; it packs staging/compile_cache."""
+def precompile_kind(task: str, asked: str | bool | None) -> str | None:
+    """`aot` or `cache` (or None: no precompiling) for what `--precompile` asked of this task."""
+    if asked in (None, False):
+        return None
+    if asked in (True, "auto"):
+        return "aot" if task in aot_package.TASKS else "cache"
+    if asked == "aot" and task not in aot_package.TASKS:
+        raise BuildError(f"--precompile aot: {task} is not exported ahead of time; use --precompile cache")
+    return asked
+
+
+def run_precompile(staging: Path, handler: Path, kind: str) -> dict:
+    """Compile in a fresh process set up like a worker; it writes staging/aot_package or compile_cache."""
     with tempfile.TemporaryDirectory() as temp:
         result = Path(temp) / "result.json"
         relative = str(handler.relative_to(staging))
-        command = [sys.executable, str(ROOT / "scripts" / "precompile.py"), str(staging), str(result), relative]
+        script = str(ROOT / "scripts" / "precompile.py")
+        command = [sys.executable, script, str(staging), str(result), relative, kind]
         subprocess.run(command, check=True, cwd=temp)
         return json.loads(result.read_text())
 
@@ -235,13 +250,15 @@ def build(
     export_path: Path,
     extra_config: dict | None = None,
     handler_file: Path | None = None,
-    precompile: bool = False,
+    precompile: str | bool | None = None,
     version: str = "1.0",
 ) -> Path:
-    """The .mar of `model_dir` served by the task's handler (or `handler_file`, a subclass of it)."""
+    """The .mar of `model_dir` served by the task's handler (or `handler_file`, a subclass of it);
+    `precompile`: "aot", "cache", True (the task's default kind) or None."""
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
     config = model_config(task, extra_config or {})
+    kind = precompile_kind(task, precompile)
     with tempfile.TemporaryDirectory() as temp:
         staging = Path(temp)
         left_out = stage(model_dir, config, staging)
@@ -249,11 +266,13 @@ def build(
         if handler_file is not None:
             handler = staging / Path(handler_file).name
             shutil.copy2(handler_file, handler)
-        if precompile:
-            seconds = run_precompile(staging, handler)["initialize_seconds"]
-        else:
+        if kind == "cache":
+            seconds = run_precompile(staging, handler, kind)["initialize_seconds"]
+        else:  # a worker that cannot use the AOT package compiles, and must fit in startupTimeout too
+            if kind == "aot":
+                run_precompile(staging, handler, kind)
             seconds = estimated_compile_seconds(config, model_dir)
-        write_model_config(startup_timeout(config, seconds, measured=precompile), staging)
+        write_model_config(startup_timeout(config, seconds, measured=kind == "cache"), staging)
         built = archive(staging, name, handler, export_path, version)
     print(describe_archive(built, left_out, model_dir))
     return built
@@ -270,7 +289,13 @@ def main(argv=None) -> Path:
         help="YAML merged over our default model-config.yaml (torch-model-archiver's --config-file replaces it)",
     )
     parser.add_argument("--plan", type=Path, help="length buckets chosen by `hfserve plan` (JSON)")
-    parser.add_argument("--precompile", action="store_true", help="compile now and pack the cache into the .mar")
+    parser.add_argument(
+        "--precompile",
+        nargs="?",
+        const="auto",
+        choices=("auto", "aot", "cache"),
+        help="compile now and pack it into the .mar: an AOT package (auto: every task but generation) or the cache",
+    )
     parser.add_argument("--version", default="1.0", help="model version (register several, then set-default)")
     parser.add_argument("--export-path", type=Path, default=ROOT / "model_store", help="where the .mar goes")
     parser.add_argument("--force", action="store_true", help="overwrite an existing NAME.mar in --export-path")

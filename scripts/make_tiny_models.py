@@ -42,18 +42,18 @@ def _bert_tokenizer(folder: Path):
     return tokenizer
 
 
-def _bert_config(tokenizer, **extra):
+# BERT shapes: the tests' tiny one, and BERT-base's (12 layers, hidden 768) for depth benchmarks.
+BERT_SIZES = {
+    "test": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
+    "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+}
+
+
+def _bert_config(tokenizer, size: str = "test", **extra):
     from transformers import BertConfig
 
-    return BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        **extra,
-    )
+    positions = 128 if size == "test" else 512
+    return BertConfig(vocab_size=len(tokenizer), max_position_embeddings=positions, **BERT_SIZES[size], **extra)
 
 
 def _labels(names: list[str]) -> dict:
@@ -65,12 +65,13 @@ def _save(model, folder: Path) -> Path:
     return folder
 
 
-def make_embedding(folder: Path) -> Path:
+def make_embedding(folder: Path, size: str = "test") -> Path:
     """BERT encoder in sentence-transformers layout: mean pooling, then Normalize."""
     from transformers import BertModel
 
     tokenizer = _bert_tokenizer(folder)
-    _save(BertModel(_bert_config(tokenizer)), folder)
+    config = _bert_config(tokenizer, size)
+    _save(BertModel(config), folder)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -78,9 +79,12 @@ def make_embedding(folder: Path) -> Path:
     ]
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir(exist_ok=True)
-    pooling = {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}
+    pooling = {"word_embedding_dimension": config.hidden_size, "pooling_mode_mean_tokens": True}
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    max_seq_length = 64 if size == "test" else 256
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
+    )
     return folder
 
 

@@ -1,17 +1,21 @@
-"""Compile and warm a staged archive's whole grid in a fresh process set up like a worker; pack the cache.
+"""Compile a staged archive's model in a fresh process set up like a worker: an AOT package or a cache.
 
-    python scripts/precompile.py STAGING_DIR RESULT.json HANDLER_FILE   # e.g. handlers/embedding.py
+    python scripts/precompile.py STAGING_DIR RESULT.json HANDLER_FILE KIND   # KIND: aot | cache
 
 `build_mar.py --precompile` runs this as a subprocess: a new interpreter imports the staged
-`handlers` package (the code the archive will serve), sets threads from the same model-config.yaml,
-and runs the handler's own `initialize` against an empty host cache, so what gets packed is what
-a worker compiles. It writes the archive's `compile_cache/` folder into STAGING_DIR and the
-timings to RESULT.json.
+`handlers` package (the code the archive will serve) and reads the same model-config.yaml.
+- aot: loads the model as `initialize` does, exports and compiles it with AOTInductor into
+  STAGING_DIR/aot_package/, then runs the handler's own `initialize`, which must serve from that
+  package (warm-up grid and compiled-vs-eager check included), as a worker on this host will.
+- cache: runs `initialize` against an empty host cache, so what gets packed into
+  STAGING_DIR/compile_cache/ is what a worker compiles.
+The timings go to RESULT.json.
 """
 
 import importlib
 import inspect
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -63,32 +67,61 @@ def worker_context(staging: Path, config: dict):
     return Context("precompile", str(staging), manifest, batch_size, gpu, "0.12.0", model_yaml_config=config)
 
 
-def precompile(staging: Path, handler_file: str) -> dict:
+def precompile_cache(staging: Path, handler_file: str) -> dict:
     """Initialize the handler against an empty host cache and pack what it compiled."""
     from handlers import compile_cache
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
-    with tempfile.TemporaryDirectory() as root:
-        os.environ[compile_cache.ROOT_ENV] = root
-        handler = handler_class(handler_file)()
-        handler.warmup_progress = ProgressBar()
-        started = time.perf_counter()
-        handler.initialize(worker_context(staging, config))
-        seconds = time.perf_counter() - started
-        if not handler.model.is_compiled or handler.cache_source != "compiled":
-            raise RuntimeError(f"nothing to pack: compiled={handler.model.is_compiled}, cache {handler.cache_source}")
-        built = {"initialize_seconds": round(seconds, 1), "graphs": handler.warmup_report.graphs}
-        host_cache = handler.host_cache
-        compile_cache.pack(host_cache.published, host_cache.valid_for, staging / compile_cache.PACKED_DIR, built)
+    handler = handler_class(handler_file)()
+    handler.warmup_progress = ProgressBar()
+    started = time.perf_counter()
+    handler.initialize(worker_context(staging, config))
+    seconds = time.perf_counter() - started
+    if not handler.model.is_compiled or handler.cache_source != "compiled":
+        raise RuntimeError(f"nothing to pack: compiled={handler.model.is_compiled}, cache {handler.cache_source}")
+    built = {"initialize_seconds": round(seconds, 1), "graphs": handler.warmup_report.graphs}
+    host_cache = handler.host_cache
+    compile_cache.pack(host_cache.published, host_cache.valid_for, staging / compile_cache.PACKED_DIR, built)
     return {**built, "valid_for": host_cache.valid_for}
 
 
+def precompile_package(staging: Path, handler_file: str) -> dict:
+    """Build the AOT package, then start a handler from it as a worker would: it must serve from it."""
+    from handlers import aot_package
+
+    config = yaml.safe_load((staging / "model-config.yaml").read_text())
+    context = worker_context(staging, config)
+    builder = handler_class(handler_file)()
+    module = builder.load_model(context)
+    print("precompile: exporting the model and compiling it with AOTInductor", file=sys.stderr, flush=True)
+    valid_for = builder.package_manifest(staging)
+    built = aot_package.build(
+        module, builder.plan, builder.compile_options, valid_for, staging / aot_package.PACKAGE_DIR
+    )
+    del builder, module
+    served = handler_class(handler_file)()
+    served.warmup_progress = ProgressBar()
+    started = time.perf_counter()
+    served.initialize(context)
+    if served.model_source != "aot package":
+        raise RuntimeError(
+            f"the AOT package was built but a worker here serves from {served.model_source}: see the log"
+        )
+    return {**built, "initialize_seconds": round(time.perf_counter() - started, 1), "valid_for": valid_for}
+
+
+PRECOMPILERS = {"aot": precompile_package, "cache": precompile_cache}
+
+
 def main(argv=None) -> None:
-    staging, result, handler_file = sys.argv[1:] if argv is None else argv
+    staging, result, handler_file, kind = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="precompile: %(levelname)s %(name)s: %(message)s")
     # The archive's own copy of `handlers` comes first, before anything imports the package: the
-    # cache manifest carries a digest of the code that compiled it, which must be the served code.
+    # manifest carries a digest of the code that compiled it, which must be the served code.
     sys.path.insert(0, staging)
-    outcome = precompile(Path(staging), handler_file)
+    with tempfile.TemporaryDirectory() as root:
+        os.environ["COMPILED_HANDLERS_CACHE_DIR"] = root  # an empty host cache: nothing is reused
+        outcome = PRECOMPILERS[kind](Path(staging), handler_file)
     Path(result).write_text(json.dumps(outcome))
 
 

@@ -26,7 +26,7 @@ ATTEMPTS = (1,)
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, tiny_bert):
     store = tmp_path_factory.mktemp("model_store")
-    build(tiny_bert, "embedding", "packed", store, {"handler": GRID}, precompile=True)
+    build(tiny_bert, "embedding", "packed", store, {"handler": GRID}, precompile="cache")
     for attempt in ATTEMPTS:  # each with an empty cache folder of its own
         own_cache = {"cache_dir": str(tmp_path_factory.mktemp(f"host-cache-{attempt}"))}
         config = {"minWorkers": 4, "maxWorkers": 4, "handler": {**GRID, "compile": own_cache}}

@@ -1,7 +1,7 @@
 """Hostile input, faults, overload, security and metrics through one real TorchServe on loopback.
 
 Models (the tiny random BERT, one small grid):
-- guarded: compiled, `overflow: reject`, at most 4 texts per request;
+- guarded: an AOT package (`--precompile aot`), `overflow: reject`, at most 4 texts per request;
 - truncating: compiled, over-long texts truncated (the default);
 - broken: tests/fault_handlers/broken_compiler.py, inductor fails, `on_failure: eager`;
 - slow: tests/fault_handlers/slow.py, `sleep <s>` texts hold the worker; job queue of 2, responseTimeout 3 s.
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 FAULTS = Path(__file__).parents[1] / "fault_handlers"
 GRID = {"dtype": "float32", "buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
 CANARY = "CANARY-7f3a9c-do-not-log"
-ARCHIVES = {  # name: (handler file or None, model-config over the defaults)
+ARCHIVES = {  # name: (handler file or None, model-config over the defaults); guarded is precompiled
     "guarded": (None, {"handler": {**GRID, "max_inputs": 4, "buckets": {**GRID["buckets"], "overflow": "reject"}}}),
     "truncating": (None, {"handler": GRID}),
     "broken": (FAULTS / "broken_compiler.py", {"handler": GRID}),
@@ -46,7 +46,8 @@ BATCHING = {"guarded": (4, 50), "truncating": (4, 50), "broken": (4, 50), "slow"
 def server(tmp_path_factory, tiny_bert):
     store = tmp_path_factory.mktemp("model_store")
     for name, (handler, extra) in ARCHIVES.items():
-        build(tiny_bert, "embedding", name, store, extra, handler_file=handler)
+        precompile = "aot" if name == "guarded" else None
+        build(tiny_bert, "embedding", name, store, extra, handler_file=handler, precompile=precompile)
     cache = {"COMPILED_HANDLERS_CACHE_DIR": str(tmp_path_factory.mktemp("host-compile-cache"))}
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store, env=cache)
     torchserve.start()
@@ -232,21 +233,27 @@ def test_prometheus_metrics_show_compile_state_and_requests_per_bucket(server):
         assert added == texts, bucket
     assert metric(after, "CompileFallback", ModelName="broken") == 1
     assert metric(after, "CompileFallback", ModelName="truncating") == 0
+    assert metric(after, "AotPackage", ModelName="guarded") == 1
+    assert metric(after, "AotPackage", ModelName="truncating") == 0
     for name in ("CompileSeconds", "WarmupSeconds", "PaddedTokenRatio"):
         assert metric(after, name, ModelName="truncating") > 0, name
     assert metric(after, "RecompilesAfterReady", ModelName="truncating") == 0
 
 
+def ready_lines(server, name: str) -> list[str]:
+    lines = [line for line in log_text(server, "model_log.log").splitlines() if f"{name}_1.0-stdout" in line]
+    return [line for line in lines if "MODEL_LOG - Ready in" in line]
+
+
 def test_one_ready_line_per_worker_says_what_it_runs(server):
-    ready = [line for line in log_text(server, "model_log.log").splitlines() if "guarded_1.0-stdout" in line]
-    ready = [line for line in ready if "MODEL_LOG - Ready in" in line]
-    assert ready, "no ready line for guarded"
-    pattern = (
-        r"Ready in [\d.]+s: cpu, \[.*\], dtype float32, compiled=True mode=default .*lengths \[8, 32\] x batches "
-        r"\[1, 4\], 1 graphs, first pass over the grid [\d.]+s, warm-up [\d.]+s, \d+ threads \(live workers: 1\), "
-        r"compile cache: "
-    )
-    assert re.search(pattern, ready[0])
+    compiled, packaged = ready_lines(server, "truncating"), ready_lines(server, "guarded")
+    assert len(compiled) == len(packaged) == 1
+    grid = r"dtype float32, compiled=True mode=default .*lengths \[8, 32\] x batches \[1, 4\], {} graphs, "
+    grid += r"model load [\d.]+s, "
+    timings = r"first pass over the grid [\d.]+s, warm-up [\d.]+s, \d+ threads \(live workers: 1\), compile cache: "
+    assert re.search(r"Ready in [\d.]+s from compiled: cpu, .*" + grid.format(1) + timings, compiled[0])
+    aot_package = r"Ready in [\d.]+s from aot package: cpu, .*" + grid.format(0) + timings + "not needed"
+    assert re.search(aot_package, packaged[0])
 
 
 # -- load, then a worker killed under it (last: it restarts `guarded`) -----------------------
@@ -260,12 +267,11 @@ def test_soak_with_invalid_requests_loses_nothing_and_keeps_memory_flat(server):
     assert result["rss_end_mb"] < result["rss_start_mb"] * 1.2
 
 
-def test_a_worker_killed_under_load_fails_only_its_batch_and_comes_back_warm(server):
+def test_a_worker_killed_under_load_fails_only_its_batch_and_comes_back_from_its_package(server):
     result = soak(server, "guarded", SHORT_TEXTS, clients=8, duration=120, invalid_every=0, kill_after=2)
     print(f"worker {result['killed_pid']} killed: answering again after {result['recovery_seconds']:.1f} s")
     assert result["recovery_seconds"] is not None
     assert result["no_answer"] == 0 and result["server_errors"] <= BATCHING["guarded"][0]
     assert result["ok"] == result["requests"] - result["server_errors"]
-    ready = [line for line in log_text(server, "model_log.log").splitlines() if "guarded_1.0-stdout" in line]
-    ready = [line for line in ready if "MODEL_LOG - Ready in" in line]
-    assert len(ready) == 2 and ready[-1].endswith("compile cache: hit, this host's cache from an earlier worker")
+    ready = ready_lines(server, "guarded")
+    assert len(ready) == 2 and "from aot package" in ready[-1]

@@ -1,0 +1,127 @@
+"""AOT packages of the tiny models of every exporting task, in process: served without dynamo, with
+eager's answers; refused, with the reason logged, when they do not match or are damaged."""
+
+import json
+import logging
+import shutil
+
+import pytest
+import torch
+from fakes import make_context, ready_handler
+
+from handlers import aot_package, compile_cache
+from handlers.base import run_eager
+from handlers.classification import ClassificationHandler
+from handlers.compiling import compiled_graph_count
+from handlers.embedding import EmbeddingHandler
+from handlers.token_classification import TokenClassificationHandler
+
+GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
+HANDLERS = {
+    "embedding": EmbeddingHandler,
+    "text-classification": ClassificationHandler,
+    "token-classification": TokenClassificationHandler,
+}
+
+
+def packaged_copy(model_dir, target, handler_class):
+    """A copy of `model_dir` with the aot_package/ that `precompile.py ... aot` builds."""
+    model = target / "model"
+    shutil.copytree(model_dir, model)
+    builder = handler_class()
+    module = builder.load_model(make_context(model, {"handler": {"dtype": "float32", **GRID}}))
+    valid_for = builder.package_manifest(model)
+    aot_package.build(module, builder.plan, builder.compile_options, valid_for, model / aot_package.PACKAGE_DIR)
+    return model
+
+
+@pytest.fixture(scope="module")
+def packaged(tiny_models, tmp_path_factory) -> dict:
+    return {
+        task: packaged_copy(tiny_models[task], tmp_path_factory.mktemp(task), handler_class)
+        for task, handler_class in HANDLERS.items()
+    }
+
+
+def damaged_copy(packaged_model, tmp_path, damage) -> object:
+    model = tmp_path / "model"
+    shutil.copytree(packaged_model, model)
+    damage(model / aot_package.PACKAGE_DIR)
+    return model
+
+
+@pytest.mark.parametrize("task", HANDLERS)
+def test_every_exporting_task_serves_from_its_package_without_dynamo(packaged, task):
+    handler = ready_handler(HANDLERS[task], packaged[task], **GRID)
+    assert handler.model_source == "aot package" and handler.cache_source == "aot"
+    assert compiled_graph_count() == 0  # warm-up, the check and these calls traced nothing
+    eager = run_eager(handler.model.eager)
+    # The package's smallest and largest shapes (1 x 8, 2 x 16), one between, and one with padding.
+    for token_ids in ([list(range(5, 9))], [list(range(5, 21))] * 2, [list(range(5, 15)), list(range(5, 9))]):
+        for served, reference in zip(handler.infer(token_ids), handler.infer(token_ids, eager), strict=True):
+            torch.testing.assert_close(served, reference, atol=1e-5, rtol=1e-4)
+    assert handler.model.recompiles_after_ready == 0
+
+
+def test_a_shape_outside_the_bounds_is_answered_eagerly_and_counted(packaged):
+    handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
+    assert handler.model.bounds == ((1, 2), (8, 16))
+    for batch, seq_len in ((3, 8), (1, 17)):  # the runtime would not check these shapes itself
+        inputs = {"input_ids": torch.full((batch, seq_len), 7), "attention_mask": torch.ones(batch, seq_len).long()}
+        with torch.inference_mode():
+            torch.testing.assert_close(handler.model(inputs), handler.model.eager(**inputs))
+    assert handler.model.recompiles_after_ready == 2
+
+
+def test_the_package_holds_code_not_a_second_copy_of_the_weights(packaged):
+    folder = packaged["embedding"] / aot_package.PACKAGE_DIR
+    manifest = json.loads((folder / compile_cache.MANIFEST_FILE).read_text())
+    assert manifest["valid_for"]["format"] == aot_package.FORMAT and manifest["valid_for"]["dynamic_threads"]
+    assert "threads" not in manifest["valid_for"]
+    weights = (packaged["embedding"] / "model.safetensors").stat().st_size
+    handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
+    # The runner reads the eager model's own tensors: changing one changes the package's answers.
+    with torch.inference_mode():
+        before = handler.infer([list(range(5, 12))])[0]
+        handler.model.eager.encoder.embeddings.word_embeddings.weight.mul_(2)
+        after = handler.infer([list(range(5, 12))])[0]
+    assert not torch.allclose(before, after)
+    assert manifest["package"]["bytes"] < weights + 4_000_000  # code and metadata, sized apart from the weights
+
+
+def other_dtype(folder):
+    path = folder / compile_cache.MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["valid_for"]["dtype"] = "bfloat16"
+    path.write_text(json.dumps(manifest))
+
+
+def truncated(folder):
+    package = folder / aot_package.PACKAGE_FILE
+    package.write_bytes(package.read_bytes()[:1000])
+
+
+def garbage_with_its_checksum(folder):
+    """Bytes that pass the checksum (the manifest was rewritten to match) but are not a package."""
+    package = folder / aot_package.PACKAGE_FILE
+    package.write_bytes(b"not a zip" * 100)
+    path = folder / compile_cache.MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["package"]["sha256"] = compile_cache.file_digest(package)
+    path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (other_dtype, "built for another setup; dtype: packed 'bfloat16', this worker 'float32'"),
+        (truncated, "model.pt2 is missing, truncated or corrupt (sha256 mismatch)"),
+        (garbage_with_its_checksum, "model.pt2 does not load"),
+    ],
+)
+def test_a_package_that_does_not_fit_is_ignored_and_the_worker_compiles(packaged, tmp_path, caplog, damage, reason):
+    model = damaged_copy(packaged["embedding"], tmp_path, damage)
+    with caplog.at_level(logging.INFO):
+        handler = ready_handler(EmbeddingHandler, model, **GRID)
+    assert "AOT package IGNORED, compiling instead" in caplog.text and reason in caplog.text
+    assert handler.model_source == "compiled" and compiled_graph_count() == 1
