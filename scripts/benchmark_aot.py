@@ -97,7 +97,6 @@ def bench(args, scratch: Path) -> dict:
     return {
         "model": args.model,
         "dtype": str(aot.dtype).removeprefix("torch."),
-        "layers": len(aot_package.weights(aot.model.eager)),
         "built": built,
         "ready_seconds": {"aot": aot_ready, "compiled": compiled_ready},
         "rows": rows,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from scripts import benchmark, loadtest, plan_buckets
+from scripts import benchmark, benchmark_aot, loadtest, plan_buckets
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +25,17 @@ def test_benchmark_quick_reports_every_bucket_with_correctness(tmp_path):
     assert (tmp_path / "benchmark.png").stat().st_size > 0
 
 
+def test_benchmark_aot_quick_times_every_bucket_of_the_three_contenders(tmp_path):
+    out = tmp_path / "benchmark_aot.json"
+    benchmark_aot.main(["--quick", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert {(row["batch"], row["seq_len"]) for row in result["rows"]} == {(1, 8), (4, 8), (1, 32), (4, 32)}
+    for row in result["rows"]:
+        assert row["eager_ms"] > 0 and row["compiled_ms"] > 0 and row["aot_ms"] > 0
+        assert row["aot_vs_eager"]["min_cosine"] > 0.9999
+    assert result["recompiles_after_ready"] == 0 and result["built"]["package_megabytes"] > 0
+
+
 def test_loadtest_quick_answers_every_request_of_every_contender(tmp_path):
     out = tmp_path / "loadtest.json"
     loadtest.main(["--quick", "--out", str(out)])
@@ -35,7 +46,7 @@ def test_loadtest_quick_answers_every_request_of_every_contender(tmp_path):
         assert row["ok"] == row["requests"] > 0, name
         assert row["errors"] == row["lost"] == 0, name
         assert row["min_cosine_vs_ours-float32"] > 0.999, name  # same answers, whatever the padding
-    for name in ("ours-auto", "ours-float32"):
+    for name in ("ours-auto", "ours-aot", "ours-float32"):
         assert rows[name]["recompiles_after_ready"] == 0
         assert rows[name]["padded_token_ratio"] >= 1.0
     assert rows["stock"]["recompiles_after_ready"] is None  # the stock handler exports no such metric
