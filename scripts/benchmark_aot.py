@@ -7,7 +7,7 @@ timed through the handler's own `infer` path, the three contenders taken in turn
 machine's drift hits all alike. Answers are compared with eager at the same dtype.
 
     python scripts/benchmark_aot.py                    # MiniLM, default grid, dtype auto
-    python scripts/benchmark_aot.py --model bert-base  # 12 layers, hidden 768, random weights (made here)
+    python scripts/benchmark_aot.py --model bert-base --seq-lens 32 128 --batch-sizes 1 8  # 12 layers, hidden 768
     python scripts/benchmark_aot.py --quick            # CI smoke: tiny model, 2x2 grid
 
 Prints a table and writes runs/benchmark_aot.json (or --out).
@@ -69,6 +69,11 @@ def started(source: Path, config: dict) -> tuple[object, float]:
 def bench(args, scratch: Path) -> dict:
     source = model_dir(args.model, scratch)
     config = {"dtype": args.dtype, **(QUICK_GRID if args.quick else {})}
+    if args.seq_lens or args.batch_sizes:
+        config["buckets"] = {
+            "seq_lens": args.seq_lens or [16, 32, 64, 128, 256],
+            "batch_sizes": args.batch_sizes or [1, 2, 4, 8],
+        }
     packaged, built = build_package(source, scratch / "packaged", config)
     aot, aot_ready = started(packaged, config)
     compiled, compiled_ready = started(source, config)
@@ -128,6 +133,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", choices=("minilm", "bert-base", "tiny"), default="minilm")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--seq-lens", nargs="+", type=int, help="length buckets (default: the handler's)")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, help="batch buckets (default: the handler's)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny model, 2x2 grid, few iterations")

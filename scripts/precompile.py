@@ -86,8 +86,10 @@ def precompile_cache(staging: Path, handler_file: str) -> dict:
 
 
 def precompile_package(staging: Path, handler_file: str) -> dict:
-    """Build the AOT package, then start a handler from it as a worker would: it must serve from it."""
-    from handlers import aot_package
+    """Build the AOT package, then start a handler from it as a worker would: it must serve from it;
+    then run the whole grid and the full compiled-vs-eager check through it (a worker runs less)."""
+    from handlers import aot_package, warmup
+    from handlers.base import run_eager
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
     context = worker_context(staging, config)
@@ -100,14 +102,20 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
     )
     del builder, module
     served = handler_class(handler_file)()
-    served.warmup_progress = ProgressBar()
     started = time.perf_counter()
     served.initialize(context)
+    seconds = time.perf_counter() - started
     if served.model_source != "aot package":
         raise RuntimeError(
             f"the AOT package was built but a worker here serves from {served.model_source}: see the log"
         )
-    return {**built, "initialize_seconds": round(time.perf_counter() - started, 1), "valid_for": valid_for}
+    warmup.run_grid(served.infer, served.plan, 1, served._filler, None, ProgressBar())
+    probe = served._probe_ids()
+    eager = served.infer(probe, run_eager(served.model.eager))
+    warmup.check_drift(
+        "AOT package vs eager, every length", served.infer(probe), eager, served._tolerance(served.dtype)
+    )
+    return {**built, "initialize_seconds": round(seconds, 1), "valid_for": valid_for}
 
 
 PRECOMPILERS = {"aot": precompile_package, "cache": precompile_cache}

@@ -54,6 +54,7 @@ def damaged_copy(packaged_model, tmp_path, damage) -> object:
 def test_every_exporting_task_serves_from_its_package_without_dynamo(packaged, task):
     handler = ready_handler(HANDLERS[task], packaged[task], **GRID)
     assert handler.model_source == "aot package" and handler.cache_source == "aot"
+    assert handler.warmup_report.shapes == 3  # each length at batch 1 (8, 16) and the largest batch
     assert compiled_graph_count() == 0  # warm-up, the check and these calls traced nothing
     eager = run_eager(handler.model.eager)
     # The package's smallest and largest shapes (1 x 8, 2 x 16), one between, and one with padding.
