@@ -1,23 +1,29 @@
 """Ahead-of-time compiled packages: built once with torch.export + AOTInductor, loaded by workers.
 
-A worker that loads a package runs no dynamo and compiles nothing: the archive carries the
-compiled model for a range of shapes (the bucket plan's bounds), and loading it takes a fraction
-of a second. The package holds code only, not weights: the loader is given the eager model's own
-tensors (`load_constants(user_managed=True)`), so the archive and the worker keep one copy.
+A worker that loads a package runs no dynamo, compiles nothing and builds no transformers model:
+the archive carries the compiled model for a range of shapes (the bucket plan's bounds), and the
+worker hands it the weights straight from the archive's safetensors, so the package holds code,
+not a second copy of them. Its start is checked against eager answers the build recorded.
 
-    <archive>/aot_package/model.pt2        the AOTInductor package (native code the worker runs)
-    <archive>/aot_package/manifest.json    what it is valid for, and its sha256
+    <archive>/aot_package/model.pt2              the AOTInductor package (native code the worker runs)
+    <archive>/aot_package/constants.safetensors  the few constants the checkpoint lacks (buffers)
+    <archive>/aot_package/reference.safetensors  probe rows and eager's answers to them, from the build
+    <archive>/aot_package/manifest.json          what it is valid for, where each weight is, sha256s
 
-The package is loaded only from the archive's own folder and only after its checksum and every
+The package is loaded only from the archive's own folder and only after every checksum and every
 field of its manifest match this worker; anything else is logged and the worker compiles instead.
 """
 
+import dataclasses
 import json
 import logging
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
+import torch.utils._pytree as pytree
+from torch.export._tree_utils import reorder_kwargs
 
 from handlers import buckets, compile_cache
 
@@ -25,7 +31,9 @@ logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = "aot_package"
 PACKAGE_FILE = "model.pt2"
-FORMAT = "aot-1"
+CONSTANTS_FILE = "constants.safetensors"
+REFERENCE_FILE = "reference.safetensors"
+FORMAT = "aot-2"
 # Tasks whose module is one forward pass over (input_ids, attention_mask). Generation keeps the
 # packed compile cache: its decode step and KV cache are not exported.
 TASKS = ("embedding", "text-classification", "token-classification")
@@ -82,87 +90,224 @@ def _example_inputs(plan: buckets.BucketPlan, device: torch.device) -> tuple[dic
     return inputs, {name: dict(dims) for name in inputs}
 
 
+@dataclasses.dataclass
+class Reference:
+    """Token ids of probe rows and eager's output rows for them, at the package's dtype."""
+
+    token_ids: list[list[int]]
+    rows: list[torch.Tensor]
+
+    def save(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {f"ids.{i}": torch.tensor(ids, dtype=torch.long) for i, ids in enumerate(self.token_ids)}
+        tensors |= {f"rows.{i}": row.float().contiguous() for i, row in enumerate(self.rows)}
+        save_file(tensors, str(path))
+
+    @classmethod
+    def load(cls, path: Path) -> "Reference":
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+        count = len(tensors) // 2
+        return cls([tensors[f"ids.{i}"].tolist() for i in range(count)], [tensors[f"rows.{i}"] for i in range(count)])
+
+
+@dataclasses.dataclass
+class Package:
+    """A loaded package: its runner, the tensors it reads (kept alive here), eager's answers."""
+
+    runner: "Runner"
+    constants: dict[str, torch.Tensor]
+    reference: Reference
+
+
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The module's parameters and buffers by name: the constants a package built from it needs."""
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
-def build(module: torch.nn.Module, plan: buckets.BucketPlan, options, valid_for: dict, target: Path) -> dict:
-    """Export `module` over the plan's bounds, compile it with AOTInductor into `target/`, and write
-    the manifest; returns the build's timings."""
+def as_loaded(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A checkpoint tensor as the handler's model holds it: loaded in float32, then cast to `dtype`."""
+    return tensor.to(torch.float32).to(dtype) if tensor.is_floating_point() else tensor
+
+
+def checkpoint_keys(model_dir: Path) -> dict[str, str]:
+    """Every tensor name in the archive's safetensors files, with the file that holds it."""
+    from safetensors import safe_open
+
+    found = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as checkpoint:
+            found.update({key: path.name for key in checkpoint.keys() if key not in found})
+    return found
+
+
+def same_path(name: str, key: str) -> bool:
+    """A module name and a checkpoint key for the same tensor: one ends with the other (a wrapper
+    or a base-model prefix, such as `encoder.` or `bert.`, is all that differs)."""
+    return name == key or name.endswith("." + key) or key.endswith("." + name)
+
+
+def weight_sources(
+    module: torch.nn.Module, names: list[str], model_dir: Path, dtype: torch.dtype
+) -> tuple[dict[str, list[str]], dict[str, torch.Tensor]]:
+    """Where each constant the package reads is in the archive's safetensors ([file, key]), proven
+    equal to the module's tensor once loaded as `load_weights` loads it; and the constants found in
+    none (to ship with the package)."""
+    from safetensors import safe_open
+
+    keys = checkpoint_keys(model_dir)
+    tensors = weights(module)
+    sources, missing = {}, {}
+    for name in names:
+        wanted = tensors[name].detach().cpu()
+        for key in sorted((key for key in keys if same_path(name, key)), key=len, reverse=True):
+            with safe_open(str(model_dir / keys[key]), framework="pt") as checkpoint:
+                loaded = as_loaded(checkpoint.get_tensor(key), dtype)
+            if loaded.dtype == wanted.dtype and loaded.shape == wanted.shape and torch.equal(loaded, wanted):
+                sources[name] = [keys[key], key]
+                break
+        else:
+            missing[name] = wanted.clone().contiguous()
+    return sources, missing
+
+
+def load_weights(model_dir: Path, sources: dict, packed: Path, dtype: torch.dtype, device: torch.device) -> dict:
+    """The package's constants by name: from the archive's safetensors (cast as the model casts
+    them) and from the package's own constants file; a tensor two names share is read once."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    loaded = {}
+    by_file: dict[str, list[tuple[str, str]]] = {}
+    for name, (file, key) in sources.items():
+        by_file.setdefault(Path(file).name, []).append((name, key))  # never a path outside the archive
+    for file, pairs in by_file.items():
+        with safe_open(str(model_dir / file), framework="pt", device=str(device)) as checkpoint:
+            read = {key: as_loaded(checkpoint.get_tensor(key), dtype) for key in {key for _, key in pairs}}
+        loaded.update({name: read[key] for name, key in pairs})
+    extra = load_file(str(packed / CONSTANTS_FILE), device=str(device))
+    return loaded | extra
+
+
+class Runner:
+    """The package's native code, called with the model's keyword inputs. torch's own wrapper
+    (`torch._inductor.package.load_package`) imports the compiler, dynamo included, a second of a
+    worker's start for a package that compiles nothing, and parses the call spec at every call;
+    this one needs only torch's C++ loader."""
+
+    def __init__(self, package: Path, device: torch.device):
+        index = (device.index or 0) if device.type == "cuda" else -1
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, index)
+        self.in_spec, self.out_spec = (pytree.treespec_loads(spec) for spec in self.loader.get_call_spec())
+
+    def __call__(self, **inputs: torch.Tensor) -> torch.Tensor:
+        flat = pytree.tree_leaves(((), reorder_kwargs(inputs, self.in_spec)))
+        return pytree.tree_unflatten(self.loader.boxed_run(flat), self.out_spec)
+
+    def bind(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Read every constant from `tensors` (no copy: they must outlive the runner)."""
+        wanted = {name: tensors[name] for name in self.loader.get_constant_fqns()}
+        self.loader.load_constants(wanted, False, True, True, False)  # not folded; full update; user-managed
+
+
+def _files(target: Path) -> dict:
+    return {
+        path.name: {"sha256": compile_cache.file_digest(path), "bytes": path.stat().st_size}
+        for path in (target / PACKAGE_FILE, target / CONSTANTS_FILE, target / REFERENCE_FILE)
+    }
+
+
+def build(
+    module: torch.nn.Module, plan: buckets.BucketPlan, options, valid_for: dict, model_dir: Path, reference: Reference
+) -> dict:
+    """Export `module` over the plan's bounds, compile it with AOTInductor into the archive's
+    `aot_package/`, and write where its weights are, the reference answers and the manifest;
+    returns the build's timings."""
+    from safetensors.torch import save_file
+
     if options.backend != "inductor":
         raise PackageError(f"compile.backend is {options.backend!r}; ahead-of-time packages need 'inductor'")
     device = next(module.parameters()).device
     inputs, dynamic_shapes = _example_inputs(plan, device)
+    target = model_dir / PACKAGE_DIR
     target.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     with torch.inference_mode():
         program = torch.export.export(module, (), inputs, dynamic_shapes=dynamic_shapes, strict=False)
     exported = time.perf_counter()
-    missing = sorted((set(program.state_dict) | set(program.constants)) - set(weights(module)))
-    if missing:
-        raise PackageError(f"the exported model holds constants that are not its weights: {missing[:5]}")
-    package = target / PACKAGE_FILE
+    names = sorted(set(program.state_dict) | set(program.constants))
+    unknown = sorted(set(names) - set(weights(module)))
+    if unknown:
+        raise PackageError(f"the exported model holds constants that are not its weights: {unknown[:5]}")
     torch._inductor.aoti_compile_and_package(
-        program, package_path=str(package), inductor_configs=inductor_options(options)
+        program, package_path=str(target / PACKAGE_FILE), inductor_configs=inductor_options(options)
     )
+    sources, missing = weight_sources(module, names, model_dir, getattr(torch, valid_for["dtype"]))
+    save_file(missing, str(target / CONSTANTS_FILE))
+    reference.save(target / REFERENCE_FILE)
     built = {
         "export_seconds": round(exported - began, 1),
         "compile_seconds": round(time.perf_counter() - exported, 1),
+        "constants_from_checkpoint": len(sources),
+        "constants_in_package": sorted(missing),
     }
-    description = {
-        "valid_for": valid_for,
-        "package": {
-            "file": PACKAGE_FILE,
-            "sha256": compile_cache.file_digest(package),
-            "bytes": package.stat().st_size,
-        },
-        "built": built,
-    }
+    description = {"valid_for": valid_for, "files": _files(target), "weights": sources, "built": built}
     (target / compile_cache.MANIFEST_FILE).write_text(json.dumps(description, indent=2))
     return built
 
 
-def load(packed: Path, valid_for: dict, module: torch.nn.Module, device: torch.device):
-    """The package's runner, its constants bound to `module`'s tensors; PackageError saying why not."""
+def load(packed: Path, valid_for: dict, model_dir: Path, device: torch.device) -> Package:
+    """The package's runner with its weights bound, and the build's reference answers; PackageError
+    saying why not."""
     try:
         description = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())
-        package = packed / Path(description["package"]["file"]).name  # never a path outside the folder
-        expected_digest = description["package"]["sha256"]
-        found = description["valid_for"]
+        files, sources, found = description["files"], description["weights"], description["valid_for"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise PackageError(f"unreadable manifest ({type(error).__name__}: {error})") from None
     mismatched = compile_cache.differences(valid_for, found)
     if mismatched:
         raise PackageError("built for another setup; " + "; ".join(mismatched))
-    if not package.is_file() or compile_cache.file_digest(package) != expected_digest:
-        raise PackageError(f"{package.name} is missing, truncated or corrupt (sha256 mismatch)")
-    from torch._inductor.package import load_package
-
+    for name in (PACKAGE_FILE, CONSTANTS_FILE, REFERENCE_FILE):
+        path = packed / name
+        if name not in files or not path.is_file() or compile_cache.file_digest(path) != files[name]["sha256"]:
+            raise PackageError(f"{name} is missing, truncated or corrupt (sha256 mismatch)")
     try:
-        runner = load_package(str(package), device_index=device.index if device.type == "cuda" else -1)
-        tensors = weights(module)
-        runner.load_constants(
-            {name: tensors[name] for name in runner.get_constant_fqns()}, check_full_update=True, user_managed=True
-        )
-    except (RuntimeError, KeyError, OSError) as error:
-        raise PackageError(f"{package.name} does not load ({type(error).__name__}: {error})") from None
-    return runner
+        dtype = getattr(torch, valid_for["dtype"])
+        constants = load_weights(model_dir, sources, packed, dtype, device)
+        runner = Runner(packed / PACKAGE_FILE, device)
+        runner.bind(constants)
+        reference = Reference.load(packed / REFERENCE_FILE)
+    except Exception as error:  # safetensors, the runtime and torch raise many kinds: all mean "does not load"
+        raise PackageError(f"the package does not load ({type(error).__name__}: {error})") from None
+    return Package(runner, constants, reference)
 
 
 class AotModel:
-    """A loaded package behind the interface of `CompiledModel`: shapes outside the package's
-    bounds (the AOT runtime does not check them) are answered eagerly and counted after ready."""
+    """A loaded package behind the interface of `CompiledModel`. Shapes outside the package's bounds
+    (the AOT runtime does not check them) are answered by the eager model, loaded on first need and
+    counted after ready; the package then reads the eager model's weights, so there is one copy."""
 
     guards_thread_count = False  # no dynamo: kernels read the thread count when they run
 
-    def __init__(self, runner, eager: torch.nn.Module, plan: buckets.BucketPlan, options):
-        self.runner = runner
-        self.eager = eager
-        self.options = options
+    def __init__(self, package: Package, load_eager: Callable[[], torch.nn.Module], plan: buckets.BucketPlan):
+        self.runner = package.runner
+        self.constants = package.constants
+        self.load_eager = load_eager
+        self.loaded_eager = None
         self.bounds = bounds(plan)
         self.ready = False
         self.recompiles_after_ready = 0
+
+    @property
+    def eager(self) -> torch.nn.Module:
+        if self.loaded_eager is None:
+            self.loaded_eager = self.load_eager()
+            if self.runner is not None:
+                self.runner.bind(weights(self.loaded_eager))
+                self.constants = None
+        return self.loaded_eager
 
     @property
     def is_compiled(self) -> bool:

@@ -77,62 +77,94 @@ class CompiledHandler(BaseHandler):
     def configure_tokenizer(self, tokenizer) -> None:
         """Task-specific tokenizer settings (e.g. which side truncation cuts)."""
 
+    def read_task_settings(self, model_dir: Path, model_config) -> None:
+        """What the task reads from the model's files besides the module (labels, pooling): a
+        worker serving an AOT package never builds the module."""
+
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context):
-        started = time.perf_counter()
-        module = self.load_model(context)
-        model_dir = Path(context.system_properties["model_dir"])
-        self.load_seconds = time.perf_counter() - started
-        if not self._serve_from_package(model_dir, module):
-            self._compile_and_warm_up(model_dir, module)
+        self.started = time.perf_counter()
+        self.load_settings(context)
+        if not self._serve_from_package():
+            module = self.load_module()
+            self.load_seconds = time.perf_counter() - self.started
+            self._compile_and_warm_up(module)
         self.model.mark_ready()
         self.traced_threads = {self.worker.threads}
         self.lengths = LengthStats(context.model_name, self.config.buckets.histogram_every)
         self.initialized = True
-        self._log_ready(self.warmup_report, time.perf_counter() - started)
+        self._log_ready(self.warmup_report, time.perf_counter() - self.started)
 
     def load_model(self, context) -> torch.nn.Module:
-        """Everything before compiling: configuration, threads, tokenizer, bucket plan, and the eager
-        model at its dtype (the build's precompile step starts from here too)."""
+        """Everything before compiling, and the eager model at its dtype (the build starts here)."""
+        self.load_settings(context)
+        return self.load_module()
+
+    def load_settings(self, context) -> None:
+        """Configuration, threads, tokenizer, bucket plan and the task's settings: all but the module."""
         self.context = context
         self.config: HandlerConfig = parse(context.model_yaml_config)
-        model_dir = Path(context.system_properties["model_dir"])
-        self.worker = hardware.configure_worker(self.config.threads, self.config.workers, model_dir)
+        self.model_dir = Path(context.system_properties["model_dir"])
+        self.worker = hardware.configure_worker(self.config.threads, self.config.workers, self.model_dir)
         self.device = self._device(context.system_properties.get("gpu_id"))
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=False)
         if not self.tokenizer.is_fast:
-            raise ValueError(f"{model_dir} has no fast tokenizer (tokenizer.json); offsets and speed need one")
+            raise ValueError(f"{self.model_dir} has no fast tokenizer (tokenizer.json); offsets and speed need one")
         self.configure_tokenizer(self.tokenizer)
-        self._check_vocabulary(model_dir)
-        self.plan = self._plan(model_dir)
-        module = self.build_model(model_dir).eval().to(self.device)
-        self.dtype = self._choose_dtype(module)
+        model_config = AutoConfig.from_pretrained(self.model_dir, trust_remote_code=False)
+        self._check_vocabulary(model_config)
+        self.read_task_settings(self.model_dir, model_config)
+        self.plan = self._plan(self.model_dir)
         self.compile_options = dataclasses.replace(self.config.compile, dynamic=self.plan.dynamic)  # a task may fix it
+
+    def load_module(self) -> torch.nn.Module:
+        """The eager model on the device at the chosen dtype (`dtype: auto` is checked on it)."""
+        module = self.build_model(self.model_dir).eval().to(self.device)
+        self.dtype = self._choose_dtype(module)
         return module.to(self.dtype)
 
-    def package_manifest(self, model_dir: Path) -> dict:
+    def package_manifest(self) -> dict:
         """What an AOT package must have been built for to serve this worker."""
-        return aot_package.manifest(HARDWARE, self.dtype, self.plan, self.compile_options, model_dir)
+        return aot_package.manifest(HARDWARE, self.dtype, self.plan, self.compile_options, self.model_dir)
 
-    def _serve_from_package(self, model_dir: Path, module: torch.nn.Module) -> bool:
+    def build_package(self, module: torch.nn.Module) -> dict:
+        """Export `module` into the archive's AOT package, with eager's answers on the probe rows
+        that a worker checks the package against (returns the build's timings)."""
+        probe = self._package_probe()
+        reference = aot_package.Reference(probe, self.infer(probe, run_eager(module)))
+        valid_for = self.package_manifest()
+        return aot_package.build(module, self.plan, self.compile_options, valid_for, self.model_dir, reference)
+
+    def _serve_from_package(self) -> bool:
         """Serve the archive's AOT package if it matches this worker and passes warm-up and the
         check; otherwise say why, loudly, and let the worker compile."""
-        packed = model_dir / aot_package.PACKAGE_DIR
+        packed = self.model_dir / aot_package.PACKAGE_DIR
         if not (packed.is_dir() and self.config.compile.enable and self.config.task in aot_package.TASKS):
             return False
+        # `dtype: auto` is not checked against float32 again: the build did, on this model and on
+        # hardware with the CPU flags or CUDA capability the manifest makes this worker match.
+        self.dtype = DTYPES.get(self.config.dtype, HARDWARE.auto_dtype)
         try:
-            runner = aot_package.load(packed, self.package_manifest(model_dir), module, self.device)
-            self.model = aot_package.AotModel(runner, module, self.plan, self.compile_options)
-            self.warmup_report = self._warm_up_package()
+            package = aot_package.load(packed, self.package_manifest(), self.model_dir, self.device)
+            self.model = aot_package.AotModel(package, self._load_eager_later, self.plan)
+            self.load_seconds = time.perf_counter() - self.started
+            self.warmup_report = self._warm_up_package(package.reference)
         except Exception as error:  # a package of any defect is a reason to compile, never to fail
             logger.warning("AOT package IGNORED, compiling instead: %s: %s", type(error).__name__, error)
             return False
         self.cache_source = "aot"
         return True
 
-    def _compile_and_warm_up(self, model_dir: Path, module: torch.nn.Module) -> None:
+    def _load_eager_later(self) -> torch.nn.Module:
+        """The eager model for an AOT worker that needs it after all (a shape outside the package)."""
+        began = time.perf_counter()
+        module = self.build_model(self.model_dir).eval().to(self.device, self.dtype)
+        logger.info("Eager model loaded in %.1fs", time.perf_counter() - began)
+        return module
+
+    def _compile_and_warm_up(self, module: torch.nn.Module) -> None:
         self.model = CompiledModel(module, self.compile_options, self.graphs_needed())
-        with self._compile_cache(model_dir) as lease:
+        with self._compile_cache(self.model_dir) as lease:
             self.warmup_report = self._warm_up()
             if lease is not None and self.model.is_compiled:
                 self.host_cache.publish(lease)
@@ -225,8 +257,6 @@ class CompiledHandler(BaseHandler):
         with torch.inference_mode():
             for group, padded in prepared:
                 inputs = {name: tensor.to(self.device) for name, tensor in padded.items()}
-                for tensor in inputs.values():
-                    buckets.mark_dynamic_dims(tensor, self.plan)
                 output = model(inputs).float().cpu()
                 for row, index in enumerate(group.indices):
                     rows[index] = output[row]
@@ -254,9 +284,9 @@ class CompiledHandler(BaseHandler):
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-    def _check_vocabulary(self, model_dir: Path) -> None:
+    def _check_vocabulary(self, model_config) -> None:
         """A token id past the embedding table aborts the whole worker inside a compiled kernel."""
-        rows = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).get_text_config().vocab_size
+        rows = model_config.get_text_config().vocab_size
         largest = max(self.tokenizer.get_vocab().values())
         if rows is not None and largest >= rows:
             raise ValueError(f"the tokenizer makes token id {largest} but the model embeds only {rows} tokens")
@@ -316,12 +346,11 @@ class CompiledHandler(BaseHandler):
             self.model.fall_back_to_eager(f"{type(error).__name__}: {error}")
             return dataclasses.replace(warmup.run_grid(self.infer, self.plan, 1, self._filler, None), graphs=0)
 
-    def _warm_up_package(self) -> warmup.WarmupReport:
-        """Each length bucket once at batch 1 and the largest batch once, then the check at the
-        smallest and largest length bucket. Measured on MiniLM (README, "Cold start"): a package's
-        first call at a new shape costs what later calls do (only the first calls of all set up
-        the runtime), so the whole grid, 2.5 s of a 6.4 s start, bought nothing; the build ran the
-        whole grid and the full check already, on its own host."""
+    def _warm_up_package(self, reference: aot_package.Reference | None) -> warmup.WarmupReport:
+        """Each length bucket once at batch 1 and the largest batch once, then the package against
+        the build's eager answers. Measured on MiniLM (README, "Cold start"): a package's first call
+        at a new shape costs what later calls do (only the first calls of all set up the runtime),
+        so the whole grid bought nothing; the build ran it, and the full check, on its own host."""
         began = time.perf_counter()
         shapes = [(1, seq_len) for seq_len in self.plan.seq_lens] + [(self.plan.max_batch, self.plan.seq_lens[0])]
         for done, (batch, seq_len) in enumerate(shapes, start=1):
@@ -330,11 +359,8 @@ class CompiledHandler(BaseHandler):
                 self.warmup_progress(done, len(shapes))
         seconds = time.perf_counter() - began
         if self.config.warmup.verify:
-            probe = self._probe_ids()
-            rows = len(probe) // len(self.plan.seq_lens)
-            probe = probe[:rows] + probe[-rows:]
-            eager = self.infer(probe, run_eager(self.model.eager))
-            warmup.check_drift("AOT package vs eager", self.infer(probe), eager, self._tolerance(self.dtype))
+            outputs = self.infer(reference.token_ids)
+            warmup.check_drift("AOT package vs the build's eager", outputs, reference.rows, self._tolerance(self.dtype))
         return warmup.WarmupReport(len(shapes), 0, seconds, seconds)
 
     def _trace_at_new_thread_count(self) -> None:
@@ -367,6 +393,12 @@ class CompiledHandler(BaseHandler):
 
     def _filler(self, seq_len: int, rows: int) -> list[list[int]]:
         return warmup.filler_ids(seq_len, rows, len(self.tokenizer), self._special_ids())
+
+    def _package_probe(self) -> list[list[int]]:
+        """The probe rows of the smallest and the largest length bucket."""
+        probe = self._probe_ids()
+        rows = len(probe) // len(self.plan.seq_lens)
+        return probe[:rows] + probe[-rows:]
 
     def _probe_ids(self) -> list[list[int]]:
         """Two rows per length bucket, one full and one shorter, for compiled-vs-eager checks."""

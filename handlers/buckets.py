@@ -94,12 +94,12 @@ def expected_graphs(plan: BucketPlan) -> int:
     return batch_kinds * seq_kinds
 
 
-def mark_dynamic_dims(tensor: torch.Tensor, plan: BucketPlan) -> None:
-    """Tell dynamo which dimensions of a (batch, seq_len) input vary, per the plan."""
-    if plan.dynamic == "none":
+def mark_dynamic_dims(tensor: torch.Tensor, dynamic: str) -> None:
+    """Tell dynamo which dimensions of a (batch, seq_len) input vary, per the plan's `dynamic`."""
+    if dynamic == "none":
         return
     torch._dynamo.mark_dynamic(tensor, 0)
-    if plan.dynamic == "all":
+    if dynamic == "all":
         torch._dynamo.mark_dynamic(tensor, 1)
 
 

@@ -4,7 +4,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForSequenceClassification
 
 from handlers.base import CompiledHandler
 from handlers.labels import SCORE_FUNCTIONS, Logits, optional_top_k, score_function, top_labels
@@ -16,12 +15,16 @@ class ClassificationHandler(CompiledHandler):
 
     PARAMS = {"top_k": optional_top_k}
 
+    def read_task_settings(self, model_dir: Path, model_config) -> None:
+        self.id2label = {int(index): label for index, label in model_config.id2label.items()}
+        self.scores = SCORE_FUNCTIONS[score_function(model_config)]
+
     def build_model(self, model_dir: Path) -> torch.nn.Module:
+        from transformers import AutoModelForSequenceClassification
+
         model = AutoModelForSequenceClassification.from_pretrained(
             model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
         )
-        self.id2label = {int(index): label for index, label in model.config.id2label.items()}
-        self.scores = SCORE_FUNCTIONS[score_function(model.config)]
         return Logits(model)
 
     def encode(self, rows: list[torch.Tensor], body: Payload, encodings: list) -> Any:

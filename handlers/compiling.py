@@ -9,16 +9,17 @@ graph raises instead of stalling a request for seconds. That event is counted
 Regional compilation (`compile.regional`) compiles the model's repeated block (its transformer
 layer) instead of the whole model: dynamo traces and inductor compiles one layer, reused by every
 layer, so compiling is faster; the code around the blocks runs eagerly.
+
+Dynamo is imported on first use (`torch._dynamo` is one of torch's lazy modules): a worker that
+serves an AOT package never compiles, and importing dynamo would cost it a second of its start.
 """
 
 import logging
 from typing import Callable
 
 import torch
-import torch._dynamo
-import torch.fx.experimental._config as fx_config
-from torch._dynamo.utils import counters
 
+from handlers import buckets, hardware
 from handlers.config import CompileConfig
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class ForceEager(torch.nn.Module):
 
 def compiled_graph_count() -> int:
     """Graphs dynamo has compiled in this process (one model per worker process)."""
+    from torch._dynamo.utils import counters
+
     return counters["stats"]["unique_graphs"]
 
 
@@ -105,6 +108,9 @@ class CompiledModel:
         """Wrap the model with torch.compile (lazy: graphs are built by the first calls)."""
         if not self.options.enable:
             return
+        import torch.fx.experimental._config as fx_config
+
+        hardware.configure_inductor()
         # Size-oblivious sizes: a dynamic dimension of size 1 shares the graph of the other sizes
         # instead of getting its own (dynamo specializes 0 and 1 otherwise), which halves compile
         # time for a grid with batch size 1. Process-wide; the warm-up graph count and the
@@ -160,6 +166,9 @@ class CompiledModel:
     def __call__(self, inputs: dict) -> torch.Tensor:
         if self.compiled is None:
             return self.eager(**inputs)
+        for value in inputs.values():  # the plan's varying dimensions, so one graph serves the grid
+            if isinstance(value, torch.Tensor):
+                buckets.mark_dynamic_dims(value, self.options.dynamic)
         if not self.ready:
             return self.compiled(**inputs)
         try:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModel
 
 from handlers.base import CompiledHandler
 from handlers.payload import Payload, boolean_param
@@ -20,8 +19,12 @@ class EmbeddingHandler(CompiledHandler):
 
     PARAMS = {"normalize": boolean_param}
 
-    def build_model(self, model_dir: Path) -> torch.nn.Module:
+    def read_task_settings(self, model_dir: Path, model_config) -> None:
         self.normalize_default = normalizes(model_dir)
+
+    def build_model(self, model_dir: Path) -> torch.nn.Module:
+        from transformers import AutoModel  # the model classes cost a worker that serves a package a second
+
         encoder = AutoModel.from_pretrained(
             model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
         )

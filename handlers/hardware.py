@@ -1,7 +1,9 @@
 """What the machine can do, and the process-wide torch settings that follow from it.
 
 `detect()` runs once per process at handler import (it is cached, so every handler module can call
-it); `configure_worker()` runs in `initialize` and shares the cores among the model's live workers.
+it); `configure_worker()` runs in `initialize` and shares the cores among the model's live workers;
+`configure_inductor()` runs before anything compiles (a worker serving an AOT package never imports
+inductor's compiler, a second of its start).
 """
 
 import dataclasses
@@ -94,13 +96,8 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def configure_worker(threads: int | None, min_workers: int, model_dir: Path | None) -> ThreadShare:
-    """Turn the inductor FX graph cache on and give this worker its share of the cores.
-
-    One thread instead of two halved MiniLM throughput for a single worker on 2 cores, so the
-    default divides the cores by the live workers of the model (at least `min_workers`, which start
-    together) instead of pinning everyone to one thread, and follows that count as it changes.
-    """
+def configure_inductor() -> None:
+    """Turn the inductor FX graph cache on, and make compiled kernels follow the thread count."""
     import torch._inductor.config as inductor_config
 
     inductor_config.fx_graph_cache = True
@@ -112,6 +109,15 @@ def configure_worker(threads: int | None, min_workers: int, model_dir: Path | No
     # time, so a worker's share of the cores can change as workers come and go (its cost per call:
     # scripts/benchmark_threads.py, README "Tuning").
     inductor_config.cpp.dynamic_threads = True
+
+
+def configure_worker(threads: int | None, min_workers: int, model_dir: Path | None) -> ThreadShare:
+    """Give this worker its share of the cores.
+
+    One thread instead of two halved MiniLM throughput for a single worker on 2 cores, so the
+    default divides the cores by the live workers of the model (at least `min_workers`, which start
+    together) instead of pinning everyone to one thread, and follows that count as it changes.
+    """
     live = None
     if model_dir is not None and threads is None:  # a fixed `threads: N` never follows the count
         try:
@@ -119,11 +125,5 @@ def configure_worker(threads: int | None, min_workers: int, model_dir: Path | No
         except OSError as error:  # no writable temp dir: keep the share minWorkers gives
             logger.warning("Threads will not follow the live workers: %s", error)
     share = ThreadShare(live, usable_cores(), threads, min_workers)
-    logger.info(
-        "Worker settings: %d threads, %d cores, %d workers, fx_graph_cache=%s",
-        share.threads,
-        share.cores,
-        share.workers,
-        inductor_config.fx_graph_cache,
-    )
+    logger.info("Worker settings: %d threads, %d cores, %d workers", share.threads, share.cores, share.workers)
     return share

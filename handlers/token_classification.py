@@ -4,7 +4,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForTokenClassification
 
 from handlers.base import CompiledHandler
 from handlers.entities import AGGREGATIONS, entities_for
@@ -17,11 +16,15 @@ class TokenClassificationHandler(CompiledHandler):
 
     PARAMS = {"aggregation_strategy": choice_param(*AGGREGATIONS)}
 
+    def read_task_settings(self, model_dir: Path, model_config) -> None:
+        self.id2label = {int(index): label for index, label in model_config.id2label.items()}
+
     def build_model(self, model_dir: Path) -> torch.nn.Module:
+        from transformers import AutoModelForTokenClassification
+
         model = AutoModelForTokenClassification.from_pretrained(
             model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
         )
-        self.id2label = {int(index): label for index, label in model.config.id2label.items()}
         return Logits(model)
 
     def encode(self, rows: list[torch.Tensor], body: Payload, encodings: list) -> Any:

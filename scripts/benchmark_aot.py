@@ -53,10 +53,9 @@ def build_package(source: Path, target: Path, config: dict) -> tuple[Path, dict]
     """A copy of `source` with its AOT package, as the build makes it; the build's timings."""
     shutil.copytree(source, target)
     builder = EmbeddingHandler()
-    module = builder.load_model(make_context(target, {"handler": config}))
-    folder = target / aot_package.PACKAGE_DIR
-    built = aot_package.build(module, builder.plan, builder.compile_options, builder.package_manifest(target), folder)
-    built["package_megabytes"] = round((folder / aot_package.PACKAGE_FILE).stat().st_size / 1e6, 1)
+    built = builder.build_package(builder.load_model(make_context(target, {"handler": config})))
+    package = target / aot_package.PACKAGE_DIR / aot_package.PACKAGE_FILE
+    built["package_megabytes"] = round(package.stat().st_size / 1e6, 1)
     return target, built
 
 

@@ -6,7 +6,8 @@
 `handlers` package (the code the archive will serve) and reads the same model-config.yaml.
 - aot: loads the model as `initialize` does, exports and compiles it with AOTInductor into
   STAGING_DIR/aot_package/, then runs the handler's own `initialize`, which must serve from that
-  package (warm-up grid and compiled-vs-eager check included), as a worker on this host will.
+  package (its warm-up and its check against the recorded eager answers), as a worker on this host
+  will, and then the whole grid and the full check against the eager model.
 - cache: runs `initialize` against an empty host cache, so what gets packed into
   STAGING_DIR/compile_cache/ is what a worker compiles.
 The timings go to RESULT.json.
@@ -88,7 +89,7 @@ def precompile_cache(staging: Path, handler_file: str) -> dict:
 def precompile_package(staging: Path, handler_file: str) -> dict:
     """Build the AOT package, then start a handler from it as a worker would: it must serve from it;
     then run the whole grid and the full compiled-vs-eager check through it (a worker runs less)."""
-    from handlers import aot_package, warmup
+    from handlers import warmup
     from handlers.base import run_eager
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
@@ -96,10 +97,8 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
     builder = handler_class(handler_file)()
     module = builder.load_model(context)
     print("precompile: exporting the model and compiling it with AOTInductor", file=sys.stderr, flush=True)
-    valid_for = builder.package_manifest(staging)
-    built = aot_package.build(
-        module, builder.plan, builder.compile_options, valid_for, staging / aot_package.PACKAGE_DIR
-    )
+    built = builder.build_package(module)
+    valid_for = builder.package_manifest()
     del builder, module
     served = handler_class(handler_file)()
     started = time.perf_counter()

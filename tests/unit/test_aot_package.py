@@ -3,7 +3,11 @@ eager's answers; refused, with the reason logged, when they do not match or are 
 
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,9 +33,7 @@ def packaged_copy(model_dir, target, handler_class):
     model = target / "model"
     shutil.copytree(model_dir, model)
     builder = handler_class()
-    module = builder.load_model(make_context(model, {"handler": {"dtype": "float32", **GRID}}))
-    valid_for = builder.package_manifest(model)
-    aot_package.build(module, builder.plan, builder.compile_options, valid_for, model / aot_package.PACKAGE_DIR)
+    builder.build_package(builder.load_model(make_context(model, {"handler": {"dtype": "float32", **GRID}})))
     return model
 
 
@@ -74,20 +76,52 @@ def test_a_shape_outside_the_bounds_is_answered_eagerly_and_counted(packaged):
     assert handler.model.recompiles_after_ready == 2
 
 
-def test_the_package_holds_code_not_a_second_copy_of_the_weights(packaged):
+def test_the_package_holds_code_and_reads_the_weights_from_the_archive(packaged):
     folder = packaged["embedding"] / aot_package.PACKAGE_DIR
     manifest = json.loads((folder / compile_cache.MANIFEST_FILE).read_text())
     assert manifest["valid_for"]["format"] == aot_package.FORMAT and manifest["valid_for"]["dynamic_threads"]
     assert "threads" not in manifest["valid_for"]
     weights = (packaged["embedding"] / "model.safetensors").stat().st_size
+    assert manifest["files"][aot_package.PACKAGE_FILE]["bytes"] < weights + 4_000_000  # sized apart from the weights
+    assert {file for file, _ in manifest["weights"].values()} == {"model.safetensors"}
     handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
-    # The runner reads the eager model's own tensors: changing one changes the package's answers.
+    assert handler.model.loaded_eager is None  # the worker started without building the model
+    # Every parameter comes from the archive's safetensors; only buffers it leaves out ship apart.
+    module = handler.model.eager
+    assert set(manifest["weights"]) == set(dict(module.named_parameters()))
+    assert set(manifest["built"]["constants_in_package"]) <= set(dict(module.named_buffers()))
+
+
+def test_the_eager_model_loaded_later_lends_the_package_its_weights(packaged):
+    handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
     with torch.inference_mode():
         before = handler.infer([list(range(5, 12))])[0]
+        # The runner now reads the eager model's own tensors: changing one changes the package's answers.
         handler.model.eager.encoder.embeddings.word_embeddings.weight.mul_(2)
         after = handler.infer([list(range(5, 12))])[0]
-    assert not torch.allclose(before, after)
-    assert manifest["package"]["bytes"] < weights + 4_000_000  # code and metadata, sized apart from the weights
+    assert handler.model.constants is None and not torch.allclose(before, after)
+
+
+def test_an_aot_start_imports_neither_dynamo_nor_the_transformers_model(packaged):
+    """Dynamo and transformers' model classes are most of a worker's imports (README, "Cold start")."""
+    script = f"""
+import json, sys
+from fakes import make_context
+from handlers.embedding import EmbeddingHandler
+handler = EmbeddingHandler()
+handler.initialize(make_context({str(packaged["embedding"])!r}, {{"handler": {{"dtype": "float32", **{GRID!r}}}}}))
+heavy = ("torch._dynamo", "torch._inductor.compile_fx", "transformers.modeling_utils")
+print(json.dumps({{"source": handler.model_source, "imported": [name for name in heavy if name in sys.modules]}}))
+"""
+    tests = Path(__file__).parents[1]
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}"},
+    )
+    assert json.loads(result.stdout.splitlines()[-1]) == {"source": "aot package", "imported": []}
 
 
 def other_dtype(folder):
@@ -102,13 +136,23 @@ def truncated(folder):
     package.write_bytes(package.read_bytes()[:1000])
 
 
+def other_weights(folder):
+    """The archive's weights changed after the build: the package runs, with other answers."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder.parent / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors["embeddings.word_embeddings.weight"] *= 2
+    save_file(tensors, str(path))
+
+
 def garbage_with_its_checksum(folder):
     """Bytes that pass the checksum (the manifest was rewritten to match) but are not a package."""
     package = folder / aot_package.PACKAGE_FILE
     package.write_bytes(b"not a zip" * 100)
     path = folder / compile_cache.MANIFEST_FILE
     manifest = json.loads(path.read_text())
-    manifest["package"]["sha256"] = compile_cache.file_digest(package)
+    manifest["files"][aot_package.PACKAGE_FILE]["sha256"] = compile_cache.file_digest(package)
     path.write_text(json.dumps(manifest))
 
 
@@ -117,7 +161,8 @@ def garbage_with_its_checksum(folder):
     [
         (other_dtype, "built for another setup; dtype: packed 'bfloat16', this worker 'float32'"),
         (truncated, "model.pt2 is missing, truncated or corrupt (sha256 mismatch)"),
-        (garbage_with_its_checksum, "model.pt2 does not load"),
+        (garbage_with_its_checksum, "the package does not load"),
+        (other_weights, "AOT package vs the build's eager: outputs drift"),
     ],
 )
 def test_a_package_that_does_not_fit_is_ignored_and_the_worker_compiles(packaged, tmp_path, caplog, damage, reason):

@@ -74,6 +74,13 @@ def test_threads_share_the_cores_between_workers(monkeypatch, cores, workers, th
     monkeypatch.setattr(torch, "set_num_threads", set_threads.append)
     settings = hardware.configure_worker(threads, workers, None)
     assert settings.threads == expected and set_threads == [expected]
+
+
+def test_inductor_settings_are_made_where_a_worker_compiles():
     import torch._inductor.config as inductor_config
 
+    inductor_config.fx_graph_cache = False
+    inductor_config.cpp.dynamic_threads = False
+    hardware.configure_inductor()
     assert inductor_config.fx_graph_cache is True and inductor_config.cpp.dynamic_threads is True
+    assert inductor_config.cpp_cache_precompile_headers is False
