@@ -346,7 +346,7 @@ class CompiledHandler(BaseHandler):
             self.model.fall_back_to_eager(f"{type(error).__name__}: {error}")
             return dataclasses.replace(warmup.run_grid(self.infer, self.plan, 1, self._filler, None), graphs=0)
 
-    def _warm_up_package(self, reference: aot_package.Reference | None) -> warmup.WarmupReport:
+    def _warm_up_package(self, reference: aot_package.Reference) -> warmup.WarmupReport:
         """Each length bucket once at batch 1 and the largest batch once, then the package against
         the build's eager answers. Measured on MiniLM (README, "Cold start"): a package's first call
         at a new shape costs what later calls do (only the first calls of all set up the runtime),

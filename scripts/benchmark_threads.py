@@ -38,8 +38,8 @@ from scripts.make_tiny_models import make  # noqa: E402
 def baked_twin(handler) -> CompiledModel:
     """The handler's model compiled again with the thread count baked in, warmed over its grid."""
     twin = CompiledModel(copy.deepcopy(handler.model.eager), handler.model.options, handler.graphs_needed())
+    twin.compile()  # lazy: kernels are built by the calls below, with the setting patched over it
     with inductor_config.patch({"cpp.dynamic_threads": False}):
-        twin.compile()
         for seq_len in handler.plan.seq_lens:
             for batch in handler.plan.batch_sizes:
                 handler.infer(handler._filler(seq_len, batch), twin)
