@@ -94,14 +94,14 @@ def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list
     if served not in ceilings:
         ceilings[served] = measure.matmul_flops_per_second(handler.dtype, handler.device)
     rows = []
-    for batch, seq_len in [(b, s) for s in handler.plan.seq_lens for b in handler.plan.batch_sizes]:
-        ids = handler._filler(seq_len, batch)
-        calls = {
+
+    def contenders(ids):
+        return {
             "eager": functools.partial(handler.infer, ids, eager),
             "compiled": functools.partial(handler.infer, ids),
         }
-        samples = measure.time_interleaved(calls, args.warmup, args.iterations, handler.device)
-        timings = {contender: measure.summarize(values) for contender, values in samples.items()}
+
+    for batch, seq_len, ids, timings in measure.time_buckets(handler, contenders, args.warmup, args.iterations):
         flops = counted_flops(handler, ids, reference)
         rows.append(
             {

@@ -79,20 +79,20 @@ def bench(args, scratch: Path) -> dict:
     assert aot.model_source == "aot package" and compiled.model_source == "compiled", "a contender fell back"
     eager = run_eager(aot.model.eager)
     rows = []
-    for batch, seq_len in [(b, s) for s in aot.plan.seq_lens for b in aot.plan.batch_sizes]:
-        ids = aot._filler(seq_len, batch)
-        calls = {
+
+    def contenders(ids):
+        return {
             "eager": functools.partial(aot.infer, ids, eager),
             "compiled": functools.partial(compiled.infer, ids),
             "aot": functools.partial(aot.infer, ids),
         }
-        samples = measure.time_interleaved(calls, args.warmup, args.iterations, aot.device)
-        timings = {name: measure.summarize(values) for name, values in samples.items()}
+
+    for batch, seq_len, ids, timings in measure.time_buckets(aot, contenders, args.warmup, args.iterations):
         rows.append(
             {
                 "batch": batch,
                 "seq_len": seq_len,
-                **{f"{name}_ms": timings[name]["median"] * 1000 for name in calls},
+                **{f"{name}_ms": timing["median"] * 1000 for name, timing in timings.items()},
                 "aot_vs_compiled": timings["compiled"]["median"] / timings["aot"]["median"],
                 "noisy": any(timing["noisy"] for timing in timings.values()),
                 "aot_vs_eager": compare(aot.infer(ids), aot.infer(ids, eager)),

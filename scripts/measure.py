@@ -75,6 +75,16 @@ def time_interleaved(
     return samples
 
 
+def time_buckets(handler, contenders: Callable[[list[list[int]]], dict], warmup: int, iterations: int):
+    """(batch, seq_len, token ids, timings per contender) for every bucket of the handler's grid:
+    `contenders(ids)` names the calls, timed in turns (`time_interleaved`) and summarized."""
+    plan = handler.plan
+    for batch, seq_len in [(b, s) for s in plan.seq_lens for b in plan.batch_sizes]:
+        ids = handler._filler(seq_len, batch)
+        samples = time_interleaved(contenders(ids), warmup, iterations, handler.device)
+        yield batch, seq_len, ids, {name: summarize(values) for name, values in samples.items()}
+
+
 def matmul_flops_per_second(dtype: torch.dtype, device: torch.device, size: int = 2048, iterations: int = 20) -> float:
     """The machine's practical ceiling: FLOP/s of the fastest of some large square matmuls in `dtype`.
 
