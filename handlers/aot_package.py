@@ -68,7 +68,17 @@ def inductor_options(options) -> dict:
     }
 
 
-def _example_inputs(plan: buckets.BucketPlan, device: torch.device) -> tuple[dict, dict]:
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How the exported module's inputs are laid out: packed rows of at most `pack_budget` tokens
+    with positions from `first_position`, or (None) padded length groups. The build decides it
+    (packing must pass its check on the eager model); a worker adopts it from the package."""
+
+    pack_budget: int | None = None
+    first_position: int = 0
+
+
+def _example_inputs(plan: buckets.BucketPlan, device: torch.device, layout: Layout) -> tuple[dict, dict]:
     """Inputs to trace with, and which of their dimensions are dynamic with what bounds.
 
     Example sizes differ from each other and from 1, which export would specialize on.
@@ -84,9 +94,16 @@ def _example_inputs(plan: buckets.BucketPlan, device: torch.device) -> tuple[dic
     if max_seq > min_seq:
         dims[1] = Dim("seq", min=min_seq, max=max_seq)
     input_ids = torch.full((batch, seq_len), 5, dtype=torch.long, device=device)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[-1, seq_len - 1 :] = 0  # a padded row: the traced masking is the general one
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if layout.pack_budget is None:
+        attention_mask = torch.ones_like(input_ids)
+        attention_mask[-1, seq_len - 1 :] = 0  # a padded row: the traced masking is the general one
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    else:  # two texts in the first row, a padded tail in the last
+        positions = torch.arange(seq_len, device=device).expand(batch, seq_len) + layout.first_position
+        segments = torch.ones_like(input_ids)
+        segments[0, seq_len // 2 :] = 2
+        segments[-1, seq_len - 1 :] = 0
+        inputs = {"input_ids": input_ids, "position_ids": positions.contiguous(), "segments": segments}
     return inputs, {name: dict(dims) for name in inputs}
 
 
@@ -120,6 +137,7 @@ class Package:
     runner: "Runner"
     constants: dict[str, torch.Tensor]
     reference: Reference
+    layout: Layout
 
 
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -220,7 +238,13 @@ def _files(target: Path) -> dict:
 
 
 def build(
-    module: torch.nn.Module, plan: buckets.BucketPlan, options, valid_for: dict, model_dir: Path, reference: Reference
+    module: torch.nn.Module,
+    plan: buckets.BucketPlan,
+    options,
+    valid_for: dict,
+    model_dir: Path,
+    reference: Reference,
+    layout: Layout,
 ) -> dict:
     """Export `module` over the plan's bounds, compile it with AOTInductor into the archive's
     `aot_package/`, and write where its weights are, the reference answers and the manifest;
@@ -230,7 +254,7 @@ def build(
     if options.backend != "inductor":
         raise PackageError(f"compile.backend is {options.backend!r}; ahead-of-time packages need 'inductor'")
     device = next(module.parameters()).device
-    inputs, dynamic_shapes = _example_inputs(plan, device)
+    inputs, dynamic_shapes = _example_inputs(plan, device, layout)
     target = model_dir / PACKAGE_DIR
     target.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
@@ -253,7 +277,13 @@ def build(
         "constants_from_checkpoint": len(sources),
         "constants_in_package": sorted(missing),
     }
-    description = {"valid_for": valid_for, "files": _files(target), "weights": sources, "built": built}
+    description = {
+        "valid_for": valid_for,
+        "files": _files(target),
+        "weights": sources,
+        "layout": dataclasses.asdict(layout),
+        "built": built,
+    }
     (target / compile_cache.MANIFEST_FILE).write_text(json.dumps(description, indent=2))
     return built
 
@@ -264,6 +294,7 @@ def load(packed: Path, valid_for: dict, model_dir: Path, device: torch.device) -
     try:
         description = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())
         files, sources, found = description["files"], description["weights"], description["valid_for"]
+        layout = Layout(**description["layout"])
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise PackageError(f"unreadable manifest ({type(error).__name__}: {error})") from None
     mismatched = compile_cache.differences(valid_for, found)
@@ -281,7 +312,7 @@ def load(packed: Path, valid_for: dict, model_dir: Path, device: torch.device) -
         reference = Reference.load(packed / REFERENCE_FILE)
     except Exception as error:  # safetensors, the runtime and torch raise many kinds: all mean "does not load"
         raise PackageError(f"the package does not load ({type(error).__name__}: {error})") from None
-    return Package(runner, constants, reference)
+    return Package(runner, constants, reference, layout)
 
 
 class AotModel:

@@ -21,7 +21,7 @@ from tokenizers import Encoding
 from transformers import AutoConfig, AutoTokenizer
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers import aot_package, buckets, compile_cache, hardware, kserve_v2, payload, warmup
+from handlers import aot_package, buckets, compile_cache, hardware, kserve_v2, packing, payload, warmup
 from handlers.batch import Accepted, Batch, split_until_isolated
 from handlers.compiling import CompiledModel
 from handlers.config import CompileConfig, HandlerConfig, parse
@@ -64,6 +64,13 @@ class CompiledHandler(BaseHandler):
 
     def encode(self, rows: list[torch.Tensor], body: payload.Payload, encodings: list[Encoding]) -> Any:
         """The JSON answer for one request from its output rows and tokenizations (one per text)."""
+        raise NotImplementedError
+
+    def from_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One text's output row from its per-token outputs in a packed row (tasks that pack).
+
+        A task packs if the module of `build_model` also has `tokens(input_ids, attention_mask,
+        position_ids)`: per-token outputs under a 4-D additive mask (handlers/packing.py)."""
         raise NotImplementedError
 
     def param_checks(self) -> dict[str, payload.ParamCheck]:
@@ -115,13 +122,15 @@ class CompiledHandler(BaseHandler):
         self._check_vocabulary(model_config)
         self.read_task_settings(self.model_dir, model_config)
         self.plan = self._plan(self.model_dir)
+        self.pack_budget: int | None = None  # set once packing passes its check (or the package packs)
+        self.first_position = 0
         self.compile_options = dataclasses.replace(self.config.compile, dynamic=self.plan.dynamic)  # a task may fix it
 
     def load_module(self) -> torch.nn.Module:
         """The eager model on the device at the chosen dtype (`dtype: auto` is checked on it)."""
         module = self.build_model(self.model_dir).eval().to(self.device)
         self.dtype = self._choose_dtype(module)
-        return module.to(self.dtype)
+        return self._choose_layout(module.to(self.dtype))
 
     def package_manifest(self) -> dict:
         """What an AOT package must have been built for to serve this worker."""
@@ -133,7 +142,8 @@ class CompiledHandler(BaseHandler):
         probe = self._package_probe()
         reference = aot_package.Reference(probe, self.infer(probe, run_eager(module)))
         valid_for = self.package_manifest()
-        return aot_package.build(module, self.plan, self.compile_options, valid_for, self.model_dir, reference)
+        layout = aot_package.Layout(self.pack_budget, self.first_position)
+        return aot_package.build(module, self.plan, self.compile_options, valid_for, self.model_dir, reference, layout)
 
     def _serve_from_package(self) -> bool:
         """Serve the archive's AOT package if it matches this worker and passes warm-up and the
@@ -146,6 +156,7 @@ class CompiledHandler(BaseHandler):
         self.dtype = DTYPES.get(self.config.dtype, HARDWARE.auto_dtype)
         try:
             package = aot_package.load(packed, self.package_manifest(), self.model_dir, self.device)
+            self.pack_budget, self.first_position = package.layout.pack_budget, package.layout.first_position
             self.model = aot_package.AotModel(package, self._load_eager_later, self.plan)
             self.load_seconds = time.perf_counter() - self.started
             self.warmup_report = self._warm_up_package(package.reference)
@@ -160,7 +171,7 @@ class CompiledHandler(BaseHandler):
         began = time.perf_counter()
         module = self.build_model(self.model_dir).eval().to(self.device, self.dtype)
         logger.info("Eager model loaded in %.1fs", time.perf_counter() - began)
-        return module
+        return module if self.pack_budget is None else packing.PackedModel(module)
 
     def _compile_and_warm_up(self, module: torch.nn.Module) -> None:
         self.model = CompiledModel(module, self.compile_options, self.graphs_needed())
@@ -241,37 +252,62 @@ class CompiledHandler(BaseHandler):
 
     # -- the request path after tokenization (warm-up takes it too) -------------------------
     def infer(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
-        """Output rows, in order, for tokenized texts: grouped by bucket, padded, run."""
+        """Output rows, in order, for tokenized texts: packed or grouped by bucket, padded, run."""
         return self.run_prepared(token_ids, self.prepare(token_ids), model)
 
-    def prepare(self, token_ids: list[list[int]]) -> list[tuple[buckets.Group, dict[str, torch.Tensor]]]:
-        """The texts grouped by bucket, each group padded to its bucket's shape."""
-        groups = buckets.group_requests([len(ids) for ids in token_ids], self.plan)
-        padded = [buckets.pad_group([token_ids[i] for i in group.indices], group, self.pad_id) for group in groups]
-        return list(zip(groups, padded, strict=True))
+    def infer_rows(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
+        """`infer` with each text in a row of its own even where texts would be packed: warm-up and
+        benchmarks reach every (rows, seq_len) shape of the grid this way."""
+        if self.pack_budget is None:
+            return self.infer(token_ids, model)
+        return self.run_prepared(token_ids, self.prepare(token_ids, one_per_row=True), model)
 
-    def run_prepared(self, token_ids: list[list[int]], prepared, model=None) -> list[torch.Tensor]:
+    def prepare(self, token_ids: list[list[int]], one_per_row: bool = False) -> list[buckets.Prepared]:
+        """The texts packed into rows (or grouped by bucket), the rows grouped by bucket, each group
+        padded to its bucket's shape."""
+        lengths = [len(ids) for ids in token_ids]
+        if self.pack_budget is None:
+            groups = buckets.group_requests(lengths, self.plan)
+            return [
+                buckets.Prepared(group, buckets.pad_group([token_ids[i] for i in group.indices], group, self.pad_id))
+                for group in groups
+            ]
+        rows = [[text] for text in range(len(lengths))] if one_per_row else packing.pack_rows(lengths, self.pack_budget)
+        groups = buckets.group_requests([sum(lengths[text] for text in row) for row in rows], self.plan)
+        return [
+            buckets.Prepared(group, *packing.pad_packs(token_ids, rows, group, self.pad_id, self.first_position))
+            for group in groups
+        ]
+
+    def run_prepared(self, token_ids: list[list[int]], prepared: list[buckets.Prepared], model=None) -> list:
         """One model call per padded group; output rows back in the texts' order."""
         model = model or self.model
         rows: list[torch.Tensor | None] = [None] * len(token_ids)
         with torch.inference_mode():
-            for group, padded in prepared:
+            for group, padded, spans in prepared:
                 inputs = {name: tensor.to(self.device) for name, tensor in padded.items()}
                 output = model(inputs).float().cpu()
-                for row, index in enumerate(group.indices):
-                    rows[index] = output[row]
+                if spans is None:
+                    for row, index in enumerate(group.indices):
+                        rows[index] = output[row]
+                for span in spans or ():
+                    rows[span.text] = self.from_tokens(output[span.row, span.start : span.start + span.length])
         if self.initialized:
-            self.record_padding([len(ids) for ids in token_ids], [group for group, _ in prepared])
+            packed = None if self.pack_budget is None else [len(item.spans) for item in prepared]
+            self.record_padding([len(ids) for ids in token_ids], [item.group for item in prepared], packed)
         return rows
 
-    def record_padding(self, lengths: list[int], groups: list[buckets.Group]) -> None:
-        """Count live traffic's lengths, padding and texts per bucket; export the ratio since ready."""
+    def record_padding(self, lengths: list[int], groups: list[buckets.Group], packed: list[int] | None = None) -> None:
+        """Count live traffic's lengths, padding (pack tails included) and texts per shape; export
+        the padded-token ratio since ready. `packed`: texts per group where groups hold packed rows."""
         if not self.model.ready:  # a grid traced again after a re-share is not traffic
             return
         self.lengths.record(lengths, buckets.padded_tokens(groups))
         emit(self.context, "PaddedTokenRatio", round(self.lengths.padded_ratio, 4), "Ratio")
-        for group in groups:
-            count(self.context, "BucketRequests", f"{group.batch_size}x{group.seq_len}", len(group.indices))
+        for position, group in enumerate(groups):
+            shape = f"{group.batch_size}x{group.seq_len}"
+            texts = len(group.indices) if packed is None else packed[position]
+            count(self.context, "BucketRequests", shape if packed is None else "packed " + shape, texts)
 
     # -- initialize steps --------------------------------------------------------------------
     @staticmethod
@@ -297,7 +333,9 @@ class CompiledHandler(BaseHandler):
         if seq_lens[-1] > limit:
             seq_lens = tuple(length for length in seq_lens if length < limit) + (limit,)
             logger.info("Length buckets capped at the model's limit of %d tokens: %s", limit, seq_lens)
-        return buckets.BucketPlan(seq_lens, self.config.buckets.batch_sizes, self.config.compile.dynamic)
+        pack = self.config.buckets.pack_tokens
+        budget = None if pack == "off" else min(seq_lens[-1], packing.AUTO_BUDGET) if pack == "auto" else pack
+        return buckets.BucketPlan(seq_lens, self.config.buckets.batch_sizes, self.config.compile.dynamic, budget)
 
     def _choose_dtype(self, module: torch.nn.Module) -> torch.dtype:
         """The configured dtype; for `auto`, the hardware's pick if it stays close to float32."""
@@ -318,6 +356,26 @@ class CompiledHandler(BaseHandler):
             chosen = torch.float32
         return chosen
 
+    def _choose_layout(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module over packed rows if the plan packs and, on the probe, each text packed with
+        others gets the answer it gets alone; otherwise the module itself (length groups)."""
+        if self.plan.pack_tokens is None or not hasattr(module, "tokens"):
+            return module
+        probe = self._probe_ids()
+        alone = self.infer(probe, run_eager(module))
+        packed = packing.PackedModel(module)
+        self.pack_budget, self.first_position = self.plan.pack_tokens, packing.first_position(module)
+        try:
+            together = self.infer(probe, run_eager(packed))
+            trimmed = [row[: len(ids)] if row.dim() > 1 else row for row, ids in zip(alone, probe, strict=True)]
+            warmup.check_drift("packed vs alone", together, trimmed, self._tolerance(self.dtype))
+        except Exception as error:  # any failure (a model without position_ids, a head it cannot reach) means groups
+            self.pack_budget = None
+            logger.warning("Packing OFF, texts run in length groups: %s: %s", type(error).__name__, error)
+            return module
+        logger.info("Packing on: rows of up to %d tokens, positions from %d", self.pack_budget, self.first_position)
+        return packed
+
     def _compile_cache(self, model_dir: Path):
         """The lease on this host's compile cache (None where compilation or the cache is off)."""
         option = self.config.compile.cache_dir
@@ -333,7 +391,7 @@ class CompiledHandler(BaseHandler):
         try:
             self.model.compile()
             check = self.graphs_needed() if self.model.is_compiled else None
-            report = warmup.run_grid(self.infer, self.plan, iterations, self._filler, check, self.warmup_progress)
+            report = warmup.run_grid(self.infer_rows, self.plan, iterations, self._filler, check, self.warmup_progress)
             if self.model.is_compiled and self.config.warmup.verify:
                 probe = self._probe_ids()
                 eager = self.infer(probe, run_eager(self.model.eager))
@@ -344,7 +402,7 @@ class CompiledHandler(BaseHandler):
                 raise
             self._on_failure(error)
             self.model.fall_back_to_eager(f"{type(error).__name__}: {error}")
-            return dataclasses.replace(warmup.run_grid(self.infer, self.plan, 1, self._filler, None), graphs=0)
+            return dataclasses.replace(warmup.run_grid(self.infer_rows, self.plan, 1, self._filler, None), graphs=0)
 
     def _warm_up_package(self, reference: aot_package.Reference) -> warmup.WarmupReport:
         """Each length bucket once at batch 1 and the largest batch once, then the package against
@@ -354,7 +412,7 @@ class CompiledHandler(BaseHandler):
         began = time.perf_counter()
         shapes = [(1, seq_len) for seq_len in self.plan.seq_lens] + [(self.plan.max_batch, self.plan.seq_lens[0])]
         for done, (batch, seq_len) in enumerate(shapes, start=1):
-            self.infer(self._filler(seq_len, batch))
+            self.infer_rows(self._filler(seq_len, batch))
             if self.warmup_progress is not None:
                 self.warmup_progress(done, len(shapes))
         seconds = time.perf_counter() - began
@@ -373,7 +431,7 @@ class CompiledHandler(BaseHandler):
         began = time.perf_counter()
         self.traced_threads.add(threads)
         try:
-            self.model.retrace(lambda: warmup.run_grid(self.infer, self.plan, 1, self._filler, None))
+            self.model.retrace(lambda: warmup.run_grid(self.infer_rows, self.plan, 1, self._filler, None))
         except Exception as error:  # as at start: a compile error can be of any type
             self.model.fall_back_to_eager(f"tracing again at {threads} threads: {type(error).__name__}: {error}")
             return

@@ -9,6 +9,7 @@ padded with dummy rows up to the next batch bucket.
 
 import dataclasses
 import itertools
+from typing import NamedTuple
 
 import torch
 
@@ -18,6 +19,7 @@ class BucketPlan:
     seq_lens: tuple[int, ...]
     batch_sizes: tuple[int, ...]
     dynamic: str  # "none", "batch" or "all" (see config.DYNAMIC)
+    pack_tokens: int | None = None  # texts packed into rows of at most this many tokens; None: length groups
 
     @property
     def max_seq_len(self) -> int:
@@ -35,6 +37,15 @@ class Group:
     indices: tuple[int, ...]
     batch_size: int
     seq_len: int
+
+
+class Prepared(NamedTuple):
+    """One model call: its group of rows, their padded input tensors, and for packed rows where
+    each text sits in the output (`packing.Span`s; None: row i is text `group.indices[i]`)."""
+
+    group: Group
+    inputs: dict[str, torch.Tensor]
+    spans: list | None = None
 
 
 def seq_bucket(length: int, seq_lens: tuple[int, ...]) -> int | None:

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from handlers.base import CompiledHandler
-from handlers.labels import SCORE_FUNCTIONS, Logits, optional_top_k, score_function, top_labels
+from handlers.labels import SCORE_FUNCTIONS, SequenceLogits, optional_top_k, score_function, top_labels
 from handlers.payload import Payload
 
 
@@ -25,7 +25,10 @@ class ClassificationHandler(CompiledHandler):
         model = AutoModelForSequenceClassification.from_pretrained(
             model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
         )
-        return Logits(model)
+        return SequenceLogits(model)
+
+    def from_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens[0]  # the head's answer at the text's first token
 
     def encode(self, rows: list[torch.Tensor], body: Payload, encodings: list) -> Any:
         top_k = body.params.get("top_k", 1)

@@ -91,7 +91,11 @@ def manifest(hardware, dtype: torch.dtype, plan, compile_options, model_dir: Pat
         "cpu_flags": sorted(read_cpu_flags(wanted=CPU_VECTOR_FLAGS)),
         "dtype": str(dtype).removeprefix("torch."),
         "dynamic_threads": True,
-        "buckets": {"seq_lens": list(plan.seq_lens), "batch_sizes": list(plan.batch_sizes)},
+        "buckets": {
+            "seq_lens": list(plan.seq_lens),
+            "batch_sizes": list(plan.batch_sizes),
+            "pack_tokens": plan.pack_tokens,
+        },
         "compile": {
             name: getattr(compile_options, name) for name in ("backend", "mode", "fullgraph", "dynamic", "regional")
         },

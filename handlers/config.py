@@ -68,6 +68,14 @@ def _sorted_ints(value, key) -> tuple[int, ...]:
     return items
 
 
+def _pack_tokens(value, key) -> str | int:
+    if value in ("auto", "off"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "auto | off | a token count >= 1")
+    return value
+
+
 def _backend(value, key) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(key, value, "a torch.compile backend name such as inductor")
@@ -89,6 +97,9 @@ class BucketConfig:
     seq_lens: tuple[int, ...] = _option(_sorted_ints, (16, 32, 64, 128, 256))
     batch_sizes: tuple[int, ...] = _option(_sorted_ints, (1, 2, 4, 8))
     overflow: str = _option(_choice(*OVERFLOW), "truncate")
+    # Encoder tasks: texts packed end to end into rows of at most this many tokens (handlers/packing.py);
+    # auto: the largest length bucket, at most packing.AUTO_BUDGET; off: length groups.
+    pack_tokens: str | int = _option(_pack_tokens, "auto")
     # The histogram of live token lengths is logged every this many texts (for plan_buckets.py).
     histogram_every: int = _option(_positive_int, 1000)
 

@@ -11,7 +11,7 @@ import torch
 
 from handlers.base import CompiledHandler
 from handlers.payload import Payload, boolean_param
-from handlers.pooling import SentenceEmbedder, normalizes, pooling_modes, read_json
+from handlers.pooling import SentenceEmbedder, normalizes, pool_text, pooling_modes, read_json
 
 
 class EmbeddingHandler(CompiledHandler):
@@ -21,6 +21,7 @@ class EmbeddingHandler(CompiledHandler):
 
     def read_task_settings(self, model_dir: Path, model_config) -> None:
         self.normalize_default = normalizes(model_dir)
+        self.pooling = pooling_modes(model_dir)
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         from transformers import AutoModel  # the model classes cost a worker that serves a package a second
@@ -28,7 +29,10 @@ class EmbeddingHandler(CompiledHandler):
         encoder = AutoModel.from_pretrained(
             model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
         )
-        return SentenceEmbedder(encoder, pooling_modes(model_dir))
+        return SentenceEmbedder(encoder, self.pooling)
+
+    def from_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return pool_text(tokens, self.pooling)
 
     def max_seq_len(self, model_dir: Path) -> int | None:
         return read_json(model_dir / "sentence_bert_config.json", {}).get("max_seq_length")

@@ -38,7 +38,7 @@ class GenerationHandler(CompiledHandler):
 
     def _plan(self, model_dir: Path) -> buckets.BucketPlan:
         """Static shapes always: the decode step's shapes are fixed by its cache, one graph per batch bucket."""
-        return dataclasses.replace(super()._plan(model_dir), dynamic="none")
+        return dataclasses.replace(super()._plan(model_dir), dynamic="none", pack_tokens=None)
 
     def graphs_needed(self) -> int:
         return len(self.plan.batch_sizes)

@@ -24,6 +24,25 @@ class Logits(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
+    def tokens(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """Per-token logits under a 4-D mask (packed rows): a token classifier's own output."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+
+
+class SequenceLogits(Logits):
+    """A sequence classifier: `forward` as `Logits`; `tokens` runs its head at every token, as if
+    each began a text, so that a packed row answers for each of its texts at the text's first token."""
+
+    def tokens(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        base = self.model.base_model
+        hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        rows, length, width = hidden.shape
+        starts = hidden.reshape(rows * length, 1, width)  # heads read token 0 of each (text, token, H)
+        pooler = getattr(base, "pooler", None)
+        if pooler is not None:  # BERT-like: the pooler (dense + tanh of token 0), then the classifier
+            starts = pooler(starts)
+        return self.model.classifier(starts).reshape(rows, length, -1)
+
 
 def score_function(config) -> str:
     """softmax for single-label, sigmoid for multi-label or one label, none for regression."""

@@ -27,6 +27,9 @@ class TokenClassificationHandler(CompiledHandler):
         )
         return Logits(model)
 
+    def from_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens
+
     def encode(self, rows: list[torch.Tensor], body: Payload, encodings: list) -> Any:
         aggregation = body.params.get("aggregation_strategy", "none")
         return body.shape_like_inputs(

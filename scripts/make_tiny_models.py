@@ -108,6 +108,38 @@ def make_token_classification(folder: Path) -> Path:
     return _save(BertForTokenClassification(_bert_config(tokenizer, **_labels(TOKEN_LABELS))), folder)
 
 
+def make_xlmr_classification(folder: Path) -> Path:
+    """XLM-R-shaped sequence classifier: its positions start past the padding index (pad id 1)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    backend.decoder = decoders.ByteLevel()
+    special = ["<s>", "<pad>", "</s>", "<unk>"]  # XLM-R's ids: <s> 0, <pad> 1, </s> 2
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=special, initial_alphabet=alphabet, show_progress=False
+    )
+    backend.train_from_iterator(CORPUS * 4, trainer)
+    backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.model_max_length = 128
+    tokenizer.save_pretrained(folder)
+    config = XLMRobertaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=130,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        **BERT_SIZES["test"],
+        **_labels(["NEGATIVE", "NEUTRAL", "POSITIVE"]),
+    )
+    return _save(XLMRobertaForSequenceClassification(config), folder)
+
+
 def _bpe_tokenizer(folder: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -163,6 +195,7 @@ MAKERS = {
     "text-classification": make_text_classification,
     "text-classification-multi-label": lambda folder: make_text_classification(folder, multi_label=True),
     "token-classification": make_token_classification,
+    "text-classification-xlmr": make_xlmr_classification,
     "text-generation": make_text_generation,
 }
 

@@ -23,8 +23,9 @@ def ready_handler(handler_class, model_dir, **handler_config):
     import torch
     from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()
-    counters.clear()  # compiled_graph_count() counts from here
+    if handler_config.get("compile", {}).get("enable", True):  # an eager handler leaves compiled ones alone
+        torch._dynamo.reset()
+        counters.clear()  # compiled_graph_count() counts from here
     handler = handler_class()
     handler.initialize(make_context(model_dir, {"handler": {"dtype": "float32", **handler_config}}))
     return handler

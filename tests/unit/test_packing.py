@@ -1,0 +1,139 @@
+"""Packing: texts end to end in token-budget rows, each getting the answer it gets alone.
+
+The embedding handler here is compiled (the served path); the others run eagerly, since what packing
+changes is the layout of the inputs, not compilation. Parity with the reference libraries on the
+packed path is in the task tests, which pack by default.
+"""
+
+import logging
+
+import pytest
+import torch
+from fakes import RecordingMetrics, ready_handler, start_batch, status
+from parity import assert_same_answers
+
+from handlers import packing
+from handlers.classification import ClassificationHandler
+from handlers.compiling import compiled_graph_count
+from handlers.embedding import EmbeddingHandler
+from handlers.token_classification import TokenClassificationHandler
+
+GRID = {"seq_lens": [16, 32, 64], "batch_sizes": [1, 4], "pack_tokens": 64}
+EAGER = {"compile": {"enable": False}, "warmup": {"iterations": 1}}
+TASKS = {
+    "embedding": (EmbeddingHandler, "embedding"),
+    "token-classification": (TokenClassificationHandler, "token-classification"),
+    "text-classification": (ClassificationHandler, "text-classification"),
+    "text-classification-xlmr": (ClassificationHandler, "text-classification-xlmr"),
+}
+
+
+@pytest.fixture(scope="module")
+def handlers(tiny_models):
+    made = {"embedding": ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets=GRID)}
+    made["embedding graphs"] = compiled_graph_count()
+    for name, (cls, model) in TASKS.items():
+        made.setdefault(name, ready_handler(cls, tiny_models[model], buckets=GRID, **EAGER))
+    return made
+
+
+def texts_of(handler, lengths: list[int]) -> list[list[int]]:
+    return [handler._filler(length, 1)[0] for length in lengths]
+
+
+def padded_tokens(handler, token_ids: list[list[int]]) -> int:
+    return sum(item.group.batch_size * item.group.seq_len for item in handler.prepare(token_ids))
+
+
+def test_rows_fill_up_to_the_budget_longest_first_and_a_longer_text_rides_alone():
+    assert packing.pack_rows([10, 30, 24, 40, 6, 70], 64) == [[5], [3, 2], [1, 0, 4]]
+
+
+def test_each_text_gets_positions_from_the_first_and_a_segment_of_its_own():
+    group = packing.buckets.Group((0,), 1, 8)
+    inputs, spans = packing.pad_packs([[9, 5, 9], [9, 7, 8, 9]], [[0, 1]], group, pad_id=1, first_position=2)
+    assert inputs["input_ids"].tolist() == [[9, 5, 9, 9, 7, 8, 9, 1]]
+    assert inputs["position_ids"].tolist() == [[2, 3, 4, 2, 3, 4, 5, 2]]
+    assert inputs["segments"].tolist() == [[1, 1, 1, 2, 2, 2, 2, 0]]
+    assert spans == [packing.Span(0, 0, 0, 3), packing.Span(1, 0, 3, 4)]
+
+
+def test_the_mask_lets_a_token_see_its_own_segment_only():
+    visible = packing.block_mask(torch.tensor([[1, 1, 2, 0]]), torch.float32)[0, 0] == 0
+    assert visible.int().tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_text_alone_equals_the_same_text_inside_a_pack_it_fills_exactly(handlers, task):
+    handler = handlers[task]
+    assert handler.pack_budget == 64
+    token_ids = texts_of(handler, [30, 20, 14])
+    assert padded_tokens(handler, token_ids) == 64  # one row of 64 tokens, no padding at all
+    together = handler.infer(token_ids)
+    for ids, row in zip(token_ids, together, strict=True):
+        alone = handler.infer([ids])[0]
+        assert row.shape == alone.shape
+        torch.testing.assert_close(row, alone, atol=1e-5, rtol=0)
+
+
+def test_a_text_longer_than_the_budget_gets_a_row_of_its_own(tiny_models):
+    handler = ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets={**GRID, "pack_tokens": 32}, **EAGER)
+    token_ids = texts_of(handler, [50, 10, 12])
+    prepared = handler.prepare(token_ids)
+    assert [(item.group.batch_size, item.group.seq_len) for item in prepared] == [(1, 32), (1, 64)]
+    assert [[span.text for span in item.spans] for item in prepared] == [[2, 1], [0]]
+    for ids, row in zip(token_ids, handler.infer(token_ids), strict=True):
+        torch.testing.assert_close(row, handler.infer([ids])[0], atol=1e-5, rtol=0)
+
+
+def test_positions_of_an_xlmr_model_start_past_its_padding_index(handlers):
+    handler = handlers["text-classification-xlmr"]
+    assert handler.first_position == 2  # pad id 1
+    token_ids = texts_of(handler, [30, 20, 14])
+    alone = [handler.infer([ids])[0] for ids in token_ids]
+    handler.first_position = 0  # what a 0-based packer would send: the check would catch it
+    try:
+        wrong = handler.infer(token_ids)
+    finally:
+        handler.first_position = 2
+    assert max((got - want).abs().max().item() for got, want in zip(wrong, alone, strict=True)) > 1e-3
+
+
+def test_a_model_that_fails_the_packed_check_keeps_length_groups(tiny_models, monkeypatch, caplog):
+    monkeypatch.setattr(packing, "first_position", lambda module: 0)  # XLM-R's positions, counted wrongly
+    with caplog.at_level(logging.WARNING, logger="handlers.base"):
+        handler = ready_handler(ClassificationHandler, tiny_models["text-classification-xlmr"], buckets=GRID, **EAGER)
+    assert handler.pack_budget is None and "Packing OFF" in caplog.text
+    assert padded_tokens(handler, texts_of(handler, [30, 20, 14])) == 32 + 32 + 16  # a group per bucket
+
+
+def test_a_bad_request_in_a_packed_batch_gets_its_own_400_and_padding_is_counted(handlers):
+    handler = handlers["embedding"]
+    context = handler.context
+    context.metrics = RecordingMetrics()
+    real, computed = handler.lengths.real_tokens, handler.lengths.padded_tokens
+    bodies = [{"inputs": "the cat sat"}, {"inputs": 5}, {"inputs": ["hello world", "alice walks to paris"]}]
+    start_batch(context, ["application/json"] * len(bodies))
+    answers = handler.handle([{"body": body} for body in bodies], context)
+    assert [status(context, index) for index in range(3)] == [200, 400, 200]
+    assert "error" in answers[1]
+    texts = ["the cat sat", "hello world", "alice walks to paris"]
+    lengths = [len(encoding.ids) for encoding in handler.tokenize(texts)]
+    assert handler.lengths.real_tokens - real == sum(lengths) == 15
+    assert handler.lengths.padded_tokens - computed == 16  # the three texts share one 16-token row
+    ratios = [value for name, value, _, _ in context.metrics.calls if name == "PaddedTokenRatio"]
+    assert ratios == [round(handler.lengths.padded_ratio, 4)]
+    shapes = [(dims["Bucket"], value) for name, value, dims, _ in context.metrics.calls if name == "BucketRequests"]
+    assert shapes == [("packed 1x16", 3)]
+    for body, answer in ((bodies[0], answers[0]), (bodies[2], answers[2])):
+        start_batch(context, ["application/json"])
+        assert_same_answers(handler.handle([{"body": body}], context)[0], answer, tolerance=1e-5)
+
+
+def test_packed_traffic_compiles_nothing_after_ready(handlers):
+    handler = handlers["embedding"]
+    assert handlers["embedding graphs"] == handler.graphs_needed() == 1
+    graphs = compiled_graph_count()
+    for lengths in ([5, 9, 60, 3], [64], [16, 16, 16, 16, 33, 2], [40] * 9):
+        handler.infer(texts_of(handler, lengths))
+    assert compiled_graph_count() == graphs and handler.model.recompiles_after_ready == 0
