@@ -3,7 +3,8 @@
 For each model x mode x dtype x strategy (`compile.dynamic`) x scope (whole model, or regional:
 the repeated block only) it builds the handler as a worker
 would (compile + warm-up over the selected grid), then times, per bucket, the handler's own
-`infer` path (grouping, padding, model) with the eager module and with the compiled one:
+`infer_rows` path (a row per text, so each bucket is the shape timed; padding, model) with the eager
+module and with the compiled one:
 `--warmup` untimed calls, then `--iterations` timed calls taken in turns (eager, compiled, eager,
 ...) so that the machine's drift hits both alike; median / mean / std / p99, flagged noisy when
 std/mean is over 5%. Correctness in the same run: max abs diff and min cosine of compiled outputs
@@ -79,7 +80,7 @@ def compare(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> dict:
 
 def counted_flops(handler, ids, module) -> int:
     with FlopCounterMode(display=False) as counter:
-        handler.infer(ids, run_eager(module))
+        handler.infer_rows(ids, run_eager(module))
     return counter.get_total_flops()
 
 
@@ -97,8 +98,8 @@ def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list
 
     def contenders(ids):
         return {
-            "eager": functools.partial(handler.infer, ids, eager),
-            "compiled": functools.partial(handler.infer, ids),
+            "eager": functools.partial(handler.infer_rows, ids, eager),
+            "compiled": functools.partial(handler.infer_rows, ids),
         }
 
     for batch, seq_len, ids, timings in measure.time_buckets(handler, contenders, args.warmup, args.iterations):
@@ -115,7 +116,7 @@ def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list
                 "eager": timings["eager"],
                 "compiled": timings["compiled"],
                 "speedup": timings["eager"]["median"] / timings["compiled"]["median"],
-                "vs_eager_float32": compare(handler.infer(ids), handler.infer(ids, run_eager(reference))),
+                "vs_eager_float32": compare(handler.infer_rows(ids), handler.infer_rows(ids, run_eager(reference))),
                 "flops": flops,
                 "compiled_flops_per_second": flops / timings["compiled"]["median"],
                 "fraction_of_matmul_ceiling": flops / timings["compiled"]["median"] / ceilings[served],

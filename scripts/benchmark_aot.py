@@ -3,8 +3,8 @@
 The package is built the way `build_mar.py --precompile aot` builds it (the handler's own
 `load_model`, then export + AOTInductor). Two handlers are then started as workers start: one
 from the package, one compiling with torch.compile (no cache), and each bucket of the grid is
-timed through the handler's own `infer` path, the three contenders taken in turns so that the
-machine's drift hits all alike. Answers are compared with eager at the same dtype.
+timed through the handler's own `infer_rows` path (a row per text), the three contenders taken in
+turns so that the machine's drift hits all alike. Answers are compared with eager at the same dtype.
 
     python scripts/benchmark_aot.py                    # MiniLM, default grid, dtype auto
     python scripts/benchmark_aot.py --model bert-base --seq-lens 32 128 --batch-sizes 1 8  # 12 layers, hidden 768
@@ -82,9 +82,9 @@ def bench(args, scratch: Path) -> dict:
 
     def contenders(ids):
         return {
-            "eager": functools.partial(aot.infer, ids, eager),
-            "compiled": functools.partial(compiled.infer, ids),
-            "aot": functools.partial(aot.infer, ids),
+            "eager": functools.partial(aot.infer_rows, ids, eager),
+            "compiled": functools.partial(compiled.infer_rows, ids),
+            "aot": functools.partial(aot.infer_rows, ids),
         }
 
     for batch, seq_len, ids, timings in measure.time_buckets(aot, contenders, args.warmup, args.iterations):
@@ -95,7 +95,7 @@ def bench(args, scratch: Path) -> dict:
                 **{f"{name}_ms": timing["median"] * 1000 for name, timing in timings.items()},
                 "aot_vs_compiled": timings["compiled"]["median"] / timings["aot"]["median"],
                 "noisy": any(timing["noisy"] for timing in timings.values()),
-                "aot_vs_eager": compare(aot.infer(ids), aot.infer(ids, eager)),
+                "aot_vs_eager": compare(aot.infer_rows(ids), aot.infer_rows(ids, eager)),
             }
         )
     return {

@@ -42,7 +42,7 @@ def baked_twin(handler) -> CompiledModel:
     with inductor_config.patch({"cpp.dynamic_threads": False}):
         for seq_len in handler.plan.seq_lens:
             for batch in handler.plan.batch_sizes:
-                handler.infer(handler._filler(seq_len, batch), twin)
+                handler.infer_rows(handler._filler(seq_len, batch), twin)
     return twin
 
 
@@ -55,8 +55,8 @@ def bench(model_dir: Path, dtype: str, threads: int, grid: dict, warmup: int, it
         for batch in handler.plan.batch_sizes:
             ids = handler._filler(seq_len, batch)
             calls = {
-                "baked": functools.partial(handler.infer, ids, baked),
-                "dynamic": functools.partial(handler.infer, ids),
+                "baked": functools.partial(handler.infer_rows, ids, baked),
+                "dynamic": functools.partial(handler.infer_rows, ids),
             }
             samples = measure.time_interleaved(calls, warmup, iterations, handler.device)
             timings = {name: measure.summarize(values) for name, values in samples.items()}

@@ -308,8 +308,9 @@ def main(argv=None) -> Path:
         raise UserError(f"{target} exists; pass --force to overwrite it, or another --model-name")
     extra = read_config(args.config) if args.config else {}
     if args.plan:
-        seq_lens = json.loads(args.plan.read_text())["seq_lens"]
-        extra = merge(extra, {"handler": {"buckets": {"seq_lens": seq_lens}}})
+        planned = json.loads(args.plan.read_text())
+        chosen = {key: planned[key] for key in ("seq_lens", "pack_tokens") if key in planned}
+        extra = merge(extra, {"handler": {"buckets": chosen}})
     try:
         archive = build(
             args.model,

@@ -6,9 +6,11 @@ inductor cache, then driven by `--clients` concurrent clients for `--duration` s
 client sends the next text of one seeded stream (token lengths lognormal, median 30, sigma 0.8,
 clipped to 5..`--max-length`) as a text/plain body, which every contender accepts.
 
-Contenders: `ours-auto` (dtype auto), `ours-aot` (dtype auto, built with `--precompile aot`: the
-worker serves the AOT package), `ours-float32`, `eager-longest` (ours with compilation off,
-each batch padded to its longest text: benchmarks/longest_handler.py) and `stock` (TorchServe's
+Contenders: `ours-auto` (dtype auto, texts packed into token-budget rows), `ours-aot` (the same,
+built with `--precompile aot`: the worker serves the AOT package), `ours-float32`, `groups-auto` and
+`groups-float32` (ours with packing off: length groups), `eager-longest` and `eager-longest-auto`
+(ours with compilation and packing off, each batch padded to its longest text:
+benchmarks/longest_handler.py, float32 and the dtype auto picks) and `stock` (TorchServe's
 generalized transformers handler: every request padded to max_length, pt2 compile, no warm-up:
 benchmarks/stock_handler.py).
 
@@ -16,6 +18,7 @@ benchmarks/stock_handler.py).
     hfserve loadtest --quick          # CI smoke: tiny random model, 4 clients x 3 s each
     hfserve loadtest --contenders ours-auto --workers 1 2 --rounds 3   # 1 vs 2 workers, alternating
     hfserve loadtest --contenders ours-auto ours-aot --rounds 3      # AOT package vs torch.compile
+    hfserve loadtest --contenders ours-float32 groups-float32 eager-longest --rounds 3   # packing
 
 Prints a table, writes runs/loadtest.json, runs/loadtest_latency.png, runs/loadtest_throughput.png
 and keeps the server logs in runs/loadtest_logs/ (plan_buckets.py --log reads them).
@@ -47,13 +50,27 @@ from scripts.serve import TorchServe  # noqa: E402
 from scripts.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
 
 MAX_CLIENTS, MAX_DURATION = 64, 600
-CONTENDERS = ("ours-auto", "ours-aot", "ours-float32", "eager-longest", "stock")
+CONTENDERS = (
+    "ours-auto",
+    "ours-aot",
+    "ours-float32",
+    "groups-auto",
+    "groups-float32",
+    "eager-longest",
+    "eager-longest-auto",
+    "stock",
+)
 TARGETS = [  # (contender, baseline, least ratio of median steady throughput over the rounds)
     ("ours-auto", "stock", 5.0),
     ("ours-aot", "ours-auto", 0.95),
     ("ours-float32", "stock", 2.0),
-    ("ours-float32", "eager-longest", 1.2),
+    ("ours-auto", "groups-auto", 1.2),
+    ("ours-float32", "groups-float32", 1.2),
+    ("ours-auto", "eager-longest-auto", 1.6),
+    ("ours-float32", "eager-longest", 1.6),
 ]
+PACKED = ("ours-auto", "ours-aot", "ours-float32")
+MAX_PADDED_RATIO = 1.15  # computed tokens over real ones, packed contenders
 
 
 @dataclasses.dataclass
@@ -69,17 +86,22 @@ class Outcome:
 def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, max_length: int) -> None:
     """One .mar per contender, all of the same model folder."""
     ours = {"handler": {"buckets": grid}}
+    groups = build_mar.merge(ours, {"handler": {"buckets": {"pack_tokens": "off"}}})
+    longest = build_mar.merge(groups, {"handler": {"compile": {"enable": False}}})
     configs = {
         "ours-auto": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-aot": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-float32": build_mar.merge(ours, {"handler": {"dtype": "float32"}}),
-        "eager-longest": build_mar.merge(ours, {"handler": {"dtype": "float32", "compile": {"enable": False}}}),
+        "groups-auto": build_mar.merge(groups, {"handler": {"dtype": "auto"}}),
+        "groups-float32": build_mar.merge(groups, {"handler": {"dtype": "float32"}}),
+        "eager-longest": build_mar.merge(longest, {"handler": {"dtype": "float32"}}),
+        "eager-longest-auto": build_mar.merge(longest, {"handler": {"dtype": "auto"}}),
     }
     for name in names:
         if name == "stock":
             build_stock(model_dir, store, max_length)
         else:
-            handler = ROOT / "benchmarks" / "longest_handler.py" if name == "eager-longest" else None
+            handler = ROOT / "benchmarks" / "longest_handler.py" if name.startswith("eager-longest") else None
             precompile = "aot" if name == "ours-aot" else None
             build_mar.build(
                 model_dir, "embedding", name, store, configs[name], handler_file=handler, precompile=precompile
@@ -213,6 +235,11 @@ def ratios(rows: list[dict]) -> list[dict]:
             checks.append(
                 {"check": f"{row['contender']} recompiles", "value": recompiles, "target": "0", "met": recompiles == 0}
             )
+        if row["archive"] in PACKED:
+            padded = row["padded_token_ratio"]
+            met = padded is not None and padded <= MAX_PADDED_RATIO
+            name = f"{row['contender']} padded tokens / real"
+            checks.append({"check": name, "value": padded, "target": f"<= {MAX_PADDED_RATIO}", "met": met})
     lost = sum(row["lost"] for row in rows)
     checks.append({"check": "lost requests, all contenders", "value": lost, "target": "0", "met": lost == 0})
     return checks + worker_checks(rows)

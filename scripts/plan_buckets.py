@@ -9,20 +9,28 @@ JSON list, a JSON object {length: count}, or the `LengthHistogram` line the hand
 `buckets.histogram_every` texts. Every text is padded to the smallest bucket that holds it; the
 largest bucket is always `--max-len`, so nothing is truncated that was not before. The plan is exact:
 a dynamic program over the distinct (aligned) lengths, O(K * n^2).
+
+It also plans the pack budget (`buckets.pack_tokens`) for the encoder tasks, which pack a batch's
+texts into rows (handlers/packing.py): seeded batches of `--batch` texts drawn from the lengths are
+packed with each bucket up to packing.AUTO_BUDGET as the budget, and the budget with the least
+computed tokens plus model calls (each costing CALL_TOKENS tokens) wins.
 """
 
 import argparse
 import json
 import math
+import random
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handlers.buckets import seq_bucket  # noqa: E402
+from handlers.buckets import BucketPlan, group_requests, seq_bucket  # noqa: E402
+from handlers.buckets import padded_tokens as group_tokens  # noqa: E402
 from handlers.config import BucketConfig  # noqa: E402
 from handlers.length_stats import read_histograms  # noqa: E402
+from handlers.packing import AUTO_BUDGET, pack_rows  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 
 
@@ -67,6 +75,38 @@ def plan(histogram: dict[int, int], k: int, max_len: int, align: int = 1) -> tup
     return best[-1][1]
 
 
+# A model call's fixed cost in computed tokens: scripts/benchmark_traffic.py fits a batch's time as
+# calls x per call + tokens x per token; MiniLM's packed rows on 2 CPU cores gave 78 (README, "Packing").
+CALL_TOKENS = 78
+
+
+def pack_cost(histogram: dict[int, int], seq_lens: tuple[int, ...], budget: int, batch: int, seed: int = 0) -> dict:
+    """Computed tokens per real token, model calls per batch, and their sum in tokens per real
+    token, packing 200 seeded batches of `batch` texts drawn from the histogram with `budget`."""
+    rng = random.Random(seed)
+    lengths, counts = zip(*sorted(histogram.items()), strict=True)
+    grid = BucketPlan(seq_lens, BucketConfig().batch_sizes, "all")
+    real = computed = calls = 0
+    batches = 200
+    for _ in range(batches):
+        sample = [min(length, seq_lens[-1]) for length in rng.choices(lengths, counts, k=batch)]
+        groups = group_requests([sum(sample[i] for i in row) for row in pack_rows(sample, budget)], grid)
+        real, computed, calls = real + sum(sample), computed + group_tokens(groups), calls + len(groups)
+    return {
+        "pack_tokens": budget,
+        "padded_ratio": computed / real,
+        "calls_per_batch": calls / batches,
+        "cost_per_real_token": (computed + calls * CALL_TOKENS) / real,
+    }
+
+
+def plan_pack_budget(histogram: dict[int, int], seq_lens: tuple[int, ...], batch: int) -> tuple[int, list[dict]]:
+    """The cheapest budget among the buckets up to AUTO_BUDGET, and every candidate's figures."""
+    candidates = [length for length in seq_lens if length <= AUTO_BUDGET] or [seq_lens[0]]
+    rows = [pack_cost(histogram, seq_lens, budget, batch) for budget in candidates]
+    return min(rows, key=lambda row: row["cost_per_real_token"])["pack_tokens"], rows
+
+
 def powers_of_two(max_len: int, smallest: int = 16) -> tuple[int, ...]:
     """16, 32, 64, ... up to the first power that holds `max_len`, capped at it."""
     seq_lens = [smallest]
@@ -109,11 +149,12 @@ def main(argv=None) -> dict:
     parser.add_argument("-k", type=int, default=5, help="the most buckets (each may cost a graph)")
     parser.add_argument("--max-len", type=int, help="the largest bucket (default: the longest length, aligned)")
     parser.add_argument("--align", type=int, default=8, help="buckets are multiples of this (or --max-len)")
+    parser.add_argument("--batch", type=int, default=8, help="texts per batch, for the pack budget (batchSize)")
     parser.add_argument("--out", type=Path, help="write the plan as JSON (build_mar.py --plan reads it)")
     args = parser.parse_args(argv)
     source = args.lengths or args.log
-    if source is None or args.k < 1 or args.align < 1:
-        parser.error("give --lengths or --log; -k and --align must be >= 1")
+    if source is None or args.k < 1 or args.align < 1 or args.batch < 1:
+        parser.error("give --lengths or --log; -k, --align and --batch must be >= 1")
     histogram = read_lengths(source, args.model)
     if not histogram:
         parser.error(f"no lengths found in {source}")
@@ -126,8 +167,17 @@ def main(argv=None) -> dict:
     print(f"{'plan':<14} {'padded / real':>13}  seq_lens")
     for row in rows:
         print(f"{row['plan']:<14} {row['padded_ratio']:>13.3f}  {row['seq_lens']}")
-    result = {"seq_lens": list(chosen), "k": args.k, "align": args.align, "texts": texts}
+    budget, packs = plan_pack_budget(histogram, chosen, args.batch)
+    print(f"pack budget for batches of {args.batch} texts: {budget} tokens")
+    print(f"{'budget':>7} {'padded / real':>13} {'calls / batch':>13} {'cost / real token':>17}")
+    for row in packs:
+        print(
+            f"{row['pack_tokens']:>7} {row['padded_ratio']:>13.3f} {row['calls_per_batch']:>13.2f} "
+            f"{row['cost_per_real_token']:>17.3f}"
+        )
+    result = {"seq_lens": list(chosen), "pack_tokens": budget, "k": args.k, "align": args.align, "texts": texts}
     result["comparison"] = rows
+    result["pack_budgets"] = packs
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

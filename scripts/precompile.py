@@ -108,7 +108,7 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
         raise RuntimeError(
             f"the AOT package was built but a worker here serves from {served.model_source}: see the log"
         )
-    warmup.run_grid(served.infer, served.plan, 1, served._filler, None, ProgressBar())
+    warmup.run_grid(served.infer_rows, served.plan, 1, served._filler, None, ProgressBar())
     probe = served._probe_ids()
     eager = served.infer(probe, run_eager(served.model.eager))
     warmup.check_drift(
