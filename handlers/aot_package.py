@@ -33,8 +33,8 @@ PACKAGE_DIR = "aot_package"
 PACKAGE_FILE = "model.pt2"
 CONSTANTS_FILE = "constants.safetensors"
 REFERENCE_FILE = "reference.safetensors"
-FORMAT = "aot-2"
-# Tasks whose module is one forward pass over (input_ids, attention_mask). Generation keeps the
+FORMAT = "aot-3"  # 3: the module's inputs follow the recorded Layout (packed rows or length groups)
+# Tasks whose module is one forward pass over padded or packed rows. Generation keeps the
 # packed compile cache: its decode step and KV cache are not exported.
 TASKS = ("embedding", "text-classification", "token-classification")
 # Inductor settings of torch.compile's modes that have no meaning for an exported package.
@@ -294,7 +294,7 @@ def load(packed: Path, valid_for: dict, model_dir: Path, device: torch.device) -
     try:
         description = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())
         files, sources, found = description["files"], description["weights"], description["valid_for"]
-        layout = Layout(**description["layout"])
+        layout = Layout(**description.get("layout", {}))  # an older format has none: refused just below
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise PackageError(f"unreadable manifest ({type(error).__name__}: {error})") from None
     mismatched = compile_cache.differences(valid_for, found)

@@ -161,6 +161,7 @@ class CompiledHandler(BaseHandler):
             self.load_seconds = time.perf_counter() - self.started
             self.warmup_report = self._warm_up_package(package.reference)
         except Exception as error:  # a package of any defect is a reason to compile, never to fail
+            self.pack_budget, self.first_position = None, 0  # the compiled model decides its own layout
             logger.warning("AOT package IGNORED, compiling instead: %s: %s", type(error).__name__, error)
             return False
         self.cache_source = "aot"
@@ -290,8 +291,9 @@ class CompiledHandler(BaseHandler):
                 if spans is None:
                     for row, index in enumerate(group.indices):
                         rows[index] = output[row]
-                for span in spans or ():
-                    rows[span.text] = self.from_tokens(output[span.row, span.start : span.start + span.length])
+                else:
+                    for span in spans:
+                        rows[span.text] = self.from_tokens(output[span.row, span.start : span.start + span.length])
         if self.initialized:
             packed = None if self.pack_budget is None else [len(item.spans) for item in prepared]
             self.record_padding([len(ids) for ids in token_ids], [item.group for item in prepared], packed)
@@ -334,7 +336,7 @@ class CompiledHandler(BaseHandler):
             seq_lens = tuple(length for length in seq_lens if length < limit) + (limit,)
             logger.info("Length buckets capped at the model's limit of %d tokens: %s", limit, seq_lens)
         pack = self.config.buckets.pack_tokens
-        budget = None if pack == "off" else min(seq_lens[-1], packing.AUTO_BUDGET) if pack == "auto" else pack
+        budget = None if pack == "off" else min(seq_lens[-1], packing.AUTO_BUDGET if pack == "auto" else pack)
         return buckets.BucketPlan(seq_lens, self.config.buckets.batch_sizes, self.config.compile.dynamic, budget)
 
     def _choose_dtype(self, module: torch.nn.Module) -> torch.dtype:
@@ -369,6 +371,7 @@ class CompiledHandler(BaseHandler):
             together = self.infer(probe, run_eager(packed))
             trimmed = [row[: len(ids)] if row.dim() > 1 else row for row, ids in zip(alone, probe, strict=True)]
             warmup.check_drift("packed vs alone", together, trimmed, self._tolerance(self.dtype))
+            warmup.check_error("packed vs alone", together, trimmed, self._tolerance(self.dtype) ** 0.5)
         except Exception as error:  # any failure (a model without position_ids, a head it cannot reach) means groups
             self.pack_budget = None
             logger.warning("Packing OFF, texts run in length groups: %s: %s", type(error).__name__, error)
@@ -531,6 +534,8 @@ class CompiledHandler(BaseHandler):
         # One token over the limit is enough to tell an over-long text apart.
         encoded = self.tokenizer(texts, truncation=True, max_length=limit + 1 if reject else limit).encodings
         for position, encoding in enumerate(encoded):
+            if not encoding.ids:
+                raise payload.RequestError(400, f"text {position} makes no tokens")
             if len(encoding.ids) > limit:
                 raise payload.RequestError(
                     413, f"text {position} is longer than {limit} tokens; shorten it or set overflow: truncate"

@@ -34,14 +34,20 @@ class SequenceLogits(Logits):
     each began a text, so that a packed row answers for each of its texts at the text's first token."""
 
     def tokens(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        base = self.model.base_model
+        base, classifier = self.model.base_model, getattr(self.model, "classifier", None)
+        pooler = getattr(base, "pooler", None)
+        bert_like = (
+            hasattr(pooler, "dense") and hasattr(pooler, "activation") and isinstance(classifier, torch.nn.Linear)
+        )
+        roberta_like = pooler is None and hasattr(classifier, "out_proj")  # its head reads token 0 itself
+        if not (bert_like or roberta_like):  # DistilBERT, ALBERT, DeBERTa...: heads with other steps
+            raise NotImplementedError(f"{type(self.model).__name__}'s head is neither BERT- nor RoBERTa-like")
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
         rows, length, width = hidden.shape
         starts = hidden.reshape(rows * length, 1, width)  # heads read token 0 of each (text, token, H)
-        pooler = getattr(base, "pooler", None)
-        if pooler is not None:  # BERT-like: the pooler (dense + tanh of token 0), then the classifier
+        if bert_like:  # the pooler (dense + tanh of token 0), then the classifier
             starts = pooler(starts)
-        return self.model.classifier(starts).reshape(rows, length, -1)
+        return classifier(starts).reshape(rows, length, -1)
 
 
 def score_function(config) -> str:

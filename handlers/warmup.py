@@ -111,6 +111,18 @@ def drift(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
     return worst
 
 
+def check_error(name: str, outputs: list[torch.Tensor], reference: list[torch.Tensor], tolerance: float) -> float:
+    """The largest absolute difference relative to the reference's largest value, checked: cosine
+    alone passes a row of one or two logits whose signs agree, whatever their sizes."""
+    measured = max(
+        (got.float() - want.float()).abs().max().item() / max(want.float().abs().max().item(), 1e-6)
+        for got, want in zip(outputs, reference, strict=True)
+    )
+    if measured > tolerance:
+        raise WarmupError(f"{name}: outputs differ by {measured:.2e} of their size, tolerance {tolerance:.0e}")
+    return measured
+
+
 def check_drift(name: str, outputs: list[torch.Tensor], reference: list[torch.Tensor], tolerance: float) -> float:
     measured = drift(outputs, reference)
     if measured > tolerance:

@@ -131,7 +131,8 @@ def estimated_compile_seconds(config: dict, model_dir: Path) -> float:
         return 0.0
     plan = buckets.BucketPlan(handler.buckets.seq_lens, handler.buckets.batch_sizes, options.dynamic)
     layers = json.loads((Path(model_dir) / "config.json").read_text()).get("num_hidden_layers", 12)
-    # Regional graphs come twice: with and without an attention mask (see warmup.padding_variants).
+    # Regional graphs of length groups come twice, with and without an attention mask (see
+    # warmup.padding_variants); packed rows always carry one. The estimate takes the larger.
     graphs = buckets.expected_graphs(plan) * (2 if options.regional else 1)
     if handler.task == "text-generation":  # one decode-step graph per batch bucket; the prefill is eager
         graphs = len(plan.batch_sizes)

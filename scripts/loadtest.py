@@ -236,7 +236,7 @@ def ratios(rows: list[dict]) -> list[dict]:
                 {"check": f"{row['contender']} recompiles", "value": recompiles, "target": "0", "met": recompiles == 0}
             )
         if row["archive"] in PACKED:
-            padded = row["padded_token_ratio"]
+            padded = row.get("padded_token_ratio")
             met = padded is not None and padded <= MAX_PADDED_RATIO
             name = f"{row['contender']} padded tokens / real"
             checks.append({"check": name, "value": padded, "target": f"<= {MAX_PADDED_RATIO}", "met": met})

@@ -140,6 +140,16 @@ def make_xlmr_classification(folder: Path) -> Path:
     return _save(XLMRobertaForSequenceClassification(config), folder)
 
 
+def make_distilbert_classification(folder: Path) -> Path:
+    """DistilBERT-shaped sequence classifier: a head (pre_classifier, ReLU) that packing cannot reach."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    tokenizer = _bert_tokenizer(folder)
+    sizes = {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64, "max_position_embeddings": 128}
+    config = DistilBertConfig(vocab_size=len(tokenizer), **sizes, **_labels(["NEGATIVE", "POSITIVE"]))
+    return _save(DistilBertForSequenceClassification(config), folder)
+
+
 def _bpe_tokenizer(folder: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -196,6 +206,7 @@ MAKERS = {
     "text-classification-multi-label": lambda folder: make_text_classification(folder, multi_label=True),
     "token-classification": make_token_classification,
     "text-classification-xlmr": make_xlmr_classification,
+    "text-classification-distilbert": make_distilbert_classification,
     "text-generation": make_text_generation,
 }
 

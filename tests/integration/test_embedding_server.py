@@ -132,3 +132,5 @@ def test_custom_metrics_on_the_prometheus_endpoint(server):
         values = metric_values(text, name)
         assert set(values) == {"minilm", "minilm32"} and min(values.values()) > 0, name
     assert metric_values(text, "RecompilesAfterReady") == {"minilm": 0.0, "minilm32": 0.0}
+    for model in ("minilm", "minilm32"):  # served from packed rows
+        assert re.search(rf'^BucketRequests{{ModelName="{model}".*Bucket="packed \d+x\d+"', text, re.MULTILINE)

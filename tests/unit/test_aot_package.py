@@ -68,9 +68,11 @@ def test_every_exporting_task_serves_from_its_package_without_dynamo(packaged, t
 
 def test_a_shape_outside_the_bounds_is_answered_eagerly_and_counted(packaged):
     handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
-    assert handler.model.bounds == ((1, 2), (8, 16))
+    assert handler.model.bounds == ((1, 2), (8, 16)) and handler.pack_budget == 16  # the package packs
     for batch, seq_len in ((3, 8), (1, 17)):  # the runtime would not check these shapes itself
-        inputs = {"input_ids": torch.full((batch, seq_len), 7), "attention_mask": torch.ones(batch, seq_len).long()}
+        positions = torch.arange(seq_len).expand(batch, seq_len).contiguous()
+        segments = torch.ones_like(positions)
+        inputs = {"input_ids": torch.full((batch, seq_len), 7), "position_ids": positions, "segments": segments}
         with torch.inference_mode():
             torch.testing.assert_close(handler.model(inputs), handler.model.eager(**inputs))
     assert handler.model.recompiles_after_ready == 2
@@ -97,7 +99,7 @@ def test_the_eager_model_loaded_later_lends_the_package_its_weights(packaged):
     with torch.inference_mode():
         before = handler.infer([list(range(5, 12))])[0]
         # The runner now reads the eager model's own tensors: changing one changes the package's answers.
-        handler.model.eager.encoder.embeddings.word_embeddings.weight.mul_(2)
+        handler.model.eager.module.encoder.embeddings.word_embeddings.weight.mul_(2)
         after = handler.infer([list(range(5, 12))])[0]
     assert handler.model.constants is None and not torch.allclose(before, after)
 

@@ -33,6 +33,7 @@ def test_classification_compiles_the_grid_once_and_never_again(single_label):
 @pytest.mark.parametrize("top_k", [1, 2, None])
 def test_classification_matches_the_pipeline(single_label, tiny_models, top_k):
     reference = pipeline("text-classification", model=str(tiny_models["text-classification"]))
+    assert single_label.pack_budget == 32  # the answers below come from packed rows
     answers = ask(single_label, [{"inputs": TEXTS[0], "top_k": top_k}, {"inputs": TEXTS, "top_k": top_k}])
     assert_same_answers(answers[0], reference(TEXTS[0], top_k=top_k))
     assert_same_answers(answers[1], reference(TEXTS, top_k=top_k))
@@ -66,6 +67,7 @@ def token_handler(tiny_models):
 @pytest.mark.parametrize("aggregation", ["none", "simple"])
 def test_token_classification_matches_the_pipeline(token_handler, tiny_models, aggregation):
     reference = pipeline("token-classification", model=str(tiny_models["token-classification"]))
+    assert token_handler.pack_budget == 32  # the answers below come from packed rows
     answers = ask(token_handler, [{"inputs": text, "aggregation_strategy": aggregation} for text in TEXTS])
     for text, answer in zip(TEXTS, answers, strict=True):
         assert_same_answers(answer, reference(text, aggregation_strategy=aggregation))

@@ -38,6 +38,8 @@ def test_pt2_compile_can_turn_compilation_off():
         ({"handler": {"threads": 0}}, "handler.threads", "0"),
         ({"handler": {"buckets": {"seq_lens": [64, 32]}}}, "handler.buckets.seq_lens", "[64, 32]"),
         ({"handler": {"buckets": {"overflow": "drop"}}}, "handler.buckets.overflow", "'drop'"),
+        ({"handler": {"buckets": {"pack_tokens": "on"}}}, "handler.buckets.pack_tokens", "'on'"),
+        ({"handler": {"buckets": {"pack_tokens": 0}}}, "handler.buckets.pack_tokens", "0"),
         ({"handler": {"compile": {"mode": "fastest"}}}, "handler.compile.mode", "'fastest'"),
         ({"handler": {"compile": {"fullgraph": "yes"}}}, "handler.compile.fullgraph", "'yes'"),
         ({"handler": {"compile": {"regional": 1}}}, "handler.compile.regional", "1"),

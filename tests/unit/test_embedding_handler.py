@@ -5,7 +5,7 @@ import pytest
 import torch
 from fakes import start_batch, status
 
-from handlers import buckets
+from handlers import buckets, packing
 from handlers.base import run_eager
 from handlers.compiling import compiled_graph_count
 from handlers.embedding import EmbeddingHandler
@@ -23,7 +23,7 @@ def ready_handler(model_dir, **handler_config):
 )
 def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny_bert, dynamic, grid, graphs):
     handler = ready_handler(tiny_bert, compile={"dynamic": dynamic}, buckets=grid)
-    assert handler.model.is_compiled
+    assert handler.model.is_compiled and handler.pack_budget == grid["seq_lens"][-1]  # packed, dummy rows for none
     assert compiled_graph_count() == graphs == buckets.expected_graphs(handler.plan)
     texts = ["the cat sat", "hello world " * 6, "a dog", "fast model serve token " * 3, "on the mat"]
     context = handler.context
@@ -39,12 +39,13 @@ def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny
 
 def test_regional_compile_warms_blocks_with_and_without_padding_and_live_traffic_compiles_nothing(tiny_bert):
     handler = ready_handler(tiny_bert, compile={"regional": True})
-    # One block graph for every shape, with an attention mask and without (no padding in the batch).
-    assert compiled_graph_count() == 2 * buckets.expected_graphs(handler.plan) == 2
+    # One block graph for every shape: packed rows always carry their 4-D mask (length groups
+    # without padding reach the blocks without one, a second graph).
+    assert compiled_graph_count() == buckets.expected_graphs(handler.plan) == 1
     texts = ["the cat sat", "hello world " * 6, "a dog", "fast model serve token " * 3, "x"]
     start_batch(handler.context, ["application/json"] * len(texts))
     answers = handler.handle([{"body": {"inputs": text}} for text in texts], handler.context)
-    assert compiled_graph_count() == 2 and handler.model.recompiles_after_ready == 0
+    assert compiled_graph_count() == 1 and handler.model.recompiles_after_ready == 0
     eager = handler.infer([e.ids for e in handler.tokenize(texts)], run_eager(handler.model.eager))
     for answer, row in zip(answers, eager, strict=True):
         assert torch.allclose(torch.tensor(answer["embedding"]), torch.nn.functional.normalize(row, dim=-1), atol=1e-5)
@@ -54,7 +55,7 @@ def test_a_shape_outside_the_grid_after_ready_is_counted_and_answered_eagerly(ti
     handler = ready_handler(tiny_bert, compile={"dynamic": "none"}, buckets={"seq_lens": [8], "batch_sizes": [2, 4]})
     graphs = compiled_graph_count()
     group = buckets.Group((0, 1, 2), batch_size=3, seq_len=8)  # batch 3 is not a bucket
-    inputs = buckets.pad_group([[2, 5, 3], [2, 6, 7, 3], [2, 3]], group, pad_id=0)
+    inputs, _ = packing.pad_packs([[2, 5, 3], [2, 6, 7, 3], [2, 3]], [[0], [1], [2]], group, 0, 0)
     with torch.inference_mode():
         got = handler.model(inputs)
         want = handler.model.eager(**inputs)
@@ -85,8 +86,9 @@ def test_truncate_caps_long_texts_at_the_largest_bucket(tiny_bert):
 
 
 def test_compile_off_serves_eagerly(tiny_bert):
+    graphs = compiled_graph_count()
     handler = ready_handler(tiny_bert, compile={"enable": False})
-    assert not handler.model.is_compiled and compiled_graph_count() == 0
+    assert not handler.model.is_compiled and compiled_graph_count() == graphs
     start_batch(handler.context, ["application/json"])
     assert len(handler.handle([{"body": {"inputs": "the dog"}}], handler.context)[0]["embedding"]) == 32
 

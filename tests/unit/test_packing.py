@@ -107,6 +107,24 @@ def test_a_model_that_fails_the_packed_check_keeps_length_groups(tiny_models, mo
     assert padded_tokens(handler, texts_of(handler, [30, 20, 14])) == 32 + 32 + 16  # a group per bucket
 
 
+def test_a_head_packing_cannot_reach_keeps_length_groups(tiny_models, caplog):
+    with caplog.at_level(logging.WARNING, logger="handlers.base"):
+        handler = ready_handler(
+            ClassificationHandler, tiny_models["text-classification-distilbert"], buckets=GRID, **EAGER
+        )
+    assert handler.pack_budget is None and "neither BERT- nor RoBERTa-like" in caplog.text
+
+
+def test_static_batches_pad_packed_rows_with_dummy_rows(tiny_models):
+    static = {"enable": False, "dynamic": "none"}
+    handler = ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets=GRID, compile=static)
+    token_ids = texts_of(handler, [50, 40, 30])  # three rows: 50, 40 and 30 tokens
+    prepared = handler.prepare(token_ids)
+    assert [(item.group.batch_size, item.group.seq_len) for item in prepared] == [(1, 32), (4, 64)]
+    for ids, row in zip(token_ids, handler.infer(token_ids), strict=True):
+        torch.testing.assert_close(row, handler.infer([ids])[0], atol=1e-5, rtol=0)
+
+
 def test_a_bad_request_in_a_packed_batch_gets_its_own_400_and_padding_is_counted(handlers):
     handler = handlers["embedding"]
     context = handler.context

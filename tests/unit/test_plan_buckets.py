@@ -105,4 +105,15 @@ def test_planner_writes_a_plan_that_build_mar_packs(tiny_bert, tmp_path, capsys)
     )
     with zipfile.ZipFile(archive) as mar:
         config = yaml.safe_load(mar.read("model-config.yaml"))
-    assert config["handler"]["buckets"]["seq_lens"] == json.loads(plan_file.read_text())["seq_lens"]
+    planned = json.loads(plan_file.read_text())
+    assert config["handler"]["buckets"]["seq_lens"] == planned["seq_lens"]
+    assert config["handler"]["buckets"]["pack_tokens"] == planned["pack_tokens"] in planned["seq_lens"]
+
+
+def test_the_pack_budget_is_the_bucket_with_the_least_tokens_and_calls():
+    # Eight 40-token texts a batch: 256 packs 6 + 2 (a 256-row and a 128-row: two calls), 128 packs
+    # 3 + 3 + 2 (three 128-rows: one call), 64 and less one text a row (eight 64-rows).
+    budget, rows = plan_buckets.plan_pack_budget({40: 10}, (16, 32, 64, 128, 256), batch=8)
+    figures = {row["pack_tokens"]: (row["padded_ratio"], row["calls_per_batch"]) for row in rows}
+    assert figures == {16: (1.6, 1.0), 32: (1.6, 1.0), 64: (1.6, 1.0), 128: (1.2, 1.0), 256: (1.2, 2.0)}
+    assert budget == 128
