@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fakes import ready_handler  # noqa: E402
 
 from handlers import config as handler_config  # noqa: E402
+from handlers import packing  # noqa: E402
 from handlers.base import DTYPES, run_eager  # noqa: E402
 from handlers.classification import ClassificationHandler  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
@@ -90,6 +91,8 @@ def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list
     handler = ready_handler(handler_class, model_dir, **config)
     ready_seconds = time.perf_counter() - began
     reference = handler.build_model(model_dir).eval().to(handler.device)  # float32, never cast
+    if handler.pack_budget is not None:  # the served module's inputs: packed rows
+        reference = packing.PackedModel(reference)
     eager = run_eager(handler.model.eager)
     served = str(handler.dtype).removeprefix("torch.")
     if served not in ceilings:
