@@ -84,6 +84,10 @@ class CompiledHandler(BaseHandler):
     def configure_tokenizer(self, tokenizer) -> None:
         """Task-specific tokenizer settings (e.g. which side truncation cuts)."""
 
+    def adapt_body(self, value: Any) -> Any:
+        """A task's own request form rewritten to the common one (chat messages to a prompt)."""
+        return value
+
     def read_task_settings(self, model_dir: Path, model_config) -> None:
         """What the task reads from the model's files besides the module (labels, pooling): a
         worker serving an AOT package never builds the module."""
@@ -191,11 +195,7 @@ class CompiledHandler(BaseHandler):
     def handle(self, data, context):
         """Answers for a batch, one per request in order; a request's failure is its own answer."""
         self.context = context
-        try:
-            if self.worker.refresh():  # workers came or went, and this one's share of the cores changed
-                self._trace_at_new_thread_count()
-        except OSError as error:  # the count is an optimization: never a reason to fail a batch
-            logger.warning("Could not recount the live workers: %s", error)
+        self.follow_worker_count()
         try:
             answers = self.postprocess(self.inference(self.preprocess(data)))
         except Exception as error:  # a defect past every per-request boundary: still answer everyone
@@ -205,6 +205,14 @@ class CompiledHandler(BaseHandler):
             answers = batch.answers
         emit(context, "RecompilesAfterReady", self.model.recompiles_after_ready, "Count")
         return answers
+
+    def follow_worker_count(self) -> None:
+        """Re-share the cores if workers came or went (and trace the grid at the new thread count)."""
+        try:
+            if self.worker.refresh():
+                self._trace_at_new_thread_count()
+        except OSError as error:  # the count is an optimization: never a reason to fail a batch
+            logger.warning("Could not recount the live workers: %s", error)
 
     def preprocess(self, data) -> Batch:
         """Decode, check and tokenize each request in its own boundary, then pad the texts to buckets."""
@@ -518,7 +526,7 @@ class CompiledHandler(BaseHandler):
         context = self.context
         header = context.get_request_header(index, part) if context.request_processor else None
         content_type = header.get("content-type") if isinstance(header, dict) else None
-        value = payload.decode(request, content_type)
+        value = self.adapt_body(payload.decode(request, content_type))
         read = kserve_v2.parse if kserve_v2.is_v2(value) else payload.parse
         return read(value, self.param_checks(), self.config.max_inputs)
 

@@ -131,6 +131,10 @@ class GenerationConfig:
     max_new_tokens: int = _option(_positive_int, 64)
     default_new_tokens: int | None = _option(_positive_int, None)  # None: min(20, max_new_tokens)
     max_stop_strings: int = _option(_positive_int, 8)
+    # Continuous batching (`continuousBatching: true`, handlers/continuous.py): decode steps per
+    # handler call (each call is a frontend round trip), and how long a request may run in all.
+    steps_per_call: int = _option(_positive_int, 4)
+    max_request_seconds: int = _option(_positive_int, 300)
 
 
 def _nested(cls):

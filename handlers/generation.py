@@ -1,8 +1,12 @@
 """Text generation with a static KV cache and a compiled decode step; tokens stream as JSON lines.
 
-The prompts of a TorchServe batch generate together (up to the largest batch bucket per group),
-each with its own parameters, stop strings and token budget. Greedy output equals what
-`model.generate()` gives for the prompt alone.
+Two ways to batch, chosen by TorchServe's own `continuousBatching` key of model-config.yaml:
+- continuous (`true`): prompts hold slots of a running decode loop, joining and leaving it between
+  steps (handlers/continuous.py, handlers/slots.py): one compiled step of shape (slots, 1);
+- request batches (`false`): the prompts of a TorchServe batch generate together (up to the largest
+  batch bucket per group) to the end of the longest: a compiled step per batch bucket.
+Each prompt has its own parameters, stop strings and token budget; greedy output equals what
+`model.generate()` gives for the prompt alone, either way.
 """
 
 import dataclasses
@@ -18,17 +22,45 @@ from handlers import buckets
 from handlers.base import CompiledHandler
 from handlers.batch import Accepted, Batch, split_until_isolated
 from handlers.continuation import Continuation, Job
+from handlers.continuous import DecodeLoop
 from handlers.decoding import CachePool, DecodeStep, GroupDecoder, left_pad
+from handlers.metrics import emit
 from handlers.payload import RequestError, boolean_param, int_param, is_unicode_text, number_param
 from handlers.sampling import Sampler
+from handlers.slots import SlotCache, SlotStep
 
 MAX_STOP_LENGTH = 64
+ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages: Any) -> list[dict[str, str]]:
+    """A non-empty list of {"role": system | user | assistant, "content": text}."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, '\'messages\' must be a non-empty list of {"role", "content"} objects')
+    for position, message in enumerate(messages):
+        if not (isinstance(message, dict) and set(message) == {"role", "content"}):
+            raise RequestError(400, f"'messages'[{position}] must be an object with exactly 'role' and 'content'")
+        if message["role"] not in ROLES or not isinstance(message["content"], str):
+            raise RequestError(400, f"'messages'[{position}]: role is one of {', '.join(ROLES)}, content a string")
+        if not is_unicode_text(message["content"]):
+            raise RequestError(400, f"'messages'[{position}] holds a lone surrogate, not Unicode text")
+    return messages
 
 
 class GenerationHandler(CompiledHandler):
     """`{"inputs": "prompt", "max_new_tokens": 20}` -> `{"generated_text": ..., "finish_reason": ...}`."""
 
     # -- configuration ----------------------------------------------------------------------
+    def load_settings(self, context) -> None:
+        self.continuous = bool((context.model_yaml_config or {}).get("continuousBatching", False))
+        super().load_settings(context)
+
+    def initialize(self, context):
+        super().initialize(context)
+        limits = self.config.generation
+        if self.continuous:
+            self.loop = DecodeLoop(self, self.plan.max_batch, limits.steps_per_call, limits.max_request_seconds)
+
     def configure_tokenizer(self, tokenizer) -> None:
         tokenizer.truncation_side = "left"  # an over-long prompt keeps its end, which generation continues
 
@@ -41,7 +73,7 @@ class GenerationHandler(CompiledHandler):
         return dataclasses.replace(super()._plan(model_dir), dynamic="none", pack_tokens=None)
 
     def graphs_needed(self) -> int:
-        return len(self.plan.batch_sizes)
+        return 1 if self.continuous else len(self.plan.batch_sizes)
 
     def param_checks(self) -> dict:
         return {
@@ -54,6 +86,26 @@ class GenerationHandler(CompiledHandler):
             "stop": self._stop_param,
             "stream": boolean_param,
         }
+
+    def adapt_body(self, value: Any) -> Any:
+        """`{"messages": [{"role", "content"}, ...]}` -> `{"inputs": the tokenizer's chat prompt}`."""
+        if not (isinstance(value, dict) and "messages" in value):
+            return value
+        if "inputs" in value:
+            raise RequestError(400, "send 'inputs' (a prompt) or 'messages' (a chat), not both")
+        if not self.tokenizer.chat_template:
+            raise RequestError(400, "this model's tokenizer has no chat template: send 'inputs' (a prompt) instead")
+        messages = check_messages(value["messages"])
+        try:
+            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as error:  # the template's own checks (roles, order) raise what they like
+            raise RequestError(
+                400, f"the model's chat template refused these messages ({type(error).__name__})"
+            ) from None
+        bos = self.tokenizer.bos_token
+        if bos and prompt.startswith(bos) and self._special_ids()[0] == self.tokenizer.bos_token_id:
+            prompt = prompt[len(bos) :]  # tokenizing adds it again
+        return {**{key: item for key, item in value.items() if key != "messages"}, "inputs": prompt}
 
     def _stop_param(self, value: Any, name: str) -> list[str]:
         stops = [value] if isinstance(value, str) else value
@@ -83,7 +135,29 @@ class GenerationHandler(CompiledHandler):
         limits = self.config.generation
         self.default_new_tokens = limits.default_new_tokens or min(20, limits.max_new_tokens)
         self.caches = CachePool(lm.config, self.plan.max_seq_len + self.config.generation.max_new_tokens)
-        return DecodeStep(lm)
+        self.slot_caches: dict[torch.dtype, SlotCache] = {}
+        return SlotStep(lm) if self.continuous else DecodeStep(lm)
+
+    def _slot_cache(self, dtype: torch.dtype) -> SlotCache:
+        """The one slot cache of a dtype: the compiled step's guards hold on to it."""
+        if dtype not in self.slot_caches:
+            config, length = self.caches.lm_config, self.caches.cache_len
+            self.slot_caches[dtype] = SlotCache(config, self.plan.max_batch, length, dtype, self.device)
+        return self.slot_caches[dtype]
+
+    def prefill(self, ids: list[int], slot: int) -> torch.Tensor:
+        """A prompt alone into `slot` of the live slot cache; its next-token logits."""
+        with torch.inference_mode():
+            return self.model.eager.prefill(ids, self._slot_cache(self.dtype), slot)
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One compiled step over every slot of the live slot cache; logits (slots, vocab)."""
+        cache = self._slot_cache(self.dtype)
+        with torch.inference_mode():  # fresh tensors, made as warm-up made them: dynamo's guards see alike
+            positions = positions.to(self.device, copy=True)
+            cache.positions.copy_(positions)
+            inputs = {"input_ids": tokens.view(-1, 1).to(self.device, copy=True), "positions": positions}
+            return self.model({**inputs, "cache": cache})
 
     def _decoder(self, group: buckets.Group, token_ids: list[list[int]], model) -> GroupDecoder:
         dtype = next(model.eager.parameters()).dtype
@@ -94,6 +168,8 @@ class GenerationHandler(CompiledHandler):
     def infer(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
         """Per prompt: the prefill's logits and one greedy decode step's, joined (warm-up and checks)."""
         model = model or self.model
+        if self.continuous:
+            return self._infer_slots(token_ids, model)
         rows: list[torch.Tensor | None] = [None] * len(token_ids)
         with torch.inference_mode():
             for group in buckets.generation_groups([len(ids) for ids in token_ids], self.plan):
@@ -105,7 +181,40 @@ class GenerationHandler(CompiledHandler):
                     rows[index] = joined[row]
         return rows
 
+    def _infer_slots(self, token_ids: list[list[int]], model) -> list[torch.Tensor]:
+        """`infer` through the slot cache: up to `slots` prompts prefilled, then one step over all."""
+        slots = self.plan.max_batch
+        cache = self._slot_cache(next(model.eager.parameters()).dtype)
+        rows = []
+        with torch.inference_mode():
+            for start in range(0, len(token_ids), slots):
+                tokens = torch.full((slots, 1), self.pad_id, dtype=torch.long, device=self.device)
+                positions = torch.zeros(slots, dtype=torch.long, device=self.device)
+                first = []
+                for slot, ids in enumerate(token_ids[start : start + slots]):
+                    first.append(model.eager.prefill(ids, cache, slot))
+                    tokens[slot, 0], positions[slot] = first[-1].argmax(), len(ids)
+                cache.positions.copy_(positions)
+                second = model({"input_ids": tokens, "positions": positions, "cache": cache})
+                rows += [torch.cat([row, second[slot]]).float().cpu() for slot, row in enumerate(first)]
+        return rows
+
     # -- requests ---------------------------------------------------------------------------
+    def handle(self, data, context):
+        """Request batches as every task; with continuous batching, one call of the decode loop."""
+        if not self.continuous:
+            return super().handle(data, context)
+        self.context = context
+        self.follow_worker_count()
+        answers = self.loop.call(data, context)
+        emit(context, "RecompilesAfterReady", self.model.recompiles_after_ready, "Count")
+        return answers
+
+    def final_text(self, request: Accepted, jobs: list[Job]) -> str:
+        """A request's final answer as sent: JSON, or JSON lines when it streams."""
+        answer = self._final_answer(request, jobs)
+        return answer if isinstance(answer, str) else json.dumps(answer)
+
     def prepare(self, token_ids: list[list[int]]) -> list[buckets.Group]:
         """Prompt buckets; each group is left-padded into its static cache when it runs."""
         return buckets.generation_groups([len(ids) for ids in token_ids], self.plan)

@@ -49,8 +49,9 @@ DEFAULT_MODEL_CONFIG = {
     "maxBatchDelay": 5,
     "responseTimeout": 120,
 }
-# Per task, over DEFAULT_MODEL_CONFIG: generation answers after a whole decode loop, not one pass.
-TASK_MODEL_CONFIG = {"text-generation": {"responseTimeout": 300}}
+# Per task, over DEFAULT_MODEL_CONFIG: generation runs continuous batching (handlers/continuous.py;
+# `continuousBatching: false` in --config gives request batches, where a call is a whole decode loop).
+TASK_MODEL_CONFIG = {"text-generation": {"responseTimeout": 300, "continuousBatching": True}}
 # What serving reads from a model folder; anything else a Hub snapshot holds (ONNX, OpenVINO, TF,
 # Flax, pickle weights, READMEs, training files) stays out of the archive.
 MODEL_FILES = (

@@ -16,7 +16,7 @@ def task_server(tmp_path_factory, tiny_models):
     """Batches of up to 4 requests, gathered for 100 ms, so concurrent requests share batches."""
     store = tmp_path_factory.mktemp("task_model_store")
     for name, task in TASK_ARCHIVES.items():
-        extra = {"generation": {"max_new_tokens": 16}} if task == "text-generation" else {}
+        extra = {"generation": {"max_new_tokens": 256}} if task == "text-generation" else {}
         # Four workers compile at once on as few as two cores: more time than one alone is given.
         config = {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **extra}}
         build(tiny_models[task], task, name, store, config)

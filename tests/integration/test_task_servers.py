@@ -1,6 +1,8 @@
 """Classification, token classification and generation archives through a real TorchServe on loopback."""
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -80,6 +82,36 @@ def test_generation_of_a_mixed_batch_equals_generate_alone(server, generate):
         assert response.json()["generated_text"] == generate(prompt, n)
         assert response.json()["generated_tokens"] == n
     assert "top_k" in responses[4].json()["error"] and "max_new_tokens" in responses[5].json()["error"]
+
+
+def test_a_short_request_is_answered_while_a_long_one_runs(server, generate):
+    """Continuous batching (the generation archive's default): the short request joins the running
+    decode loop and leaves it first; both answers are the text `generate()` gives each alone."""
+    long = requests.post(
+        f"{server.inference_url}/predictions/generator",
+        data=json.dumps({"inputs": PROMPTS[1], "max_new_tokens": 256, "stream": True}),
+        headers={**server.headers("inference"), "Content-Type": "application/json"},
+        stream=True,
+        timeout=120,
+    )
+    arrivals: list[tuple[float, bytes]] = []
+    started = threading.Event()
+
+    def read_long() -> None:
+        for chunk in long.iter_content(chunk_size=None):
+            arrivals.append((time.monotonic(), chunk))
+            started.set()
+
+    reader = threading.Thread(target=read_long)
+    reader.start()
+    assert started.wait(60)  # the long request is decoding
+    short = server.predict("generator", {"inputs": PROMPTS[0], "max_new_tokens": 4})
+    short_done = time.monotonic()
+    reader.join(120)
+    assert short.status_code == 200 and short.json()["generated_text"] == generate(PROMPTS[0], 4)
+    assert arrivals[-1][0] > short_done, "the long request ended before the short one"
+    summary = json.loads(b"".join(chunk for _, chunk in arrivals).decode().splitlines()[-1])
+    assert summary["generated_tokens"] == 256 and summary["generated_text"] == generate(PROMPTS[1], 256)
 
 
 def test_streaming_arrives_chunk_by_chunk(server, generate):

@@ -1,6 +1,7 @@
 """Text generation in process: parity with `model.generate()`, streaming, sampling, stop strings, errors."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -140,3 +141,37 @@ def test_sampler_top_k_one_is_greedy_and_top_p_keeps_the_nucleus():
     picks = {Sampler(do_sample=True, top_p=0.7, seed=s).choose(logits) for s in range(200)}
     assert picks == {0, 1}
     assert Sampler().choose(logits) == 0
+
+
+def test_chat_messages_need_a_chat_template(handler):
+    answers = ask(handler, [{"messages": [{"role": "user", "content": "hello"}]}, {"inputs": "a", "max_new_tokens": 2}])
+    assert status(handler.context, 0) == 400 and "no chat template" in answers[0]["error"]
+    assert answers[1]["generated_tokens"] == 2
+
+
+def test_chat_messages_become_the_templates_prompt(tiny_models, tmp_path):
+    folder = tmp_path / "chat"
+    shutil.copytree(tiny_models["text-generation"], folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    tokenizer.save_pretrained(folder)
+    chat = ready_handler(
+        GenerationHandler, folder, buckets=GRID, generation={"max_new_tokens": 16}, compile={"enable": False}
+    )
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat"}]
+    prompt = "system: be brief\nuser: the cat\nassistant:"
+    answers = ask(
+        chat,
+        [
+            {"messages": messages, "max_new_tokens": 5},
+            {"inputs": prompt, "max_new_tokens": 5},
+            {"messages": [{"role": "robot", "content": "x"}]},
+            {"messages": messages, "inputs": "x"},
+        ],
+    )
+    assert answers[0] == answers[1] and answers[0]["generated_tokens"] == 5
+    assert [status(chat.context, index) for index in (2, 3)] == [400, 400]
+    assert "role is one of" in answers[2]["error"] and "not both" in answers[3]["error"]

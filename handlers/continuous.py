@@ -1,0 +1,192 @@
+"""Continuous batching for text generation: requests join and leave a running decode loop.
+
+With `continuousBatching: true` in model-config.yaml, TorchServe calls `handle` again and again with
+the requests it holds, up to `batchSize`: new ones with their bodies, running ones resent without a
+body (`context.request_ids` names them). Each call here admits waiting prompts into free slots of a
+`SlotCache` (an eager prefill each), runs up to `generation.steps_per_call` compiled decode steps
+over all slots, and answers every request of the call: a chunk of streamed text, nothing yet, or
+its final answer. A finished prompt frees its slot at once, and the next waiting prompt takes it.
+
+What TorchServe's frontend does with the answers (its ContinuousBatching and RestJob classes):
+- a request leaves only with an answer whose `ts_stream_next` header is `false`; an answer without
+  the header keeps it, so every answer here sets the header (through `context.stopping_criteria`,
+  which TorchServe's response encoder consults);
+- a request's HTTP status and headers go out with its first answer, and only if that answer says
+  `true`: so every first answer says `true`, and a request complete at once (a refusal, a prompt
+  done in its first step) is closed by an empty answer on the next call;
+- a request whose client went away is dropped silently: it stops coming, and its slots are freed on
+  the next call. A request past `generation.max_request_seconds` ends with finish_reason "time".
+"""
+
+import dataclasses
+import json
+import logging
+import time
+
+import torch
+
+from handlers.batch import INTERNAL_ERROR, Accepted, describe
+from handlers.continuation import Job
+from handlers.payload import RequestError
+
+logger = logging.getLogger(__name__)
+
+LOST = {"error": "this request's state was lost (the worker restarted); send it again", "code": 500}
+
+
+@dataclasses.dataclass
+class Running:
+    """One request in the loop: its prompts (`jobs`), those still waiting for a slot, and whether its
+    first answer went out. `refusal` is the whole answer of a request that never ran."""
+
+    jobs: list[Job]
+    waiting: list[Job]
+    deadline: float
+    streams: bool = False
+    refusal: str | None = None
+    opened: bool = False
+    closing: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.refusal is not None or all(job.continuation.finished for job in self.jobs)
+
+
+class DecodeLoop:
+    """The slots, the requests holding them, and one `call` per TorchServe handle call."""
+
+    def __init__(self, handler, slots: int, steps_per_call: int, max_seconds: float):
+        self.handler = handler
+        self.steps_per_call = steps_per_call
+        self.max_seconds = max_seconds
+        self.running: dict[str, Running] = {}
+        self.holders: list[tuple[Job, Running] | None] = [None] * slots  # which prompt holds each slot
+        self.tokens = torch.full((slots,), handler.pad_id, dtype=torch.long)  # each slot's next input
+        self.positions = torch.zeros(slots, dtype=torch.long)  # where each slot writes it
+
+    @property
+    def free_slots(self) -> int:
+        return self.holders.count(None)
+
+    def call(self, data: list[dict], context) -> list[str]:
+        """Answers for one call, in order; sets each one's `ts_stream_next` via stopping_criteria."""
+        ids = [context.request_ids[index] for index in range(len(data))]
+        self._forget_absent(set(ids))
+        for index, (request, request_id) in enumerate(zip(data, ids, strict=True)):
+            if request_id not in self.running:
+                self.running[request_id] = self._arrive(request, index, context)
+        try:
+            self._admit()
+            for _ in range(self.steps_per_call):
+                if self.free_slots == len(self.holders):
+                    break
+                self._step()
+        except Exception as error:  # a defect in the model call: every running request ends with it
+            logger.error("The decode loop failed; ending its %d requests: %s", len(self.running), describe(error))
+            self._fail_all()
+        answers, last = [], []
+        for index, request_id in enumerate(ids):
+            answer, done = self._answer(request_id, index, context)
+            answers.append(answer)
+            last.append(done)
+        context.stopping_criteria = [lambda _, done=done: done for done in last]
+        return answers
+
+    # -- requests in and out ---------------------------------------------------------------
+    def _arrive(self, request: dict, index: int, context) -> Running:
+        deadline = time.monotonic() + self.max_seconds
+        if request.get("body") is None and request.get("data") is None:  # resent, but unknown here
+            return Running([], [], deadline, refusal=json.dumps(LOST), opened=True)
+        try:
+            body = self.handler.parse_request(request, index)
+            accepted = Accepted(index, body, self.handler.tokenize(body.texts))
+            jobs = [self.handler._job(accepted, n, encoding.ids) for n, encoding in enumerate(accepted.encodings)]
+        except RequestError as error:
+            context.set_response_status(error.code, error.phrase, index)
+            context.set_response_content_type(index, "application/json")
+            return Running([], [], deadline, refusal=json.dumps(error.body()))
+        except Exception as error:  # anything else a body can provoke is this request's 500 alone
+            logger.error("Request %d of the call failed in preprocess: %s", index, describe(error))
+            context.set_response_status(500, "Internal Server Error", index)
+            return Running([], [], deadline, refusal=json.dumps(INTERNAL_ERROR))
+        streams = body.params.get("stream", False)
+        context.set_response_content_type(index, "application/jsonl" if streams else "application/json")
+        return Running(jobs, list(jobs), deadline, streams)
+
+    def _forget_absent(self, present: set[str]) -> None:
+        """Requests the frontend stopped sending (their clients left): free their slots."""
+        for request_id in [rid for rid in self.running if rid not in present]:
+            gone = self.running.pop(request_id)
+            self._release([slot for slot, held in enumerate(self.holders) if held and held[1] is gone])
+            logger.info("A request left before its end (client gone); its slots are free")
+
+    def _answer(self, request_id: str, index: int, context) -> tuple[str, bool]:
+        """(what to send now, whether it is the request's last answer)."""
+        running = self.running[request_id]
+        if running.closing:
+            del self.running[request_id]
+            return "", True
+        complete = running.complete
+        body = self._final(running) if complete else self._chunk(running)
+        if not running.opened:  # the first answer must say "true", or no status line is sent
+            running.opened, running.closing = True, complete
+            return body, False
+        if complete:
+            del self.running[request_id]
+        return body, complete
+
+    def _chunk(self, running: Running) -> str:
+        if not running.streams:
+            return ""
+        pieces = [(job.position, job.continuation.pending()) for job in running.jobs]
+        return "".join(json.dumps({"index": n, "text": piece}) + "\n" for n, piece in pieces if piece)
+
+    def _final(self, running: Running) -> str:
+        if running.refusal is not None:
+            return running.refusal
+        return self.handler.final_text(running.jobs[0].request, running.jobs)
+
+    def _fail_all(self) -> None:
+        self._release([slot for slot, held in enumerate(self.holders) if held])
+        for running in self.running.values():
+            if not running.complete:
+                running.refusal = json.dumps(INTERNAL_ERROR)
+
+    # -- slots -------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Waiting prompts, oldest request first, into free slots: prefill, then the first token."""
+        for running in self.running.values():
+            while running.waiting and None in self.holders:
+                job = running.waiting.pop(0)
+                slot = self.holders.index(None)
+                logits = self.handler.prefill(job.ids, slot)
+                self._take(job, slot, job.sampler.choose(logits.float().cpu()))
+                if not job.continuation.finished:
+                    self.holders[slot] = (job, running)
+                    self.positions[slot] = len(job.ids)
+
+    def _step(self) -> None:
+        """One compiled step over every slot; then each held slot's next token."""
+        logits = self.handler.decode(self.tokens, self.positions).float().cpu()
+        held = [slot for slot, holder in enumerate(self.holders) if holder is not None]
+        self.positions[held] += 1
+        greedy = logits.argmax(dim=-1).tolist()  # one call for every greedy slot
+        now = time.monotonic()
+        for slot in held:
+            job, running = self.holders[slot]
+            token = job.sampler.choose(logits[slot]) if job.sampler.do_sample else greedy[slot]
+            self._take(job, slot, token)
+            if not job.continuation.finished and now > running.deadline:
+                job.continuation.finish_reason = "time"
+            if job.continuation.finished:
+                self._release([slot])
+
+    def _take(self, job: Job, slot: int, token: int) -> None:
+        job.continuation.add(token)
+        self.tokens[slot] = token
+
+    def _release(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.holders[slot] = None
+            self.positions[slot] = 0
+            self.tokens[slot] = self.handler.pad_id

@@ -1,0 +1,168 @@
+"""Continuous batching in process: a stand-in for TorchServe's frontend drives the decode loop as
+its ContinuousBatching aggregator does (tests/integration/test_continuous_server.py runs the real one)."""
+
+import json
+
+import pytest
+import torch
+from fakes import make_context, start_batch, status
+from torch._dynamo.utils import counters
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from handlers.compiling import compiled_graph_count
+from handlers.generation import GenerationHandler
+
+CONFIG = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 2]}, "generation": {"max_new_tokens": 48}}
+
+
+class Frontend:
+    """New requests go in with their bodies, running ones again without, up to the slots' worth;
+    a request leaves with the answer whose ts_stream_next is false, or when its client goes."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.queue: dict[str, dict | None] = {}  # request id -> body until first sent, then None
+        self.received: dict[str, list[str]] = {}
+        self.statuses: dict[str, int] = {}
+        self.finished_at: dict[str, int] = {}
+        self.calls = 0
+
+    def submit(self, request_id: str, body: dict) -> None:
+        self.queue[request_id] = body
+        self.received[request_id] = []
+
+    def cancel(self, request_id: str) -> None:
+        del self.queue[request_id]
+
+    def call(self) -> None:
+        ids = list(self.queue)
+        context = self.handler.context
+        start_batch(context, ["application/json"] * len(ids))
+        context.request_ids = dict(enumerate(ids))
+        data = [{} if self.queue[rid] is None else {"body": self.queue[rid]} for rid in ids]
+        answers = self.handler.handle(data, context)
+        self.calls += 1
+        assert len(answers) == len(ids)
+        for index, request_id in enumerate(ids):
+            if self.queue[request_id] is not None:  # the first answer sends the status
+                self.statuses[request_id] = status(context, index)
+            self.received[request_id].append(answers[index])
+            assert context.stopping_criteria[index](answers[index]) in (True, False)
+            if context.stopping_criteria[index](answers[index]):
+                del self.queue[request_id]
+                self.finished_at[request_id] = self.calls
+            else:
+                self.queue[request_id] = None
+
+    def run(self) -> None:
+        while self.queue:
+            self.call()
+
+    def body(self, request_id: str) -> str:
+        return "".join(self.received[request_id])
+
+
+@pytest.fixture(scope="module")
+def handler(tiny_models):
+    torch._dynamo.reset()
+    counters.clear()
+    made = GenerationHandler()
+    yaml_config = {"continuousBatching": True, "handler": {"dtype": "float32", **CONFIG}}
+    made.initialize(make_context(tiny_models["text-generation"], yaml_config))
+    made.graphs = compiled_graph_count()
+    return made
+
+
+def generate_alone(model_dir, prompt: str, new_tokens: int) -> str:
+    """Eager greedy `generate()` of transformers for the prompt alone: the text it adds."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    inputs = tokenizer(prompt, return_tensors="pt")
+    output = lm.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+    return tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def test_a_short_request_joins_a_running_long_one_and_leaves_first_with_the_same_tokens(handler, tiny_models):
+    front = Frontend(handler)
+    long_body = {"inputs": "alice walks to paris and bob runs", "max_new_tokens": 48}
+    short_body = {"inputs": "the cat sat", "max_new_tokens": 4}
+    front.submit("long", long_body)
+    front.call()
+    front.call()
+    front.submit("short", short_body)
+    front.run()
+    assert front.finished_at["short"] < front.finished_at["long"]
+    assert front.statuses == {"long": 200, "short": 200}
+    for name, body in (("long", long_body), ("short", short_body)):
+        answer = json.loads(front.body(name))
+        assert answer["generated_text"] == generate_alone(
+            tiny_models["text-generation"], body["inputs"], body["max_new_tokens"]
+        )
+    assert compiled_graph_count() == handler.graphs == 1 and handler.model.recompiles_after_ready == 0
+
+
+def test_more_prompts_than_slots_wait_and_take_the_freed_slots(handler):
+    front = Frontend(handler)
+    for name in ("a", "b", "c"):
+        front.submit(name, {"inputs": f"hello {name}", "max_new_tokens": 3})
+    front.submit("list", {"inputs": ["the dog", "a red mat"], "max_new_tokens": 2})
+    front.run()
+    for name in ("a", "b", "c"):
+        assert json.loads(front.body(name))["generated_tokens"] == 3
+    assert [item["generated_tokens"] for item in json.loads(front.body("list"))] == [2, 2]
+    assert handler.loop.free_slots == 2 and not handler.loop.running
+
+
+def test_a_client_that_leaves_frees_its_slot_for_the_next_request(handler):
+    front = Frontend(handler)
+    front.submit("leaver", {"inputs": "the cat", "max_new_tokens": 48})
+    front.call()
+    assert handler.loop.free_slots == 1
+    front.cancel("leaver")
+    front.submit("next", {"inputs": "the dog", "max_new_tokens": 2})
+    front.run()
+    assert json.loads(front.body("next"))["generated_tokens"] == 2
+    assert handler.loop.free_slots == 2 and not handler.loop.running
+
+
+def test_a_bad_request_gets_its_400_and_leaves_on_the_next_call_while_others_run(handler):
+    front = Frontend(handler)
+    front.submit("good", {"inputs": "the cat", "max_new_tokens": 6})
+    front.submit("bad", {"inputs": "the cat", "max_new_tokens": 0})
+    front.call()
+    assert front.statuses["bad"] == 400 and "max_new_tokens" in json.loads(front.body("bad"))["error"]
+    assert "bad" in front.queue  # its first answer sent the status; an empty one closes it
+    front.run()
+    assert front.received["bad"][-1] == "" and front.finished_at["bad"] == 2
+    assert json.loads(front.body("good"))["generated_tokens"] == 6
+
+
+def test_streamed_chunks_add_up_to_the_final_text(handler):
+    front = Frontend(handler)
+    front.submit("stream", {"inputs": "hello world", "max_new_tokens": 12, "stream": True})
+    front.run()
+    lines = [json.loads(line) for line in front.body("stream").splitlines()]
+    final = lines[-1]
+    assert final["generated_tokens"] == 12
+    assert "".join(line["text"] for line in lines[:-1]) == final["generated_text"]
+    assert len(front.received["stream"]) > 2  # text arrived over several calls
+
+
+def test_a_request_past_its_time_limit_ends_with_finish_reason_time(handler):
+    front = Frontend(handler)
+    handler.loop.max_seconds = 0
+    try:
+        front.submit("slow", {"inputs": "the cat", "max_new_tokens": 48})
+        front.run()
+    finally:
+        handler.loop.max_seconds = handler.config.generation.max_request_seconds
+    answer = json.loads(front.body("slow"))
+    assert answer["finish_reason"] == "time" and answer["generated_tokens"] < 48
+    assert handler.loop.free_slots == 2
+
+
+def test_a_running_request_unknown_to_a_restarted_worker_is_closed_with_an_error(handler):
+    front = Frontend(handler)
+    front.queue["orphan"], front.received["orphan"] = None, []  # resent without a body, never seen here
+    front.run()
+    assert "restarted" in json.loads(front.body("orphan"))["error"] and front.finished_at["orphan"] == 1
