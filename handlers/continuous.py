@@ -12,8 +12,10 @@ What TorchServe's frontend does with the answers (its ContinuousBatching and Res
   the header keeps it, so every answer here sets the header (through `context.stopping_criteria`,
   which TorchServe's response encoder consults);
 - a request's HTTP status and headers go out with its first answer, and only if that answer says
-  `true`: so every first answer says `true`, and a request complete at once (a refusal, a prompt
-  done in its first step) is closed by an empty answer on the next call;
+  `true` or has no header at all: so every first answer says `true`, and a request complete at once
+  (a prompt done in its first step) is closed by an empty answer on the next call. A refusal (4xx,
+  5xx) is the exception: the frontend closes the connection after an error status, which would cut
+  a stream short, so a refusal is one plain answer without the header;
 - a request whose client went away is dropped silently: it stops coming, and its slots are freed on
   the next call. A request past `generation.max_request_seconds` ends with finish_reason "time".
 """
@@ -44,6 +46,7 @@ class Running:
     deadline: float
     streams: bool = False
     refusal: str | None = None
+    status: tuple[int, str] | None = None  # a refusal's, set with its answer
     opened: bool = False
     closing: bool = False
 
@@ -102,13 +105,10 @@ class DecodeLoop:
             accepted = Accepted(index, body, self.handler.tokenize(body.texts))
             jobs = [self.handler._job(accepted, n, encoding.ids) for n, encoding in enumerate(accepted.encodings)]
         except RequestError as error:
-            context.set_response_status(error.code, error.phrase, index)
-            context.set_response_content_type(index, "application/json")
-            return Running([], [], deadline, refusal=json.dumps(error.body()))
+            return Running([], [], deadline, refusal=json.dumps(error.body()), status=(error.code, error.phrase))
         except Exception as error:  # anything else a body can provoke is this request's 500 alone
             logger.error("Request %d of the call failed in preprocess: %s", index, describe(error))
-            context.set_response_status(500, "Internal Server Error", index)
-            return Running([], [], deadline, refusal=json.dumps(INTERNAL_ERROR))
+            return Running([], [], deadline, refusal=json.dumps(INTERNAL_ERROR), status=(500, "Internal Server Error"))
         streams = body.params.get("stream", False)
         context.set_response_content_type(index, "application/jsonl" if streams else "application/json")
         return Running(jobs, list(jobs), deadline, streams)
@@ -120,12 +120,17 @@ class DecodeLoop:
             self._release([slot for slot, held in enumerate(self.holders) if held and held[1] is gone])
             logger.info("A request left before its end (client gone); its slots are free")
 
-    def _answer(self, request_id: str, index: int, context) -> tuple[str, bool]:
-        """(what to send now, whether it is the request's last answer)."""
+    def _answer(self, request_id: str, index: int, context) -> tuple[str, bool | None]:
+        """(what to send now, whether it is the request's last answer; None: no header, a plain answer)."""
         running = self.running[request_id]
         if running.closing:
             del self.running[request_id]
             return "", True
+        if running.status is not None and not running.opened:  # a refusal: one plain error answer
+            context.set_response_status(*running.status, index)
+            context.set_response_content_type(index, "application/json")
+            running.opened = running.closing = True  # should the frontend send it again: close it then
+            return running.refusal, None
         complete = running.complete
         body = self._final(running) if complete else self._chunk(running)
         if not running.opened:  # the first answer must say "true", or no status line is sent
@@ -151,6 +156,7 @@ class DecodeLoop:
         for running in self.running.values():
             if not running.complete:
                 running.refusal = json.dumps(INTERNAL_ERROR)
+                running.status = (500, "Internal Server Error")  # sent if its first answer has not gone out
 
     # -- slots -------------------------------------------------------------------------------
     def _admit(self) -> None:

@@ -16,8 +16,9 @@ CONFIG = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 2]}, "generation":
 
 
 class Frontend:
-    """New requests go in with their bodies, running ones again without, up to the slots' worth;
-    a request leaves with the answer whose ts_stream_next is false, or when its client goes."""
+    """New requests go in with their bodies, running ones again without; a request leaves with the
+    answer whose ts_stream_next is false, when its client goes, or after a plain answer (no header)
+    with an error status, on which TorchServe closes the connection."""
 
     def __init__(self, handler):
         self.handler = handler
@@ -47,8 +48,9 @@ class Frontend:
             if self.queue[request_id] is not None:  # the first answer sends the status
                 self.statuses[request_id] = status(context, index)
             self.received[request_id].append(answers[index])
-            assert context.stopping_criteria[index](answers[index]) in (True, False)
-            if context.stopping_criteria[index](answers[index]):
+            last = context.stopping_criteria[index](answers[index])
+            assert last in (True, False) or (last is None and self.statuses[request_id] >= 400)
+            if last is not False:
                 del self.queue[request_id]
                 self.finished_at[request_id] = self.calls
             else:
@@ -125,16 +127,24 @@ def test_a_client_that_leaves_frees_its_slot_for_the_next_request(handler):
     assert handler.loop.free_slots == 2 and not handler.loop.running
 
 
-def test_a_bad_request_gets_its_400_and_leaves_on_the_next_call_while_others_run(handler):
+def test_a_bad_request_gets_one_plain_400_while_the_others_run(handler):
     front = Frontend(handler)
     front.submit("good", {"inputs": "the cat", "max_new_tokens": 6})
     front.submit("bad", {"inputs": "the cat", "max_new_tokens": 0})
     front.call()
     assert front.statuses["bad"] == 400 and "max_new_tokens" in json.loads(front.body("bad"))["error"]
-    assert "bad" in front.queue  # its first answer sent the status; an empty one closes it
+    assert front.finished_at["bad"] == 1 and "good" in front.queue
     front.run()
-    assert front.received["bad"][-1] == "" and front.finished_at["bad"] == 2
-    assert json.loads(front.body("good"))["generated_tokens"] == 6
+    assert json.loads(front.body("good"))["generated_tokens"] == 6 and not handler.loop.running
+
+
+def test_a_request_done_in_its_first_call_is_closed_by_an_empty_answer_on_the_next(handler):
+    front = Frontend(handler)
+    front.submit("quick", {"inputs": "the cat", "max_new_tokens": 1})
+    front.call()
+    assert json.loads(front.body("quick"))["generated_tokens"] == 1 and "quick" in front.queue
+    front.call()
+    assert front.received["quick"][-1] == "" and front.finished_at["quick"] == 2 and not handler.loop.running
 
 
 def test_streamed_chunks_add_up_to_the_final_text(handler):
