@@ -60,7 +60,8 @@ def test_a_precompiled_archive_carries_its_cache_and_a_measured_startup_timeout(
         config = yaml.safe_load(mar.read("model-config.yaml"))
     assert "compile_cache/inductor-cache.tar.gz" in names
     valid_for = manifest["valid_for"]
-    assert valid_for["dtype"] == "float32" and valid_for["buckets"] == {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
+    assert valid_for["dtype"] == "float32"
+    assert valid_for["buckets"] == {"seq_lens": [8, 32], "batch_sizes": [1, 4], "pack_tokens": 32}
     assert {"torch", "triton", "device", "cpu_flags", "compile", "model_config"} <= set(valid_for)
     assert "threads" not in valid_for and valid_for["dynamic_threads"] is True  # any worker count loads it
     assert manifest["built"]["initialize_seconds"] > 0 and manifest["built"]["graphs"] == 1
