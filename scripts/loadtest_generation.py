@@ -10,6 +10,7 @@ same stream, in alternating rounds. Reported per run: generated tokens/s over th
 to the first streamed text of each request (TTFT); and, before the load, one request's TTFT alone.
 
     python scripts/loadtest_generation.py                  # 8 clients x 30 s, 3 rounds
+    python scripts/loadtest_generation.py --steps 1 4 8 --rounds 1   # decode steps per handler call
     python scripts/loadtest_generation.py --quick          # CI smoke: 2 clients x 3 s, 1 round
 
 Prints a table, writes runs/loadtest_generation.json.
@@ -35,7 +36,6 @@ from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
 
-CONTENDERS = {"continuous": True, "batches": False}
 WORDS = "the cat sat on the mat and the dog ran to paris with alice bob carol".split()
 TARGET_TOKENS_RATIO = 1.5  # continuous / batches, median generated tokens/s
 TARGET_TTFT_RATIO = 3.0  # p50 TTFT under load / TTFT alone
@@ -89,14 +89,21 @@ def drive(server: TorchServe, name: str, requests_: list, clients: int, duration
     }
 
 
-def build_archives(model_dir: Path, store: Path, max_new_tokens: int) -> None:
-    for name, continuous in CONTENDERS.items():
+def contenders(steps: list[int]) -> dict[str, int | None]:
+    """Archive name -> decode steps per call (None: request batches). `continuous` is the default's."""
+    names = {("continuous" if n == 4 else f"continuous-{n}-steps"): n for n in steps}
+    return {**names, "batches": None}
+
+
+def build_archives(model_dir: Path, store: Path, max_new_tokens: int, steps: list[int]) -> None:
+    for name, steps_per_call in contenders(steps).items():
+        generation = {"max_new_tokens": max_new_tokens, "steps_per_call": steps_per_call or 4}
         config = {
-            "continuousBatching": continuous,
+            "continuousBatching": steps_per_call is not None,
             "handler": {
                 "dtype": "float32",
                 "buckets": {"seq_lens": [16], "batch_sizes": [1, 2, 4, 8]},
-                "generation": {"max_new_tokens": max_new_tokens},
+                "generation": generation,
             },
         }
         build_mar.build(model_dir, "text-generation", name, store, config)
@@ -108,6 +115,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--duration", type=float, default=30, help="seconds per contender and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", nargs="+", type=int, default=[4], help="decode steps per call, one archive each")
     parser.add_argument("--quick", action="store_true", help="CI smoke: 2 clients x 3 s, 1 round, test-size model")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "loadtest_generation.json")
     args = parser.parse_args(argv)
@@ -117,16 +125,17 @@ def main(argv=None) -> dict:
         temp = Path(temp)
         size = "test" if args.quick else "bench"
         model_dir = make(temp / "model", ["text-generation"], generation_size=size)["text-generation"]
-        build_archives(model_dir, temp / "store", 128)
+        build_archives(model_dir, temp / "store", 128, args.steps)
+        names = list(contenders(args.steps))
         server = TorchServe.on_free_ports(temp / "server", temp / "store")
         server.start()
         try:
-            for name in CONTENDERS:  # up to 8 requests a batch, gathered for 10 ms
+            for name in names:  # up to 8 requests a batch, gathered for 10 ms
                 server.register(f"{name}.mar", batch_size=8, max_batch_delay=10)
-            alone = {name: stream(server, name, *traffic(1, args.seed + 1)[0]) for name in CONTENDERS}
+            alone = {name: stream(server, name, *traffic(1, args.seed + 1)[0]) for name in names}
             rows = []
             for round_ in range(1, args.rounds + 1):
-                for name in CONTENDERS:
+                for name in names:
                     stream_ = traffic(100_000, args.seed)
                     rows.append(
                         {
@@ -138,7 +147,7 @@ def main(argv=None) -> dict:
             metrics = server.metrics()
         finally:
             server.stop()
-    return report(rows, alone, metrics, args)
+    return report(rows, alone, metrics, args, names)
 
 
 def median(rows: list[dict], name: str, key) -> float:
@@ -146,14 +155,14 @@ def median(rows: list[dict], name: str, key) -> float:
     return values[len(values) // 2]
 
 
-def report(rows: list[dict], alone: dict, metrics: str, args) -> dict:
-    tokens = {name: median(rows, name, lambda row: row["tokens_per_second"]) for name in CONTENDERS}
-    ttft = {name: median(rows, name, lambda row: row["ttft"]["p50"]) for name in CONTENDERS}
+def report(rows: list[dict], alone: dict, metrics: str, args, names: list[str]) -> dict:
+    tokens = {name: median(rows, name, lambda row: row["tokens_per_second"]) for name in names}
+    ttft = {name: median(rows, name, lambda row: row["ttft"]["p50"]) for name in names}
     recompiles = [line for line in metrics.splitlines() if line.startswith("RecompilesAfterReady{")]
-    checks = [
-        ("continuous / batches, median tokens/s", tokens["continuous"] / tokens["batches"], TARGET_TOKENS_RATIO),
-        ("continuous p50 TTFT under load / alone", ttft["continuous"] / alone["continuous"]["ttft"], TARGET_TTFT_RATIO),
-    ]
+    checks = []
+    for name in names[:-1]:
+        checks.append((f"{name} / batches, median tokens/s", tokens[name] / tokens["batches"], TARGET_TOKENS_RATIO))
+        checks.append((f"{name} p50 TTFT under load / alone", ttft[name] / alone[name]["ttft"], TARGET_TTFT_RATIO))
     print(f"{measure.machine_summary()}; {args.clients} clients x {args.duration:g} s, {args.rounds} rounds")
     print(f"{'contender':<12}{'round':>6}{'requests':>9}{'failed':>7}{'tok/s':>9}{'TTFT p50 ms':>12}{'p90 ms':>8}")
     for row in rows:
