@@ -38,10 +38,12 @@ def test_benchmark_aot_quick_times_every_bucket_of_the_three_contenders(tmp_path
 
 def test_loadtest_quick_answers_every_request_of_every_contender(tmp_path):
     out = tmp_path / "loadtest.json"
-    loadtest.main(["--quick", "--out", str(out)])
+    # Every kind of contender once (the -auto twins of groups and eager-longest differ only in dtype).
+    contenders = ["ours-auto", "ours-aot", "ours-float32", "groups-float32", "eager-longest", "stock"]
+    loadtest.main(["--quick", "--contenders", *contenders, "--out", str(out)])
     result = json.loads(out.read_text())
     rows = {row["contender"]: row for row in result["rows"]}
-    assert set(rows) == set(loadtest.CONTENDERS)
+    assert set(rows) == set(contenders)
     for name, row in rows.items():
         assert row["ok"] == row["requests"] > 0, name
         assert row["errors"] == row["lost"] == 0, name
@@ -51,6 +53,7 @@ def test_loadtest_quick_answers_every_request_of_every_contender(tmp_path):
         assert rows[name]["padded_token_ratio"] >= 1.0
     assert rows["stock"]["recompiles_after_ready"] is None  # the stock handler exports no such metric
     assert any(check["check"] == "lost requests, all contenders" and check["met"] for check in result["checks"])
+    assert rows["groups-float32"]["padded_token_ratio"] > rows["ours-float32"]["padded_token_ratio"]  # packing
     # The handler logged its length histogram (every 100 texts here), and the planner reads it back.
     plan = plan_buckets.main(["--log", str(tmp_path / "loadtest_logs" / "model_log.log"), "--model", "ours-float32"])
     assert plan["texts"] >= 100 and plan["seq_lens"][-1] <= 64
