@@ -133,7 +133,7 @@ class GenerationConfig:
     max_stop_strings: int = _option(_positive_int, 8)
     # Continuous batching (`continuousBatching: true`, handlers/continuous.py): decode steps per
     # handler call (each call is a frontend round trip), and how long a request may run in all.
-    steps_per_call: int = _option(_positive_int, 4)
+    steps_per_call: int = _option(_positive_int, 8)
     max_request_seconds: int = _option(_positive_int, 300)
 
 

@@ -4,8 +4,9 @@ With `continuousBatching: true` in model-config.yaml, TorchServe calls `handle` 
 the requests it holds, up to `batchSize`: new ones with their bodies, running ones resent without a
 body (`context.request_ids` names them). Each call here admits waiting prompts into free slots of a
 `SlotCache` (an eager prefill each), runs up to `generation.steps_per_call` compiled decode steps
-over all slots, and answers every request of the call: a chunk of streamed text, nothing yet, or
-its final answer. A finished prompt frees its slot at once, and the next waiting prompt takes it.
+over all slots (ending the call early after a step in which a prompt finished, so that it is
+answered at once and a new request can take its slot), and answers every request of the call: a
+chunk of streamed text, nothing yet, or its final answer.
 
 What TorchServe's frontend does with the answers (its ContinuousBatching and RestJob classes):
 - a request leaves only with an answer whose `ts_stream_next` header is `false`; an answer without
@@ -81,9 +82,8 @@ class DecodeLoop:
         try:
             self._admit()
             for _ in range(self.steps_per_call):
-                if self.free_slots == len(self.holders):
-                    break
-                self._step()
+                if self.free_slots == len(self.holders) or self._step():
+                    break  # nothing to run, or a prompt finished: answer it now, and let a new one in
         except Exception as error:  # a defect in the model call: every running request ends with it
             logger.error("The decode loop failed; ending its %d requests: %s", len(self.running), describe(error))
             self._fail_all()
@@ -171,13 +171,13 @@ class DecodeLoop:
                     self.holders[slot] = (job, running)
                     self.positions[slot] = len(job.ids)
 
-    def _step(self) -> None:
-        """One compiled step over every slot; then each held slot's next token."""
+    def _step(self) -> bool:
+        """One compiled step over every slot, then each held slot's next token; whether one finished."""
         logits = self.handler.decode(self.tokens, self.positions).float().cpu()
         held = [slot for slot, holder in enumerate(self.holders) if holder is not None]
         self.positions[held] += 1
         greedy = logits.argmax(dim=-1).tolist()  # one call for every greedy slot
-        now = time.monotonic()
+        now, finished = time.monotonic(), False
         for slot in held:
             job, running = self.holders[slot]
             token = job.sampler.choose(logits[slot]) if job.sampler.do_sample else greedy[slot]
@@ -186,6 +186,8 @@ class DecodeLoop:
                 job.continuation.finish_reason = "time"
             if job.continuation.finished:
                 self._release([slot])
+                finished = True
+        return finished
 
     def _take(self, job: Job, slot: int, token: int) -> None:
         job.continuation.add(token)

@@ -10,7 +10,7 @@ same stream, in alternating rounds. Reported per run: generated tokens/s over th
 to the first streamed text of each request (TTFT); and, before the load, one request's TTFT alone.
 
     python scripts/loadtest_generation.py                  # 8 clients x 30 s, 3 rounds
-    python scripts/loadtest_generation.py --steps 1 4 8 --rounds 1   # decode steps per handler call
+    python scripts/loadtest_generation.py --steps 1 4 8 16 --rounds 1   # decode steps per handler call
     python scripts/loadtest_generation.py --quick          # CI smoke: 2 clients x 3 s, 1 round
 
 Prints a table, writes runs/loadtest_generation.json.
@@ -31,6 +31,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handlers.config import GenerationConfig  # noqa: E402
 from scripts import build_mar, measure  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make  # noqa: E402
@@ -53,7 +54,8 @@ def stream(server: TorchServe, name: str, prompt: str, new_tokens: int) -> dict:
             first = first or time.monotonic() - began
             received += chunk
     final = json.loads(received.decode().splitlines()[-1]) if response.ok else {}
-    return {"ttft": first, "seconds": time.monotonic() - began, "tokens": final.get("generated_tokens", 0)}
+    tokens = final.get("generated_tokens", 0)
+    return {"ttft": first, "seconds": time.monotonic() - began, "tokens": tokens, "ok": response.ok}
 
 
 def traffic(count: int, seed: int) -> list[tuple[str, int]]:
@@ -83,7 +85,7 @@ def drive(server: TorchServe, name: str, requests_: list, clients: int, duration
     ttfts = [o["ttft"] for o in outcomes if o["ttft"] is not None]
     return {
         "requests": len(outcomes),
-        "failed": sum(1 for o in outcomes if not o["tokens"]),
+        "failed": sum(1 for o in outcomes if not o["ok"]),
         "tokens_per_second": sum(o["tokens"] for o in outcomes) / span,
         "ttft": measure.summarize(ttfts) if ttfts else None,
     }
@@ -91,13 +93,14 @@ def drive(server: TorchServe, name: str, requests_: list, clients: int, duration
 
 def contenders(steps: list[int]) -> dict[str, int | None]:
     """Archive name -> decode steps per call (None: request batches). `continuous` is the default's."""
-    names = {("continuous" if n == 4 else f"continuous-{n}-steps"): n for n in steps}
+    default = GenerationConfig().steps_per_call
+    names = {("continuous" if n == default else f"continuous-{n}-steps"): n for n in steps}
     return {**names, "batches": None}
 
 
 def build_archives(model_dir: Path, store: Path, max_new_tokens: int, steps: list[int]) -> None:
     for name, steps_per_call in contenders(steps).items():
-        generation = {"max_new_tokens": max_new_tokens, "steps_per_call": steps_per_call or 4}
+        generation = {"max_new_tokens": max_new_tokens, "steps_per_call": steps_per_call or 1}
         config = {
             "continuousBatching": steps_per_call is not None,
             "handler": {
@@ -115,7 +118,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--duration", type=float, default=30, help="seconds per contender and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", nargs="+", type=int, default=[4], help="decode steps per call, one archive each")
+    default = GenerationConfig().steps_per_call
+    parser.add_argument("--steps", nargs="+", type=int, default=[default], help="decode steps per call")
     parser.add_argument("--quick", action="store_true", help="CI smoke: 2 clients x 3 s, 1 round, test-size model")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "loadtest_generation.json")
     args = parser.parse_args(argv)
