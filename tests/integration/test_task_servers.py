@@ -84,16 +84,21 @@ def test_generation_of_a_mixed_batch_equals_generate_alone(server, generate):
     assert "top_k" in responses[4].json()["error"] and "max_new_tokens" in responses[5].json()["error"]
 
 
-def test_a_short_request_is_answered_while_a_long_one_runs(server, generate):
-    """Continuous batching (the generation archive's default): the short request joins the running
-    decode loop and leaves it first; both answers are the text `generate()` gives each alone."""
-    long = requests.post(
+def stream(server, prompt: str, max_new_tokens: int) -> requests.Response:
+    """A streamed generation request, its body still to be read."""
+    return requests.post(
         f"{server.inference_url}/predictions/generator",
-        data=json.dumps({"inputs": PROMPTS[1], "max_new_tokens": 256, "stream": True}),
+        data=json.dumps({"inputs": prompt, "max_new_tokens": max_new_tokens, "stream": True}),
         headers={**server.headers("inference"), "Content-Type": "application/json"},
         stream=True,
         timeout=120,
     )
+
+
+def test_a_short_request_is_answered_while_a_long_one_runs(server, generate):
+    """Continuous batching (the generation archive's default): the short request joins the running
+    decode loop and leaves it first; both answers are the text `generate()` gives each alone."""
+    long = stream(server, PROMPTS[1], 256)
     arrivals: list[tuple[float, bytes]] = []
     started = threading.Event()
 
@@ -115,13 +120,7 @@ def test_a_short_request_is_answered_while_a_long_one_runs(server, generate):
 
 
 def test_streaming_arrives_chunk_by_chunk(server, generate):
-    response = requests.post(
-        f"{server.inference_url}/predictions/generator",
-        data=json.dumps({"inputs": PROMPTS[0], "max_new_tokens": 16, "stream": True}),
-        headers={**server.headers("inference"), "Content-Type": "application/json"},
-        stream=True,
-        timeout=120,
-    )
+    response = stream(server, PROMPTS[0], 16)
     assert response.status_code == 200 and response.headers.get("Transfer-Encoding") == "chunked"
     chunks = [chunk for chunk in response.iter_content(chunk_size=None) if chunk]
     assert len(chunks) > 2, "tokens should arrive as separate chunks"
