@@ -201,5 +201,7 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
             config.generation.default_new_tokens,
             f"at most generation.max_new_tokens ({config.generation.max_new_tokens})",
         )
+    if yaml_config.get("continuousBatching") and config.task != "text-generation":
+        raise ConfigError("continuousBatching", True, f"false for task {config.task}: only text-generation runs a loop")
     workers = _positive_int(yaml_config.get("minWorkers", 1), "minWorkers")
     return dataclasses.replace(config, workers=workers)

@@ -98,7 +98,7 @@ class DecodeLoop:
     # -- requests in and out ---------------------------------------------------------------
     def _arrive(self, request: dict, index: int, context) -> Running:
         deadline = time.monotonic() + self.max_seconds
-        if request.get("body") is None and request.get("data") is None:  # resent, but unknown here
+        if not request:  # resent without its parameters (TorchServe holds them), but unknown here
             return Running([], [], deadline, refusal=json.dumps(LOST), opened=True)
         try:
             body = self.handler.parse_request(request, index)
@@ -124,7 +124,7 @@ class DecodeLoop:
         """(what to send now, whether it is the request's last answer; None: no header, a plain answer)."""
         running = self.running[request_id]
         if running.closing:
-            del self.running[request_id]
+            self._end(request_id)
             return "", True
         if running.status is not None and not running.opened:  # a refusal: one plain error answer
             context.set_response_status(*running.status, index)
@@ -137,8 +137,12 @@ class DecodeLoop:
             running.opened, running.closing = True, complete
             return body, False
         if complete:
-            del self.running[request_id]
+            self._end(request_id)
         return body, complete
+
+    def _end(self, request_id: str) -> None:
+        ended = self.running.pop(request_id)
+        self._release([slot for slot, held in enumerate(self.holders) if held and held[1] is ended])
 
     def _chunk(self, running: Running) -> str:
         if not running.streams:
@@ -152,11 +156,16 @@ class DecodeLoop:
         return self.handler.final_text(running.jobs[0].request, running.jobs)
 
     def _fail_all(self) -> None:
-        self._release([slot for slot, held in enumerate(self.holders) if held])
         for running in self.running.values():
             if not running.complete:
-                running.refusal = json.dumps(INTERNAL_ERROR)
-                running.status = (500, "Internal Server Error")  # sent if its first answer has not gone out
+                self._end_with_error(running)
+
+    def _end_with_error(self, running: Running) -> None:
+        """`running` ends with a 500 body (and status, if its first answer has not gone out)."""
+        self._release([slot for slot, held in enumerate(self.holders) if held and held[1] is running])
+        running.waiting.clear()
+        running.refusal = json.dumps(INTERNAL_ERROR)
+        running.status = (500, "Internal Server Error")
 
     # -- slots -------------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -165,7 +174,12 @@ class DecodeLoop:
             while running.waiting and None in self.holders:
                 job = running.waiting.pop(0)
                 slot = self.holders.index(None)
-                logits = self.handler.prefill(job.ids, slot)
+                try:
+                    logits = self.handler.prefill(job.ids, slot)
+                except Exception as error:  # a prefill writes its own slot only: its request alone fails
+                    logger.error("A prompt's prefill failed; its request ends: %s", describe(error))
+                    self._end_with_error(running)
+                    break
                 self._take(job, slot, job.sampler.choose(logits.float().cpu()))
                 if not job.continuation.finished:
                     self.holders[slot] = (job, running)

@@ -54,6 +54,14 @@ class GenerationHandler(CompiledHandler):
     def load_settings(self, context) -> None:
         self.continuous = bool((context.model_yaml_config or {}).get("continuousBatching", False))
         super().load_settings(context)
+        text_config = AutoConfig.from_pretrained(self.model_dir, trust_remote_code=False).get_text_config()
+        windowed = getattr(text_config, "sliding_window", None) or "sliding_attention" in (
+            getattr(text_config, "layer_types", None) or []
+        )
+        if self.continuous and windowed:  # a slot holds every position; a window would drop some
+            raise ValueError(
+                "continuous batching does not serve sliding-window attention; set continuousBatching: false"
+            )
 
     def initialize(self, context):
         super().initialize(context)
@@ -205,7 +213,8 @@ class GenerationHandler(CompiledHandler):
         if not self.continuous:
             return super().handle(data, context)
         self.context = context
-        self.follow_worker_count()
+        if self.loop.free_slots == len(self.loop.holders):  # re-tracing the grid writes the slot cache
+            self.follow_worker_count()
         answers = self.loop.call(data, context)
         emit(context, "RecompilesAfterReady", self.model.recompiles_after_ready, "Count")
         return answers

@@ -99,3 +99,9 @@ def test_every_handler_key_is_in_the_readme_configuration_table():
                 yield prefix + field.name
 
     assert set(keys(HandlerConfig)) == documented_keys()
+
+
+def test_continuous_batching_is_for_generation_only():
+    with pytest.raises(ConfigError, match="continuousBatching"):
+        parse({"continuousBatching": True, "handler": {"task": "embedding"}})
+    assert parse({"continuousBatching": True, "handler": {"task": "text-generation"}}).task == "text-generation"

@@ -1,5 +1,5 @@
 """Continuous batching in process: a stand-in for TorchServe's frontend drives the decode loop as
-its ContinuousBatching aggregator does (tests/integration/test_continuous_server.py runs the real one)."""
+its ContinuousBatching aggregator does (tests/integration/test_task_servers.py runs the real one)."""
 
 import json
 
@@ -17,8 +17,8 @@ CONFIG = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 2]}, "generation":
 
 class Frontend:
     """New requests go in with their bodies, running ones again without; a request leaves with the
-    answer whose ts_stream_next is false, when its client goes, or after a plain answer (no header)
-    with an error status, on which TorchServe closes the connection."""
+    answer whose ts_stream_next is false, or when its client goes. A plain answer (no header) keeps
+    it too while the connection is open, as TorchServe does."""
 
     def __init__(self, handler):
         self.handler = handler
@@ -49,8 +49,10 @@ class Frontend:
                 self.statuses[request_id] = status(context, index)
             self.received[request_id].append(answers[index])
             last = context.stopping_criteria[index](answers[index])
-            assert last in (True, False) or (last is None and self.statuses[request_id] >= 400)
-            if last is not False:
+            first = self.queue[request_id] is not None
+            assert last is not True or not first, "a first answer saying false would go out without a status line"
+            assert last is not None or (first and self.statuses[request_id] >= 400), "only refusals go plain"
+            if last is True:
                 del self.queue[request_id]
                 self.finished_at[request_id] = self.calls
             else:
@@ -69,7 +71,7 @@ def handler(tiny_models):
     torch._dynamo.reset()
     counters.clear()
     made = GenerationHandler()
-    yaml_config = {"continuousBatching": True, "handler": {"dtype": "float32", **CONFIG}}
+    yaml_config = {"continuousBatching": True, "handler": {"task": "text-generation", "dtype": "float32", **CONFIG}}
     made.initialize(make_context(tiny_models["text-generation"], yaml_config))
     made.graphs = compiled_graph_count()
     return made
@@ -133,9 +135,27 @@ def test_a_bad_request_gets_one_plain_400_while_the_others_run(handler):
     front.submit("bad", {"inputs": "the cat", "max_new_tokens": 0})
     front.call()
     assert front.statuses["bad"] == 400 and "max_new_tokens" in json.loads(front.body("bad"))["error"]
-    assert front.finished_at["bad"] == 1 and "good" in front.queue
-    front.run()
+    front.run()  # should TorchServe send it again (its connection not yet closed), an empty answer ends it
+    assert front.received["bad"][1:] == [""] and front.finished_at["bad"] == 2
     assert json.loads(front.body("good"))["generated_tokens"] == 6 and not handler.loop.running
+
+
+def test_a_failing_prefill_ends_its_own_request_only(handler, monkeypatch):
+    prefill = handler.prefill
+
+    def failing(ids, slot):
+        if len(ids) > 20:
+            raise RuntimeError("out of memory")
+        return prefill(ids, slot)
+
+    monkeypatch.setattr(handler, "prefill", failing)
+    front = Frontend(handler)
+    front.submit("good", {"inputs": "the cat", "max_new_tokens": 6})
+    front.submit("long", {"inputs": "the cat sat on the mat " * 5, "max_new_tokens": 6})
+    front.run()
+    assert front.statuses == {"good": 200, "long": 500} and "internal error" in json.loads(front.body("long"))["error"]
+    assert json.loads(front.body("good"))["generated_tokens"] == 6
+    assert handler.loop.free_slots == 2 and not handler.loop.running
 
 
 def test_a_request_done_in_its_first_call_is_closed_by_an_empty_answer_on_the_next(handler):
@@ -149,11 +169,11 @@ def test_a_request_done_in_its_first_call_is_closed_by_an_empty_answer_on_the_ne
 
 def test_streamed_chunks_add_up_to_the_final_text(handler):
     front = Frontend(handler)
-    front.submit("stream", {"inputs": "hello world", "max_new_tokens": 12, "stream": True})
+    front.submit("stream", {"inputs": "hello world", "max_new_tokens": 30, "stream": True})
     front.run()
     lines = [json.loads(line) for line in front.body("stream").splitlines()]
     final = lines[-1]
-    assert final["generated_tokens"] == 12
+    assert final["generated_tokens"] == 30
     assert "".join(line["text"] for line in lines[:-1]) == final["generated_text"]
     assert len(front.received["stream"]) > 2  # text arrived over several calls
 
