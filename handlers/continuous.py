@@ -98,7 +98,8 @@ class DecodeLoop:
     # -- requests in and out ---------------------------------------------------------------
     def _arrive(self, request: dict, index: int, context) -> Running:
         deadline = time.monotonic() + self.max_seconds
-        if not request:  # resent without its parameters (TorchServe holds them), but unknown here
+        if not request and not context.request_processor[index].get_request_properties():
+            # resent without its headers and parameters (TorchServe holds them), but unknown here
             return Running([], [], deadline, refusal=json.dumps(LOST), opened=True)
         try:
             body = self.handler.parse_request(request, index)
@@ -118,7 +119,8 @@ class DecodeLoop:
         for request_id in [rid for rid in self.running if rid not in present]:
             gone = self.running.pop(request_id)
             self._release([slot for slot, held in enumerate(self.holders) if held and held[1] is gone])
-            logger.info("A request left before its end (client gone); its slots are free")
+            if not gone.complete:
+                logger.info("A request left before its end (client gone); its slots are free")
 
     def _answer(self, request_id: str, index: int, context) -> tuple[str, bool | None]:
         """(what to send now, whether it is the request's last answer; None: no header, a plain answer)."""

@@ -120,13 +120,13 @@ def test_a_short_request_is_answered_while_a_long_one_runs(server, generate):
 
 
 def test_streaming_arrives_chunk_by_chunk(server, generate):
-    response = stream(server, PROMPTS[0], 16)
+    response = stream(server, PROMPTS[0], 40)
     assert response.status_code == 200 and response.headers.get("Transfer-Encoding") == "chunked"
     chunks = [chunk for chunk in response.iter_content(chunk_size=None) if chunk]
     assert len(chunks) > 2, "tokens should arrive as separate chunks"
     lines = [json.loads(line) for line in b"".join(chunks).decode().splitlines()]
     summary = lines[-1]
-    assert "".join(line["text"] for line in lines[:-1]) == summary["generated_text"] == generate(PROMPTS[0], 16)
+    assert "".join(line["text"] for line in lines[:-1]) == summary["generated_text"] == generate(PROMPTS[0], 40)
 
 
 def test_no_recompiles_after_ready(server):

@@ -5,9 +5,10 @@ import json
 
 import pytest
 import torch
-from fakes import make_context, start_batch, status
+from fakes import make_context, status
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from ts.context import RequestProcessor
 
 from handlers.compiling import compiled_graph_count
 from handlers.generation import GenerationHandler
@@ -38,7 +39,9 @@ class Frontend:
     def call(self) -> None:
         ids = list(self.queue)
         context = self.handler.context
-        start_batch(context, ["application/json"] * len(ids))
+        # A resent request comes without its headers and parameters (the frontend's request encoder).
+        headers = [{} if self.queue[rid] is None else {"body": {"content-type": "application/json"}} for rid in ids]
+        context.request_processor = [RequestProcessor(properties) for properties in headers]
         context.request_ids = dict(enumerate(ids))
         data = [{} if self.queue[rid] is None else {"body": self.queue[rid]} for rid in ids]
         answers = self.handler.handle(data, context)
