@@ -199,3 +199,17 @@ def test_a_running_request_unknown_to_a_restarted_worker_is_closed_with_an_error
     front.queue["orphan"], front.received["orphan"] = None, []  # resent without a body, never seen here
     front.run()
     assert "restarted" in json.loads(front.body("orphan"))["error"] and front.finished_at["orphan"] == 1
+
+
+def test_a_new_request_without_a_body_gets_a_plain_400_not_a_stream_close(handler):
+    """TorchServe hands an empty body over as no parameters, but with the request's headers: it is
+    new (a 400), not a resent request, whose first answer would say false and send no status line."""
+    context = handler.context
+    context.request_processor = [RequestProcessor({"body": {"content-type": "application/json"}})]
+    context.request_ids = {0: "empty"}
+    answers = handler.handle([{}], context)
+    assert status(context, 0) == 400 and "empty request body" in json.loads(answers[0])["error"]
+    assert context.stopping_criteria[0](answers[0]) is None
+    context.request_processor = [RequestProcessor({})]  # resent once more, should the connection stay open
+    assert handler.handle([{}], context) == [""] and context.stopping_criteria[0]("") is True
+    assert not handler.loop.running
