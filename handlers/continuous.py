@@ -72,6 +72,10 @@ class DecodeLoop:
     def free_slots(self) -> int:
         return self.holders.count(None)
 
+    @property
+    def idle(self) -> bool:
+        return self.free_slots == len(self.holders)
+
     def call(self, data: list[dict], context) -> list[str]:
         """Answers for one call, in order; sets each one's `ts_stream_next` via stopping_criteria."""
         ids = [context.request_ids[index] for index in range(len(data))]
@@ -82,7 +86,7 @@ class DecodeLoop:
         try:
             self._admit()
             for _ in range(self.steps_per_call):
-                if self.free_slots == len(self.holders) or self._step():
+                if self.idle or self._step():
                     break  # nothing to run, or a prompt finished: answer it now, and let a new one in
         except Exception as error:  # a defect in the model call: every running request ends with it
             logger.error("The decode loop failed; ending its %d requests: %s", len(self.running), describe(error))

@@ -54,7 +54,9 @@ class GenerationHandler(CompiledHandler):
     def load_settings(self, context) -> None:
         self.continuous = bool((context.model_yaml_config or {}).get("continuousBatching", False))
         super().load_settings(context)
-        text_config = AutoConfig.from_pretrained(self.model_dir, trust_remote_code=False).get_text_config()
+
+    def read_task_settings(self, model_dir: Path, model_config) -> None:
+        text_config = model_config.get_text_config()
         windowed = getattr(text_config, "sliding_window", None) or "sliding_attention" in (
             getattr(text_config, "layer_types", None) or []
         )
@@ -213,7 +215,7 @@ class GenerationHandler(CompiledHandler):
         if not self.continuous:
             return super().handle(data, context)
         self.context = context
-        if self.loop.free_slots == len(self.loop.holders):  # re-tracing the grid writes the slot cache
+        if self.loop.idle:  # re-tracing the grid writes the slot cache
             self.follow_worker_count()
         answers = self.loop.call(data, context)
         emit(context, "RecompilesAfterReady", self.model.recompiles_after_ready, "Count")

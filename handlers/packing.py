@@ -18,8 +18,8 @@ import torch
 
 from handlers import buckets
 
-# The budget of `pack_tokens: auto` (capped at the largest length bucket): where longer rows stop
-# paying, measured in docs/performance.md ("Packing").
+# The budget of `pack_tokens: auto` (capped at the largest length bucket): longer rows kept paying
+# up to MiniLM's limit of 256 (README, "Packing" under "Performance"); longer ones were not measured.
 AUTO_BUDGET = 256
 PAD_SEGMENT = 0  # the segment of a row's tail padding (and of a static batch's dummy rows)
 

@@ -5,7 +5,8 @@ bench: hidden 256, 4 layers), registered side by side on one server (loopback, t
 `continuous` (`continuousBatching: true`, the default) and `batches` (`continuousBatching: false`:
 a TorchServe batch generates to the end of its longest request). `--clients` clients each send
 streamed requests one after another, starting at staggered times; request k of the seeded stream
-has a prompt of one length bucket and `max_new_tokens` drawn from 4..128. Both contenders get the
+has a prompt of 9-21 tokens, cut to the archives' one 16-token bucket (the end kept), and
+`max_new_tokens` drawn from 4..128. Both contenders get the
 same stream, in alternating rounds. Reported per run: generated tokens/s over the run, and the time
 to the first streamed text of each request (TTFT); and, before the load, one request's TTFT alone.
 
@@ -59,7 +60,7 @@ def stream(server: TorchServe, name: str, prompt: str, new_tokens: int) -> dict:
 
 
 def traffic(count: int, seed: int) -> list[tuple[str, int]]:
-    """Prompts of 10-14 tokens (one length bucket) and budgets of 4..128 new tokens."""
+    """Prompts of 8-12 words (9-21 tokens of the bench model) and budgets of 4..128 new tokens."""
     rng = random.Random(seed)
     return [(" ".join(rng.choices(WORDS, k=rng.randint(8, 12))), rng.randint(4, 128)) for _ in range(count)]
 

@@ -213,3 +213,15 @@ def test_a_new_request_without_a_body_gets_a_plain_400_not_a_stream_close(handle
     context.request_processor = [RequestProcessor({})]  # resent once more, should the connection stay open
     assert handler.handle([{}], context) == [""] and context.stopping_criteria[0]("") is True
     assert not handler.loop.running
+
+
+def test_sliding_window_models_are_refused_with_continuous_batching():
+    from transformers import LlamaConfig, MistralConfig
+
+    made = GenerationHandler()
+    made.continuous = True
+    with pytest.raises(ValueError, match="sliding-window"):
+        made.read_task_settings(None, MistralConfig(sliding_window=8))
+    made.read_task_settings(None, LlamaConfig())  # full attention: served
+    made.continuous = False
+    made.read_task_settings(None, MistralConfig(sliding_window=8))  # request batches: served
