@@ -4,8 +4,9 @@ setup(
     name="ts-compiled-handlers",
     version="0.1.0",
     description="TorchServe handlers that serve HuggingFace transformers compiled, bucketed and warmed",
-    # scripts: the tools behind the `hfserve` command (build, serve, plan, benchmark, load test).
-    packages=["handlers", "scripts"],
+    # scripts: the tools behind the `hfserve` command (build, serve, plan); benchmarks: the benchmarks
+    # and load tests (`hfserve benchmark`, `hfserve loadtest`) with their baseline handlers.
+    packages=["handlers", "scripts", "benchmarks"],
     package_data={"handlers": ["metrics.yaml"]},
     entry_points={"console_scripts": ["hfserve = scripts.cli:main"]},
     python_requires=">=3.10",

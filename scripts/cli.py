@@ -34,8 +34,8 @@ COMMANDS = {
     "set-default": ("scripts.serve", "set-default", "the version that /predictions/NAME answers"),
     "unregister": ("scripts.serve", "unregister", "remove a model or one of its versions"),
     "plan": ("scripts.plan_buckets", None, "choose length buckets from your traffic's lengths"),
-    "benchmark": ("scripts.benchmark", None, "compiled vs eager per bucket, in process"),
-    "loadtest": ("scripts.loadtest", None, "ours vs stock TorchServe handlers on the same traffic"),
+    "benchmark": ("benchmarks.benchmark", None, "compiled vs eager per bucket, in process"),
+    "loadtest": ("benchmarks.loadtest", None, "ours vs stock TorchServe handlers on the same traffic"),
 }
 
 

@@ -75,7 +75,7 @@ def plan(histogram: dict[int, int], k: int, max_len: int, align: int = 1) -> tup
     return best[-1][1]
 
 
-# A model call's fixed cost in computed tokens: scripts/benchmark_traffic.py fits a batch's time as
+# A model call's fixed cost in computed tokens: benchmarks/benchmark_traffic.py fits a batch's time as
 # calls x per call + tokens x per token; MiniLM's packed rows on 2 CPU cores gave 78 (README, "Packing").
 CALL_TOKENS = 78
 

@@ -1,34 +1,12 @@
-"""A stand-in for TorchServe's Context, for unit tests that drive a handler in process."""
+"""Stand-ins for TorchServe's parts, for unit tests that drive a handler in process."""
 
-from ts.context import Context, RequestProcessor
+from ts.context import Context
 
-
-def make_context(model_dir, yaml_config: dict, batch_size: int = 8, gpu=None) -> Context:
-    """A real ts.context.Context as TorchServe builds it, without a metrics cache."""
-    manifest = {"model": {"modelName": "test", "handler": "embedding.py"}}
-    return Context("test", str(model_dir), manifest, batch_size, gpu, "0.12.0", model_yaml_config=yaml_config)
-
-
-def start_batch(context: Context, content_types: list[str]) -> None:
-    """Give the context one RequestProcessor per request, as TorchServe does per batch."""
-    context.request_processor = [RequestProcessor({"body": {"content-type": ct}}) for ct in content_types]
+from benchmarks.in_process import make_context, ready_handler, start_batch  # noqa: F401 (shared with the benchmarks)
 
 
 def status(context: Context, index: int) -> int:
     return context.get_response_status(index)[0] or 200
-
-
-def ready_handler(handler_class, model_dir, **handler_config):
-    """A handler initialized in process with float32 and `handler_config` under `handler:`."""
-    import torch
-    from torch._dynamo.utils import counters
-
-    if handler_config.get("compile", {}).get("enable", True):  # an eager handler leaves compiled ones alone
-        torch._dynamo.reset()
-        counters.clear()  # compiled_graph_count() counts from here
-    handler = handler_class()
-    handler.initialize(make_context(model_dir, {"handler": {"dtype": "float32", **handler_config}}))
-    return handler
 
 
 class RecordingSocket:

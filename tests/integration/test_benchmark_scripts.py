@@ -1,11 +1,12 @@
 """Smoke runs of the benchmark and the load test as CI runs them: they work end to end, on the
-tiny model, and what they report is consistent. No speed is asserted here (see README for runs)."""
+tiny model, and what they report is consistent. No speed is asserted here (docs/performance.md has the runs)."""
 
 import json
 
 import pytest
 
-from scripts import benchmark, benchmark_aot, loadtest, plan_buckets
+from benchmarks import benchmark, benchmark_aot, loadtest
+from scripts import plan_buckets
 
 pytestmark = pytest.mark.integration
 

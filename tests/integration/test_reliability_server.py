@@ -20,9 +20,9 @@ import pytest
 import requests
 import torch
 
+from benchmarks.soak import INVALID_REQUESTS, soak
 from scripts.build_mar import build
 from scripts.serve import RegistrationError, TorchServe
-from scripts.soak import INVALID_REQUESTS, soak
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from scripts import measure
+from benchmarks import measure
 
 
 def test_percentile_is_nearest_rank():

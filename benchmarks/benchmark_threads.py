@@ -7,8 +7,8 @@ drops its atomics). Inductor already leaves N out when the worker has every core
 is a worker with a share of them: this compiles the same model both ways in one process, at the
 same dtype and thread count (every core, then half of them), and times every bucket interleaved:
 
-    python scripts/benchmark_threads.py                      # MiniLM, float32 and bfloat16
-    python scripts/benchmark_threads.py --quick              # CI smoke: tiny model, 2x2 grid
+    python benchmarks/benchmark_threads.py                      # MiniLM, float32 and bfloat16
+    python benchmarks/benchmark_threads.py --quick              # CI smoke: tiny model, 2x2 grid
 """
 
 import argparse
@@ -23,14 +23,12 @@ import torch._inductor.config as inductor_config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from fakes import ready_handler  # noqa: E402
-
+from benchmarks import measure  # noqa: E402
+from benchmarks.in_process import ready_handler  # noqa: E402
 from handlers.compiling import CompiledModel  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
 from handlers.hardware import usable_cores  # noqa: E402
-from scripts import measure  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make  # noqa: E402
 

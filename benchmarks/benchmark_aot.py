@@ -6,9 +6,9 @@ from the package, one compiling with torch.compile (no cache), and each bucket o
 timed through the handler's own `infer_rows` path (a row per text), the three contenders taken in
 turns so that the machine's drift hits all alike. Answers are compared with eager at the same dtype.
 
-    python scripts/benchmark_aot.py                    # MiniLM, default grid, dtype auto
-    python scripts/benchmark_aot.py --model bert-base --seq-lens 32 128 --batch-sizes 1 8  # 12 layers, hidden 768
-    python scripts/benchmark_aot.py --quick            # CI smoke: tiny model, 2x2 grid
+    python benchmarks/benchmark_aot.py                    # MiniLM, default grid, dtype auto
+    python benchmarks/benchmark_aot.py --model bert-base --seq-lens 32 128 --batch-sizes 1 8  # 12 layers, hidden 768
+    python benchmarks/benchmark_aot.py --quick            # CI smoke: tiny model, 2x2 grid
 
 Prints a table and writes runs/benchmark_aot.json (or --out).
 """
@@ -26,15 +26,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from fakes import make_context, ready_handler  # noqa: E402
-
+from benchmarks import measure  # noqa: E402
+from benchmarks.benchmark import compare  # noqa: E402
+from benchmarks.in_process import make_context, ready_handler  # noqa: E402
 from handlers import aot_package  # noqa: E402
 from handlers.base import run_eager  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
-from scripts import measure  # noqa: E402
-from scripts.benchmark import compare  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make_embedding  # noqa: E402
 

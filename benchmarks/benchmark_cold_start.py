@@ -18,10 +18,10 @@ pays: a worker killed with `kill -9` under load (seconds from the kill to the ne
 scale-up from 1 to 2 workers (seconds the synchronous scale call takes: the new worker is ready).
 Contenders run in turns, `--repeat` times.
 
-    python scripts/benchmark_cold_start.py                          # MiniLM, 3 contenders, 1 round
-    python scripts/benchmark_cold_start.py --restarts 3             # plus kill -9 and scale-up, 3 each
-    python scripts/benchmark_cold_start.py --model bert-base        # 12 layers, hidden 768, random weights
-    python scripts/benchmark_cold_start.py --quick                  # CI smoke: tiny model, small grid
+    python benchmarks/benchmark_cold_start.py                          # MiniLM, 3 contenders, 1 round
+    python benchmarks/benchmark_cold_start.py --restarts 3             # plus kill -9 and scale-up, 3 each
+    python benchmarks/benchmark_cold_start.py --model bert-base        # 12 layers, hidden 768, random weights
+    python benchmarks/benchmark_cold_start.py --quick                  # CI smoke: tiny model, small grid
 
 Prints a table, writes runs/cold_start.json (or --out).
 """
@@ -41,11 +41,12 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import measure  # noqa: E402
+from benchmarks.soak import soak  # noqa: E402
 from handlers.compile_cache import ROOT_ENV  # noqa: E402
-from scripts import build_mar, measure  # noqa: E402
+from scripts import build_mar  # noqa: E402
 from scripts.make_tiny_models import make_embedding  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
-from scripts.soak import soak  # noqa: E402
 
 CONTENDERS = {"cold": None, "cache": "cache", "aot": "aot"}  # name: --precompile
 TARGETS = {  # (contender, measure): (most seconds, or most ratio to cold)

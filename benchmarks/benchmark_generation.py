@@ -5,7 +5,7 @@ hidden 256, 4 layers) generates NEW tokens for batches of 1 and 8 prompts. Both 
 exactly NEW tokens per prompt (eos is ignored by generate's `min_new_tokens`; our handler is asked
 for prompts whose greedy path does not hit eos, checked). Tokens/s is prompts x NEW / median time.
 
-    python scripts/benchmark_generation.py [--new-tokens 64] [--repeats 5] [--dtype float32]
+    python benchmarks/benchmark_generation.py [--new-tokens 64] [--repeats 5] [--dtype float32]
 """
 
 import argparse
@@ -21,10 +21,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from fakes import make_context, start_batch  # noqa: E402
-
+from benchmarks.in_process import make_context, start_batch  # noqa: E402
 from handlers.generation import GenerationHandler  # noqa: E402
 from scripts.make_tiny_models import make  # noqa: E402
 

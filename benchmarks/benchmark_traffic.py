@@ -7,7 +7,7 @@ out), runs in this one process, and is timed over the whole traffic after its wa
 `dtype: auto` picks float32 (no bf16 on the CPU) the auto rows would repeat the float32 ones and
 are left out.
 
-    python scripts/benchmark_traffic.py            # prints a table, writes runs/benchmark_traffic.json
+    python benchmarks/benchmark_traffic.py            # prints a table, writes runs/benchmark_traffic.json
 """
 
 import argparse
@@ -22,15 +22,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from fakes import make_context  # noqa: E402
-
+from benchmarks import measure  # noqa: E402
+from benchmarks.in_process import make_context  # noqa: E402
+from benchmarks.traffic import traffic_lengths  # noqa: E402
 from handlers import buckets, warmup  # noqa: E402
 from handlers.base import DTYPES, HARDWARE  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
-from scripts import measure  # noqa: E402
-from scripts.traffic import traffic_lengths  # noqa: E402
 
 
 def batches(items: list, size: int) -> list[list]:

@@ -11,10 +11,10 @@ std/mean is over 5%. Correctness in the same run: max abs diff and min cosine of
 against eager float32. Achieved FLOP/s (FLOPs counted on the eager model) are set against a large
 matmul timed in the same run, the machine's practical ceiling.
 
-    python scripts/benchmark.py --quick                                  # CI smoke: tiny model, 2x2 grid
-    python scripts/benchmark.py --models minilm --dtypes float32 bfloat16 # the default grid
-    python scripts/benchmark.py --models minilm --strategies none batch all --seq-lens 32 128 --batch-sizes 1 8
-    python scripts/benchmark.py --models minilm --dtypes bfloat16 --scopes whole regional
+    python benchmarks/benchmark.py --quick                                  # CI smoke: tiny model, 2x2 grid
+    python benchmarks/benchmark.py --models minilm --dtypes float32 bfloat16 # the default grid
+    python benchmarks/benchmark.py --models minilm --strategies none batch all --seq-lens 32 128 --batch-sizes 1 8
+    python benchmarks/benchmark.py --models minilm --dtypes bfloat16 --scopes whole regional
 
 Writes runs/benchmark.json and runs/benchmark.png (compiled speedup per bucket).
 """
@@ -33,17 +33,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from fakes import ready_handler  # noqa: E402
-
+from benchmarks import measure  # noqa: E402
+from benchmarks.in_process import ready_handler  # noqa: E402
 from handlers import config as handler_config  # noqa: E402
 from handlers import packing  # noqa: E402
 from handlers.base import DTYPES, run_eager  # noqa: E402
 from handlers.classification import ClassificationHandler  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
 from handlers.token_classification import TokenClassificationHandler  # noqa: E402
-from scripts import measure  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make  # noqa: E402
 

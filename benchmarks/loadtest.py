@@ -44,10 +44,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts import build_mar, measure  # noqa: E402
+from benchmarks import measure  # noqa: E402
+from benchmarks.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
+from scripts import build_mar  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
-from scripts.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
 
 MAX_CLIENTS, MAX_DURATION = 64, 600
 CONTENDERS = (

@@ -1,8 +1,8 @@
 """Soak test through a real TorchServe: concurrent clients, valid and invalid requests mixed.
 
-    python scripts/soak.py                  # MiniLM, 16 clients x 60 s, every 5th request invalid
-    python scripts/soak.py --quick          # tiny random model, 4 clients x 5 s
-    python scripts/soak.py --kill-after 10  # kill -9 the worker 10 s in; report the recovery time
+    python benchmarks/soak.py                  # MiniLM, 16 clients x 60 s, every 5th request invalid
+    python benchmarks/soak.py --quick          # tiny random model, 4 clients x 5 s
+    python benchmarks/soak.py --kill-after 10  # kill -9 the worker 10 s in; report the recovery time
 
 Each client sends, back to back, the next request of one seeded stream: a text of the traffic's
 lengths as `{"inputs": ...}`, or every `--invalid-every`th request one of the bad bodies below.
@@ -33,10 +33,11 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts import build_mar, measure  # noqa: E402
-from scripts.loadtest import MAX_CLIENTS, MAX_DURATION, default_model  # noqa: E402
+from benchmarks import measure  # noqa: E402
+from benchmarks.loadtest import MAX_CLIENTS, MAX_DURATION, default_model  # noqa: E402
+from benchmarks.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
+from scripts import build_mar  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
-from scripts.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
 
 # (body, content type): each must get its own 4xx while the valid requests around it get 200.
 INVALID_REQUESTS = [

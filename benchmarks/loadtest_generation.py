@@ -10,9 +10,9 @@ has a prompt of 9-21 tokens, cut to the archives' one 16-token bucket (the end k
 same stream, in alternating rounds. Reported per run: generated tokens/s over the run, and the time
 to the first streamed text of each request (TTFT); and, before the load, one request's TTFT alone.
 
-    python scripts/loadtest_generation.py                  # 8 clients x 30 s, 3 rounds
-    python scripts/loadtest_generation.py --steps 1 4 8 16 --rounds 1   # decode steps per handler call
-    python scripts/loadtest_generation.py --quick          # CI smoke: 2 clients x 3 s, 1 round
+    python benchmarks/loadtest_generation.py                  # 8 clients x 30 s, 3 rounds
+    python benchmarks/loadtest_generation.py --steps 1 4 8 16 --rounds 1   # decode steps per handler call
+    python benchmarks/loadtest_generation.py --quick          # CI smoke: 2 clients x 3 s, 1 round
 
 Prints a table, writes runs/loadtest_generation.json.
 """
@@ -32,8 +32,9 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import measure  # noqa: E402
 from handlers.config import GenerationConfig  # noqa: E402
-from scripts import build_mar, measure  # noqa: E402
+from scripts import build_mar  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
