@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import measure  # noqa: E402
 from benchmarks.soak import soak  # noqa: E402
 from handlers.compile_cache import ROOT_ENV  # noqa: E402
+from handlers.process_settings import INDUCTOR_CACHE_ENV  # noqa: E402
 from scripts import build_mar  # noqa: E402
 from scripts.make_tiny_models import make_embedding  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
@@ -128,7 +129,7 @@ def restarts(server: TorchServe, name: str, times: int) -> dict:
 
 def start_once(name: str, store: Path, scratch: Path, restart_times: int) -> dict:
     """A fresh TorchServe with empty caches: register, first answer, breakdown, then restarts."""
-    env = {ROOT_ENV: str(scratch / "host-cache"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
+    env = {ROOT_ENV: str(scratch / "host-cache"), INDUCTOR_CACHE_ENV: str(scratch / "inductor-cache")}
     server = TorchServe.on_free_ports(scratch / "server", store, env=env)
     server.start()
     try:

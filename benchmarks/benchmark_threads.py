@@ -1,6 +1,6 @@
 """What compiled CPU kernels pay for following the worker's thread count at run time.
 
-Workers re-balance their threads when workers come and go (handlers/worker_threads.py), which
+Workers re-balance their threads when workers come and go (handlers/process_settings.py), which
 compiled kernels follow only when inductor builds them with `cpp.dynamic_threads` (otherwise each
 kernel has `#pragma omp parallel num_threads(N)` with N fixed at compile time, and with one thread
 drops its atomics). Inductor already leaves N out when the worker has every core, so what matters
@@ -19,13 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch._inductor.config as inductor_config
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import measure  # noqa: E402
 from benchmarks.in_process import ready_handler  # noqa: E402
+from handlers import process_settings  # noqa: E402
 from handlers.compiling import CompiledModel  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
 from handlers.hardware import usable_cores  # noqa: E402
@@ -37,7 +36,7 @@ def baked_twin(handler) -> CompiledModel:
     """The handler's model compiled again with the thread count baked in, warmed over its grid."""
     twin = CompiledModel(copy.deepcopy(handler.model.eager), handler.model.options, handler.graphs_needed())
     twin.compile()  # lazy: kernels are built by the calls below, with the setting patched over it
-    with inductor_config.patch({"cpp.dynamic_threads": False}):
+    with process_settings.thread_count_baked_in():
         for seq_len in handler.plan.seq_lens:
             for batch in handler.plan.batch_sizes:
                 handler.infer_rows(handler._filler(seq_len, batch), twin)
@@ -46,7 +45,7 @@ def baked_twin(handler) -> CompiledModel:
 
 def bench(model_dir: Path, dtype: str, threads: int, grid: dict, warmup: int, iterations: int) -> list[dict]:
     handler = ready_handler(EmbeddingHandler, model_dir, dtype=dtype, threads=threads, buckets=grid)
-    assert inductor_config.cpp.dynamic_threads, "workers compile with dynamic threads"
+    assert process_settings.kernels_follow_thread_count(), "workers compile with dynamic threads"
     baked = baked_twin(handler)
     rows = []
     for seq_len in handler.plan.seq_lens:

@@ -2,10 +2,10 @@
 
 A task handler subclasses `CompiledHandler` and supplies the module to compile (`build_model`),
 its request parameters (`PARAMS`), and how one output row becomes an answer (`encode`). Tasks
-that do not answer with one forward pass per text (generation) replace `infer`, `inference` and
-`answer`. `handle` has TorchServe's shape: it drives `preprocess` (decode, check, tokenize, pad to
-buckets), `inference` and `postprocess`, each overridable the way TorchServe's docs teach, and each
-request runs inside its own failure boundary (handlers/batch.py).
+that do not answer with one forward pass per text (generation) replace `checked_outputs`,
+`inference` and `answer`. `handle` has TorchServe's shape: it drives `preprocess` (decode, check,
+tokenize, pad to buckets), `inference` and `postprocess`, each overridable the way TorchServe's
+docs teach, and each request runs inside its own failure boundary (handlers/batch.py).
 """
 
 import contextlib
@@ -21,7 +21,17 @@ from tokenizers import Encoding
 from transformers import AutoConfig, AutoTokenizer
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers import aot_package, buckets, compile_cache, hardware, kserve_v2, packing, payload, warmup
+from handlers import (
+    aot_package,
+    buckets,
+    compile_cache,
+    hardware,
+    kserve_v2,
+    packing,
+    payload,
+    process_settings,
+    warmup,
+)
 from handlers.batch import Accepted, Batch, split_until_isolated
 from handlers.compiling import CompiledModel
 from handlers.config import CompileConfig, HandlerConfig, parse
@@ -38,6 +48,7 @@ CACHE_SOURCES = {
     "off": "off",
     "aot": "not needed, the archive's AOT package serves",
 }
+# A configured dtype name (handlers/config.py DTYPE_NAMES, less `auto`) -> its torch dtype.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -116,7 +127,7 @@ class CompiledHandler(BaseHandler):
         self.context = context
         self.config: HandlerConfig = parse(context.model_yaml_config)
         self.model_dir = Path(context.system_properties["model_dir"])
-        self.worker = hardware.configure_worker(self.config.threads, self.config.workers, self.model_dir)
+        self.worker = process_settings.share_cores(self.config.threads, self.config.workers, self.model_dir)
         self.device = self._device(context.system_properties.get("gpu_id"))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=False)
         if not self.tokenizer.is_fast:
@@ -186,10 +197,7 @@ class CompiledHandler(BaseHandler):
                 self.host_cache.publish(lease)
         self.cache_source = lease.source if lease is not None and self.model.is_compiled else "off"
         if self.model.is_compiled:
-            # Inductor's pool of compile subprocesses would idle in every worker for nothing.
-            from torch._inductor.async_compile import shutdown_compile_workers
-
-            shutdown_compile_workers()
+            process_settings.stop_compile_workers()
 
     # -- requests: TorchServe's handle -> preprocess -> inference -> postprocess ----------------
     def handle(self, data, context):
@@ -264,11 +272,16 @@ class CompiledHandler(BaseHandler):
         """Output rows, in order, for tokenized texts: packed or grouped by bucket, padded, run."""
         return self.run_prepared(token_ids, self.prepare(token_ids), model)
 
+    def checked_outputs(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
+        """What warm-up runs and the compiled-vs-eager and `dtype: auto` checks compare, per text:
+        the rows of `infer`. A task whose requests are not one forward pass (generation) gives its own."""
+        return self.infer(token_ids, model)
+
     def infer_rows(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
-        """`infer` with each text in a row of its own even where texts would be packed: warm-up and
-        benchmarks reach every (rows, seq_len) shape of the grid this way."""
+        """`checked_outputs` with each text in a row of its own even where texts would be packed:
+        warm-up and benchmarks reach every (rows, seq_len) shape of the grid this way."""
         if self.pack_budget is None:
-            return self.infer(token_ids, model)
+            return self.checked_outputs(token_ids, model)
         return self.run_prepared(token_ids, self.prepare(token_ids, one_per_row=True), model)
 
     def prepare(self, token_ids: list[list[int]], one_per_row: bool = False) -> list[buckets.Prepared]:
@@ -355,12 +368,11 @@ class CompiledHandler(BaseHandler):
         if chosen == torch.float32 or not self.config.warmup.verify:
             return chosen
         probe = self._probe_ids()
-        reference = self.infer(probe, run_eager(module))
+        reference = self.checked_outputs(probe, run_eager(module))
         candidate = copy.deepcopy(module).to(chosen)  # casting back to float32 would lose bits
         try:
-            warmup.check_drift(
-                f"dtype auto -> {chosen}", self.infer(probe, run_eager(candidate)), reference, self._tolerance(chosen)
-            )
+            outputs = self.checked_outputs(probe, run_eager(candidate))
+            warmup.check_drift(f"dtype auto -> {chosen}", outputs, reference, self._tolerance(chosen))
         except warmup.WarmupError as error:
             self._on_failure(error)
             chosen = torch.float32
@@ -405,8 +417,9 @@ class CompiledHandler(BaseHandler):
             report = warmup.run_grid(self.infer_rows, self.plan, iterations, self._filler, check, self.warmup_progress)
             if self.model.is_compiled and self.config.warmup.verify:
                 probe = self._probe_ids()
-                eager = self.infer(probe, run_eager(self.model.eager))
-                warmup.check_drift("compiled vs eager", self.infer(probe), eager, self._tolerance(self.dtype))
+                eager = self.checked_outputs(probe, run_eager(self.model.eager))
+                compiled = self.checked_outputs(probe)
+                warmup.check_drift("compiled vs eager", compiled, eager, self._tolerance(self.dtype))
             return report
         except Exception as error:  # a compile error can be of any type; all follow on_failure
             if not self.config.compile.enable:
@@ -417,9 +430,9 @@ class CompiledHandler(BaseHandler):
 
     def _warm_up_package(self, reference: aot_package.Reference) -> warmup.WarmupReport:
         """Each length bucket once at batch 1 and the largest batch once, then the package against
-        the build's eager answers. Measured on MiniLM (README, "Cold start"): a package's first call
-        at a new shape costs what later calls do (only the first calls of all set up the runtime),
-        so the whole grid bought nothing; the build ran it, and the full check, on its own host."""
+        the build's eager answers. A package's first call at a new shape costs what later calls do
+        (only the first calls of all set up the runtime; docs/performance.md, "Cold start"), so the
+        whole grid bought nothing; the build ran it, and the full check, on its own host."""
         began = time.perf_counter()
         shapes = [(1, seq_len) for seq_len in self.plan.seq_lens] + [(self.plan.max_batch, self.plan.seq_lens[0])]
         for done, (batch, seq_len) in enumerate(shapes, start=1):

@@ -29,6 +29,7 @@ from typing import Iterator
 
 import torch
 
+from handlers import process_settings
 from handlers.hardware import read_cpu_flags
 
 logger = logging.getLogger(__name__)
@@ -70,17 +71,19 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def handlers_digest() -> str:
-    """This package's source: how it marks shapes and builds graphs decides what gets compiled."""
+def handlers_digest(package: Path = Path(__file__).parent) -> str:
+    """This package's source, subpackages included: how it marks shapes and builds graphs decides
+    what gets compiled. Each file's path is hashed with its bytes, so a moved file changes it too."""
     digest = hashlib.sha256()
-    for source in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(source.name.encode() + source.read_bytes())
+    sources = sorted(path.relative_to(package) for path in package.rglob("*.py") if "__pycache__" not in path.parts)
+    for source in sources:
+        digest.update(source.as_posix().encode() + b"\0" + (package / source).read_bytes())
     return digest.hexdigest()
 
 
 def manifest(hardware, dtype: torch.dtype, plan, compile_options, model_dir: Path) -> dict:
     """Everything a compiled kernel depends on; a cache is used only where all of it matches. Not the
-    thread count: kernels read it at run time (inductor's cpp.dynamic_threads, handlers/hardware.py),
+    thread count: kernels read it at run time (inductor's cpp.dynamic_threads, handlers/process_settings.py),
     so a worker started by a scale-up, with fewer threads, still loads the cache."""
     return {
         "format": FORMAT,
@@ -197,7 +200,7 @@ class HostCache:
             else:
                 source = self._copy_published(source)
                 fcntl.flock(lock, fcntl.LOCK_UN)
-            use_inductor_cache(self.own)
+            process_settings.use_inductor_cache(self.own)
             yield Lease(self.own, source, holding_lock=holding)
 
     def publish(self, lease: Lease) -> None:
@@ -271,11 +274,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def use_inductor_cache(directory: Path) -> None:
-    """Send inductor's reads and writes to `directory` from now on in this process."""
-    from torch._inductor.utils import clear_caches
-
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
-    clear_caches()

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from handlers import buckets, hardware
+from handlers import buckets, process_settings
 from handlers.config import CompileConfig
 
 logger = logging.getLogger(__name__)
@@ -108,16 +108,7 @@ class CompiledModel:
         """Wrap the model with torch.compile (lazy: graphs are built by the first calls)."""
         if not self.options.enable:
             return
-        import torch.fx.experimental._config as fx_config
-
-        hardware.configure_inductor()
-        # Size-oblivious sizes: a dynamic dimension of size 1 shares the graph of the other sizes
-        # instead of getting its own (dynamo specializes 0 and 1 otherwise), which halves compile
-        # time for a grid with batch size 1. Process-wide; the warm-up graph count and the
-        # compiled-vs-eager check stand guard over it.
-        fx_config.backed_size_oblivious = self.options.dynamic != "none"
-        # Dynamo silently falls back to eager past `recompile_limit` graphs per code object.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, self.graphs_needed)
+        process_settings.configure_compiler(self.options.dynamic, self.graphs_needed)
         # dynamic=False: only the dimensions the bucket plan marks dynamic may vary, so an
         # unplanned shape is a real recompile that the guard below can see and count.
         options = {
@@ -156,7 +147,7 @@ class CompiledModel:
         """Let `run_grid` compile the grid again under a new process state (dynamo's guards cover
         the thread count), next to the graphs of the earlier states."""
         self.graphs_needed += self.graphs_per_state
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, self.graphs_needed)
+        process_settings.allow_graphs(self.graphs_needed)
         self.ready = False
         try:
             run_grid()

@@ -4,15 +4,17 @@ TorchServe hands the handler the whole yaml as `context.model_yaml_config`. Its 
 (`minWorkers`, `batchSize`, ...) stay where TorchServe reads them; the standard `pt2: compile:`
 section is honoured; everything of ours lives under `handler:`. Unknown keys and bad values raise
 `ConfigError` naming the key, the value and what is allowed, so `initialize` fails loudly.
+Each key's meaning and the reason for its default sit beside it, once: docs/configuration.md is
+generated from them (scripts/config_table.py).
 """
 
 import dataclasses
 from typing import Any, Callable
 
 TASKS = ("embedding", "text-classification", "token-classification", "text-generation")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# Which tensor dimensions the compiled graphs treat as dynamic; see README "Shape strategy".
+# Which tensor dimensions the compiled graphs treat as dynamic; see docs/design.md, "Shape strategy".
 DYNAMIC = ("none", "batch", "all")
 OVERFLOW = ("truncate", "reject")
 ON_FAILURE = ("eager", "fail")
@@ -88,69 +90,208 @@ def _cache_dir(value, key) -> str:
     raise ConfigError(key, value, "auto | off | an absolute path")
 
 
-def _option(check: Callable[[Any, str], Any], default: Any):
-    return dataclasses.field(default=default, metadata={"check": check})
+def _option(check: Callable[[Any, str], Any], default: Any, *, meaning: str, why: str, shown: str | None = None):
+    """A `handler:` key: its check, its default, what it means and why that default (docs/configuration.md
+    is generated from these). `shown`: how a default of None is written in model-config.yaml."""
+    return dataclasses.field(default=default, metadata={"check": check, "meaning": meaning, "why": why, "shown": shown})
+
+
+def _section(cls):
+    """A nested section of keys (`buckets:`, `compile:`, ...), parsed by its own fields."""
+    return dataclasses.field(default=cls(), metadata={"check": lambda value, key: _parse_section(cls, value, key)})
 
 
 @dataclasses.dataclass(frozen=True)
 class BucketConfig:
-    seq_lens: tuple[int, ...] = _option(_sorted_ints, (16, 32, 64, 128, 256))
-    batch_sizes: tuple[int, ...] = _option(_sorted_ints, (1, 2, 4, 8))
-    overflow: str = _option(_choice(*OVERFLOW), "truncate")
-    # Encoder tasks: texts packed end to end into rows of at most this many tokens (handlers/packing.py);
-    # auto: the largest length bucket, at most packing.AUTO_BUDGET; off: length groups.
-    pack_tokens: str | int = _option(_pack_tokens, "auto")
-    # The histogram of live token lengths is logged every this many texts (for plan_buckets.py).
-    histogram_every: int = _option(_positive_int, 1000)
+    seq_lens: tuple[int, ...] = _option(
+        _sorted_ints,
+        (16, 32, 64, 128, 256),
+        meaning="length buckets, capped at the model's `max_seq_length`",
+        why="each bucket twice the one below, so a text over 16 tokens is padded to less than twice its length; "
+        "re-plan with `plan_buckets.py`",
+    )
+    batch_sizes: tuple[int, ...] = _option(
+        _sorted_ints,
+        (1, 2, 4, 8),
+        meaning="batch buckets warmed; the largest is the most rows per call",
+        why="matches the archive's default `batchSize` (8)",
+    )
+    overflow: str = _option(
+        _choice(*OVERFLOW),
+        "truncate",
+        meaning="a text over the largest bucket: `truncate` it, or `reject` it with 413",
+        why="what sentence-transformers' `encode` does",
+    )
+    pack_tokens: str | int = _option(
+        _pack_tokens,
+        "auto",
+        meaning="encoder tasks: a batch's texts are packed end to end into rows of at most this many tokens "
+        "(see [Packing](design.md#packing), handlers/packing.py); `auto` = the largest length bucket, at most 256; "
+        "`off` = length groups; a number = that budget (`hfserve plan` plans one)",
+        why="256-token rows were the fastest budget on MiniLM's traffic (1.13 computed tokens per real one, "
+        "1.40x the length groups; [Packing](performance.md#packing))",
+    )
+    histogram_every: int = _option(
+        _positive_int,
+        1000,
+        meaning="log the histogram of live token lengths every this many texts (for `plan_buckets.py --log`)",
+        why="about one line per 12 s at the 87 requests/s of the MiniLM soak run, not one per request",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class CompileConfig:
-    enable: bool = _option(_boolean, True)
-    backend: str = _option(_backend, "inductor")
-    mode: str = _option(_choice(*MODES), "default")
-    fullgraph: bool = _option(_boolean, False)
-    dynamic: str = _option(_choice(*DYNAMIC), "all")
-    regional: bool = _option(_boolean, False)
-    on_failure: str = _option(_choice(*ON_FAILURE), "eager")
-    # Where workers share compiled kernels (see compile_cache.py); off leaves inductor's default.
-    cache_dir: str = _option(_cache_dir, "auto")
+    enable: bool = _option(
+        _boolean,
+        True,
+        meaning="`false` serves eagerly (the switch that turns compilation off)",
+        why="compiled matched or beat eager per call at every shape measured "
+        "(see [Per bucket](performance.md#per-bucket))",
+    )
+    backend: str = _option(
+        _backend,
+        "inductor",
+        meaning="the `torch.compile` backend",
+        why="torch's own compiler; AOT packages need it",
+    )
+    mode: str = _option(
+        _choice(*MODES),
+        "default",
+        meaning="the `torch.compile` mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs",
+        why="`default` compiles fastest; the others trade longer compiles for speed "
+        "(see [Tuning](operations.md#tuning))",
+    )
+    fullgraph: bool = _option(
+        _boolean,
+        False,
+        meaning="passed to `torch.compile`: `true` makes a graph break an error",
+        why="a model with graph breaks still compiles, in pieces; warm-up counts its graphs per shape",
+    )
+    dynamic: str = _option(
+        _choice(*DYNAMIC),
+        "all",
+        meaning="which dims the graphs treat as dynamic: `none`, `batch`, `all` "
+        "(see [Shape strategy](design.md#shape-strategy))",
+        why="one graph for the whole grid: the only strategy that starts in a minute on 2 cores",
+    )
+    regional: bool = _option(
+        _boolean,
+        False,
+        meaning="compile the repeated transformer block instead of the whole model",
+        why="~30% less compile time here, but no faster than eager (see [Compile policy](design.md#compile-policy))",
+    )
+    on_failure: str = _option(
+        _choice(*ON_FAILURE),
+        "eager",
+        meaning="a compile or verify failure: serve `eager`ly (logged loudly, `CompileFallback 1`), "
+        "or `fail` the worker (registration fails fast)",
+        why="a slower answer beats no answer; choose `fail` where speed is part of the contract",
+    )
+    cache_dir: str = _option(
+        _cache_dir,
+        "auto",
+        meaning="where the workers of a host share compiled kernels (handlers/compile_cache.py): "
+        "`auto` = `$COMPILED_HANDLERS_CACHE_DIR` (`off` there turns it off host-wide), else "
+        "`<tmp>/compiled-handlers-cache`; an absolute path; `off` leaves inductor's own cache alone",
+        why="a restarted or added worker loads instead of compiling",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class WarmupConfig:
-    iterations: int = _option(_positive_int, 2)
-    verify: bool = _option(_boolean, True)
-    tolerance: float | None = _option(_tolerance, None)
+    iterations: int = _option(
+        _positive_int,
+        2,
+        meaning="calls per grid shape during warm-up",
+        why="the first call compiles, the second proves the graph is reused",
+    )
+    verify: bool = _option(
+        _boolean,
+        True,
+        meaning="compare compiled with eager, and `auto` dtype with float32",
+        why="a wrong answer must not go live",
+    )
+    tolerance: float | None = _option(
+        _tolerance,
+        None,
+        shown="`auto`",
+        meaning="largest allowed 1 - cosine; auto = 1e-4 (float32), 2e-3 (bf16/fp16)",
+        why="what MiniLM and the test models pass in each dtype (the test suite runs with it)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class GenerationConfig:
-    """text-generation only. `max_new_tokens` caps requests and sizes the static KV cache."""
+    """text-generation only."""
 
-    max_new_tokens: int = _option(_positive_int, 64)
-    default_new_tokens: int | None = _option(_positive_int, None)  # None: min(20, max_new_tokens)
-    max_stop_strings: int = _option(_positive_int, 8)
-    # Continuous batching (`continuousBatching: true`, handlers/continuous.py): decode steps per
-    # handler call (each call is a frontend round trip), and how long a request may run in all.
-    steps_per_call: int = _option(_positive_int, 8)
-    max_request_seconds: int = _option(_positive_int, 300)
-
-
-def _nested(cls):
-    return lambda value, key: _parse_section(cls, value, key)
+    max_new_tokens: int = _option(
+        _positive_int,
+        64,
+        meaning="text-generation: the most tokens a request may ask for; sizes the static KV cache",
+        why="the cache is allocated per batch bucket: bigger costs memory for every request",
+    )
+    default_new_tokens: int | None = _option(
+        _positive_int,
+        None,
+        shown="min(20, `max_new_tokens`)",
+        meaning="text-generation: tokens when a request does not say",
+        why="short enough that a request without a budget cannot hold its batch for long",
+    )
+    max_stop_strings: int = _option(
+        _positive_int,
+        8,
+        meaning="text-generation: stop strings per request",
+        why="each is checked after every token",
+    )
+    steps_per_call: int = _option(
+        _positive_int,
+        8,
+        meaning="continuous batching (`continuousBatching: true`, handlers/continuous.py): the most decode steps "
+        "per handler call (each call is a frontend round trip; a call ends early after a step in which a prompt "
+        "finished)",
+        why="see [Generation](performance.md#generation)",
+    )
+    max_request_seconds: int = _option(
+        _positive_int,
+        300,
+        meaning='continuous batching: a request running longer ends with `finish_reason: "time"`',
+        why="TorchServe's `responseTimeout` bounds one call, not a request",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class HandlerConfig:
-    task: str = _option(_choice(*TASKS), "embedding")
-    dtype: str = _option(_choice(*DTYPES), "auto")
-    threads: int | None = _option(_threads, None)
-    max_inputs: int = _option(_positive_int, 64)
-    buckets: BucketConfig = _option(_nested(BucketConfig), BucketConfig())
-    compile: CompileConfig = _option(_nested(CompileConfig), CompileConfig())
-    warmup: WarmupConfig = _option(_nested(WarmupConfig), WarmupConfig())
-    generation: GenerationConfig = _option(_nested(GenerationConfig), GenerationConfig())
+    task: str = _option(
+        _choice(*TASKS),
+        "embedding",
+        meaning=f"which handler serves the model: {', '.join(TASKS)}",
+        why="the demo model is a sentence embedder; `hfserve build --task` sets it",
+    )
+    dtype: str = _option(
+        _choice(*DTYPE_NAMES),
+        "auto",
+        meaning="`auto` = bfloat16 on CUDA >= 8.0 or CPUs with AMX/AVX512-BF16, float16 on older CUDA, else "
+        "float32; refused back to float32 if it drifts past the tolerance",
+        why="the fastest type the hardware computes natively, never at a cost in answers the check can see",
+    )
+    threads: int | None = _option(
+        _threads,
+        None,
+        shown="`auto`",
+        meaning="intra-op threads per worker; `auto` = cores / the model's live workers (at least `minWorkers`), "
+        "followed as workers come and go; a number is kept whatever the worker count",
+        why="workers of one host must not oversubscribe the cores",
+    )
+    max_inputs: int = _option(
+        _positive_int,
+        64,
+        meaning="texts per request (a longer list gets 413)",
+        why="bounds what one request can make a worker hold",
+    )
+    buckets: BucketConfig = _section(BucketConfig)
+    compile: CompileConfig = _section(CompileConfig)
+    warmup: WarmupConfig = _section(WarmupConfig)
+    generation: GenerationConfig = _section(GenerationConfig)
     # Not a `handler:` key: TorchServe's minWorkers, used to share the cores between workers.
     workers: int = dataclasses.field(default=1, metadata={"internal": True})
 

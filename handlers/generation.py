@@ -175,11 +175,15 @@ class GenerationHandler(CompiledHandler):
         tensors = left_pad(token_ids, group.batch_size, group.seq_len, self.caches.cache_len, self.pad_id)
         return GroupDecoder(model, cache, *tensors, self.device)
 
-    def infer(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
-        """Per prompt: the prefill's logits and one greedy decode step's, joined (warm-up and checks)."""
+    def checked_outputs(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
+        """A request runs a decode loop, not one pass: warm-up and the checks run its first two steps."""
+        return self.first_two_steps(token_ids, model)
+
+    def first_two_steps(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
+        """Per prompt: the prefill's logits and one greedy decode step's, joined."""
         model = model or self.model
         if self.continuous:
-            return self._infer_slots(token_ids, model)
+            return self._first_two_steps_in_slots(token_ids, model)
         rows: list[torch.Tensor | None] = [None] * len(token_ids)
         with torch.inference_mode():
             for group in buckets.generation_groups([len(ids) for ids in token_ids], self.plan):
@@ -191,8 +195,8 @@ class GenerationHandler(CompiledHandler):
                     rows[index] = joined[row]
         return rows
 
-    def _infer_slots(self, token_ids: list[list[int]], model) -> list[torch.Tensor]:
-        """`infer` through the slot cache: up to `slots` prompts prefilled, then one step over all."""
+    def _first_two_steps_in_slots(self, token_ids: list[list[int]], model) -> list[torch.Tensor]:
+        """`first_two_steps` through the slot cache: up to `slots` prompts prefilled, then one step over all."""
         slots = self.plan.max_batch
         cache = self._slot_cache(next(model.eager.parameters()).dtype)
         rows = []

@@ -1,9 +1,8 @@
-"""What the machine can do, and the process-wide torch settings that follow from it.
+"""What the machine can do: device, CPU matrix features, usable cores, and TF32 where it pays.
 
 `detect()` runs once per process at handler import (it is cached, so every handler module can call
-it); `configure_worker()` runs in `initialize` and shares the cores among the model's live workers;
-`configure_inductor()` runs before anything compiles (a worker serving an AOT package never imports
-inductor's compiler, a second of its start).
+it). TF32 is the one process-wide setting made here, at import; every other one is in
+handlers/process_settings.py.
 """
 
 import dataclasses
@@ -13,8 +12,6 @@ import os
 from pathlib import Path
 
 import torch
-
-from handlers.worker_threads import LiveWorkers, ThreadShare
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +33,8 @@ class Hardware:
     def native_bf16(self) -> bool:
         """True where bfloat16 matmuls run in hardware: Ampere+ tensor cores, AMX or AVX512-BF16.
 
-        oneDNN runs bf16 matmuls natively with either CPU feature (measured here: 2.5x float32 on
-        MiniLM with AVX512-BF16 alone).
+        oneDNN runs bf16 matmuls natively with either CPU feature, AVX512-BF16 alone included
+        (docs/performance.md, "Per bucket").
         """
         if self.device == "cuda":
             return self.cuda_capability >= TF32_MIN_CAPABILITY
@@ -94,36 +91,3 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def configure_inductor() -> None:
-    """Turn the inductor FX graph cache on, and make compiled kernels follow the thread count."""
-    import torch._inductor.config as inductor_config
-
-    inductor_config.fx_graph_cache = True
-    # Inductor precompiles a C++ header (a 150 MB .gch in the temp dir) before it even looks for a
-    # cached kernel, so with it a worker whose kernels all come from the cache still paid that at
-    # every fresh host; without it a cold compile is no slower (README, "Cold start").
-    inductor_config.cpp_cache_precompile_headers = False
-    # Compiled CPU kernels read the thread count when they run instead of baking it in at compile
-    # time, so a worker's share of the cores can change as workers come and go (its cost per call:
-    # scripts/benchmark_threads.py, README "Tuning").
-    inductor_config.cpp.dynamic_threads = True
-
-
-def configure_worker(threads: int | None, min_workers: int, model_dir: Path | None) -> ThreadShare:
-    """Give this worker its share of the cores.
-
-    One thread instead of two halved MiniLM throughput for a single worker on 2 cores, so the
-    default divides the cores by the live workers of the model (at least `min_workers`, which start
-    together) instead of pinning everyone to one thread, and follows that count as it changes.
-    """
-    live = None
-    if model_dir is not None and threads is None:  # a fixed `threads: N` never follows the count
-        try:
-            live = LiveWorkers(model_dir)
-        except OSError as error:  # no writable temp dir: keep the share minWorkers gives
-            logger.warning("Threads will not follow the live workers: %s", error)
-    share = ThreadShare(live, usable_cores(), threads, min_workers)
-    logger.info("Worker settings: %d threads, %d cores, %d workers", share.threads, share.cores, share.workers)
-    return share

@@ -19,7 +19,7 @@ import torch
 from handlers import buckets
 
 # The budget of `pack_tokens: auto` (capped at the largest length bucket): longer rows kept paying
-# up to MiniLM's limit of 256 (README, "Packing" under "Performance"); longer ones were not measured.
+# up to MiniLM's limit of 256 (docs/performance.md, "Packing"); longer ones were not measured.
 AUTO_BUDGET = 256
 PAD_SEGMENT = 0  # the segment of a row's tail padding (and of a static batch's dummy rows)
 

@@ -1,4 +1,4 @@
-"""Threads per worker that follow the number of live workers of the model, however it is set.
+"""The live workers of this worker's model, counted however their number is set, so threads can follow it.
 
 TorchServe never tells a backend how many workers its model has (`minWorkers` is only where it
 starts; `register --workers`, `scale` and restarts change it), so the workers of one model find
@@ -7,25 +7,18 @@ model's extracted archive, which all its workers share (the folder is in the tem
 read-only model folder works too). A file whose lock can be taken belongs to a worker that is
 gone (the kernel drops the lock when a process dies, even by kill -9) and is removed.
 Each worker recounts at most once a second, before a batch, and re-applies `cores // workers`
-threads when the count changed. Compiled kernels follow the change because they are built with
-inductor's `cpp.dynamic_threads` (handlers/hardware.py).
+threads when the count changed (`ThreadShare`, handlers/process_settings.py). Compiled kernels
+follow the change because they are built with inductor's `cpp.dynamic_threads` (same module).
 """
 
 import fcntl
 import hashlib
-import logging
 import os
 import secrets
 import tempfile
-import time
 from pathlib import Path
 
-import torch
-
-logger = logging.getLogger(__name__)
-
 ROOT = Path(tempfile.gettempdir()) / f"compiled-handlers-workers-{os.getuid()}"
-RECOUNT_SECONDS = 1.0
 # model folder -> this process's locked file in it: a process is one worker however many handlers it builds
 _HELD: dict[Path, tuple[Path, int]] = {}
 
@@ -68,40 +61,3 @@ class LiveWorkers:
             return False
         finally:
             os.close(descriptor)
-
-
-class ThreadShare:
-    """`cores // live workers` intra-op threads (at least 1), re-applied when the count changes."""
-
-    def __init__(self, live: LiveWorkers | None, cores: int, fixed: int | None = None, starting: int = 1):
-        self.live = live
-        self.cores = cores
-        self.fixed = fixed  # a `threads: N` from the config: kept whatever the worker count
-        # `starting` workers (minWorkers) start together: count them before all have registered.
-        self.workers = max(starting, live.count() if live is not None else 1)
-        self.threads = self._apply()
-        self.checked = time.monotonic()
-
-    def _apply(self) -> int:
-        threads = self.fixed or max(1, self.cores // max(1, self.workers))
-        torch.set_num_threads(threads)
-        return threads
-
-    def refresh(self) -> bool:
-        """Recount the live workers (at most once a second) and re-apply the share; True when the
-        thread count changed."""
-        now = time.monotonic()
-        if self.fixed is not None or self.live is None or now - self.checked < RECOUNT_SECONDS:
-            return False
-        self.checked = now
-        workers = self.live.count()
-        if workers == self.workers:
-            return False
-        self.workers = workers
-        threads, self.threads = self.threads, self._apply()
-        if threads == self.threads:
-            return False
-        logger.info(
-            "Threads re-shared: %d (live workers of this model: %d, cores: %d)", self.threads, workers, self.cores
-        )
-        return True

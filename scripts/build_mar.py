@@ -74,12 +74,12 @@ MODEL_FILES = (
     "sentence_bert_config.json",
 )
 # startupTimeout = MARGIN x (compile + warm-up) + what a worker spends before it (interpreter, imports,
-# model load), never under TorchServe's own default. Measured here: 5-6 s before initialize.
+# model load), never under TorchServe's own default.
 STARTUP_MARGIN = 2.0
 STARTUP_FIXED_SECONDS = 30
 STARTUP_FLOOR_SECONDS = 120
-# Without --precompile, compile seconds ~ FIXED + graphs x (PER_GRAPH + PER_LAYER x compiled layers):
-# fitted on this repository's 2-core CPU runs (MiniLM, 6 layers: whole model 1 graph 45 s, regional 2 graphs 31 s).
+# Without --precompile, compile seconds ~ FIXED + graphs x (PER_GRAPH + PER_LAYER x compiled layers),
+# fitted on MiniLM's whole-model and regional compile times on 2 CPU cores (docs/performance.md, "Cold start").
 ESTIMATE_FIXED_SECONDS = 15
 ESTIMATE_PER_GRAPH_SECONDS = 2
 ESTIMATE_PER_LAYER_SECONDS = 4

@@ -76,7 +76,7 @@ def plan(histogram: dict[int, int], k: int, max_len: int, align: int = 1) -> tup
 
 
 # A model call's fixed cost in computed tokens: benchmarks/benchmark_traffic.py fits a batch's time as
-# calls x per call + tokens x per token; MiniLM's packed rows on 2 CPU cores gave 78 (README, "Packing").
+# calls x per call + tokens x per token; MiniLM's packed rows on 2 CPU cores gave 78 (docs/design.md, "Packing").
 CALL_TOKENS = 78
 
 

@@ -105,7 +105,8 @@ def test_the_eager_model_loaded_later_lends_the_package_its_weights(packaged):
 
 
 def test_an_aot_start_imports_neither_dynamo_nor_the_transformers_model(packaged):
-    """Dynamo and transformers' model classes are most of a worker's imports (README, "Cold start")."""
+    """Dynamo and transformers' model classes are most of a worker's imports (docs/design.md,
+    "Cold start and AOT packages")."""
     script = f"""
 import json, sys
 from fakes import make_context

@@ -7,12 +7,13 @@ tests/integration/test_compile_cache_server.py.
 import logging
 import multiprocessing
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from handlers import compile_cache
+from handlers import compile_cache, process_settings
 from handlers.compile_cache import HostCache, PackedCacheError
 
 VALID_FOR = {"format": 1, "torch": "2.13.0", "dtype": "bfloat16", "buckets": {"seq_lens": [16]}}
@@ -33,9 +34,12 @@ def packed_cache(tmp_path: Path, valid_for: dict = VALID_FOR) -> Path:
 @pytest.fixture(autouse=True)
 def keep_inductor_cache_dir():
     """HostCache.lease points this process's inductor elsewhere; give the test session its cache back."""
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    previous = os.environ.get(process_settings.INDUCTOR_CACHE_ENV)
     yield
-    compile_cache.use_inductor_cache(Path(previous)) if previous else os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    if previous:
+        process_settings.use_inductor_cache(Path(previous))
+    else:
+        os.environ.pop(process_settings.INDUCTOR_CACHE_ENV, None)
 
 
 def test_a_matching_packed_cache_is_unpacked_then_shared_by_the_host(tmp_path):
@@ -44,7 +48,7 @@ def test_a_matching_packed_cache_is_unpacked_then_shared_by_the_host(tmp_path):
     with first.lease(packed) as lease:
         assert lease.source == "archive"
         assert (lease.directory / "fxgraph" / "ab" / "entry").read_text() == "kernel"
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(lease.directory)
+        assert os.environ[process_settings.INDUCTOR_CACHE_ENV] == str(lease.directory)
     with HostCache(tmp_path / "root", VALID_FOR).lease(None) as second:
         assert second.source == "host"
         assert (second.directory / "kernel.so").read_bytes() == (tmp_path / "compiled" / "kernel.so").read_bytes()
@@ -59,6 +63,23 @@ def test_a_manifest_that_differs_is_refused_naming_the_field(tmp_path, caplog):
     with caplog.at_level(logging.WARNING), HostCache(tmp_path / "root", wanted).lease(packed) as lease:
         assert lease.source == "compiled"
     assert "Packed compile cache IGNORED" in caplog.text and "buckets: packed" in caplog.text
+
+
+def test_the_code_digest_covers_subpackages_and_file_paths(tmp_path):
+    """A cache or package built by other handler code must not load, wherever in the package the change is."""
+    package = tmp_path / "handlers"
+    shutil.copytree(Path(compile_cache.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    original = compile_cache.handlers_digest(package)
+    assert original == compile_cache.handlers_digest()
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "stale.py").write_text("x = 1\n")
+    assert compile_cache.handlers_digest(package) == original  # not code a worker runs
+    (package / "tasks").mkdir()
+    (package / "tasks" / "one.py").write_text("x = 1\n")
+    in_subpackage = compile_cache.handlers_digest(package)
+    assert in_subpackage != original
+    (package / "tasks" / "one.py").rename(package / "tasks" / "two.py")
+    assert compile_cache.handlers_digest(package) not in (original, in_subpackage)  # same bytes, another path
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "manifest"])

@@ -1,6 +1,6 @@
 import pytest
 
-from handlers.config import BucketConfig, ConfigError, parse
+from handlers.config import BucketConfig, ConfigError, HandlerConfig, parse
 
 
 def test_defaults_without_a_handler_section():
@@ -68,37 +68,32 @@ def test_config_is_frozen():
         config.dtype = "float32"
 
 
-def documented_keys() -> set[str]:
-    """Keys in the first column of the README's configuration table (`a.b` / `c` means a.b and a.c)."""
-    import re
-    from pathlib import Path
+def test_the_configuration_page_holds_exactly_the_generated_table():
+    """Keys and defaults come from handlers/config.py: a changed default without a docs update fails."""
+    from scripts import config_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme[readme.index("| key | default |") : readme.index("TorchServe's own `pt2: compile:`")]
-    keys = set()
-    for row in [line for line in table.splitlines() if line.startswith("| `")]:
-        prefix = ""
-        for name in re.findall(r"`([\w.]+)`", row.split("|")[1]):
-            prefix = name.rsplit(".", 1)[0] + "." if "." in name else prefix
-            keys.add(name if "." in name else prefix + name)
-    return keys
+    page = config_table.PAGE.read_text()
+    generated = page.split(config_table.BEGIN + "\n", 1)[1].split(config_table.END, 1)[0]
+    assert generated == config_table.configuration_table(), "run: python scripts/config_table.py --write"
 
 
-def test_every_handler_key_is_in_the_readme_configuration_table():
-    import dataclasses
+def test_the_table_has_every_handler_key_with_its_dataclass_default():
+    from scripts import config_table
 
-    from handlers.config import HandlerConfig
-
-    def keys(cls, prefix=""):
-        for field in dataclasses.fields(cls):
-            if field.metadata.get("internal"):
-                continue
-            if dataclasses.is_dataclass(field.default):
-                yield from keys(type(field.default), f"{prefix}{field.name}.")
-            else:
-                yield prefix + field.name
-
-    assert set(keys(HandlerConfig)) == documented_keys()
+    rows = config_table.configuration_table().splitlines()[2:]
+    documented = {row.split(" | ")[0].strip("| `"): row.split(" | ")[1] for row in rows}
+    defaults = HandlerConfig()
+    assert set(documented) == {
+        "task", "dtype", "threads", "max_inputs", "buckets.seq_lens", "buckets.batch_sizes", "buckets.overflow",
+        "buckets.pack_tokens", "buckets.histogram_every", "compile.enable", "compile.backend", "compile.mode",
+        "compile.fullgraph", "compile.dynamic", "compile.regional", "compile.on_failure", "compile.cache_dir",
+        "warmup.iterations", "warmup.verify", "warmup.tolerance", "generation.max_new_tokens",
+        "generation.default_new_tokens", "generation.max_stop_strings", "generation.steps_per_call",
+        "generation.max_request_seconds",
+    }  # fmt: skip
+    assert documented["buckets.seq_lens"] == f"`{list(defaults.buckets.seq_lens)}`"
+    assert documented["compile.enable"] == "`true`" and documented["threads"] == "`auto`"
+    assert documented["generation.max_new_tokens"] == f"`{defaults.generation.max_new_tokens}`"
 
 
 def test_continuous_batching_is_for_generation_only():

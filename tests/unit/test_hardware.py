@@ -63,24 +63,3 @@ def test_cpu_flags_from_cpuinfo(tmp_path, flags, native):
     assert found.native_bf16 is native
     assert found.auto_dtype == (torch.bfloat16 if native else torch.float32)
     assert hardware.read_cpu_flags(tmp_path / "missing") == frozenset()
-
-
-@pytest.mark.parametrize(
-    "cores, workers, threads, expected", [(2, 1, None, 2), (8, 3, None, 2), (2, 4, None, 1), (8, 1, 3, 3)]
-)
-def test_threads_share_the_cores_between_workers(monkeypatch, cores, workers, threads, expected):
-    set_threads = []
-    monkeypatch.setattr(hardware, "usable_cores", lambda: cores)
-    monkeypatch.setattr(torch, "set_num_threads", set_threads.append)
-    settings = hardware.configure_worker(threads, workers, None)
-    assert settings.threads == expected and set_threads == [expected]
-
-
-def test_inductor_settings_are_made_where_a_worker_compiles():
-    import torch._inductor.config as inductor_config
-
-    inductor_config.fx_graph_cache = False
-    inductor_config.cpp.dynamic_threads = False
-    hardware.configure_inductor()
-    assert inductor_config.fx_graph_cache is True and inductor_config.cpp.dynamic_threads is True
-    assert inductor_config.cpp_cache_precompile_headers is False

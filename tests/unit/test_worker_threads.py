@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 from fakes import ready_handler, start_batch
 
-from handlers import hardware, worker_threads
+from handlers import hardware, process_settings, worker_threads
 from handlers.compiling import compiled_graph_count
 from handlers.embedding import EmbeddingHandler
-from handlers.worker_threads import LiveWorkers, ThreadShare
+from handlers.process_settings import ThreadShare
+from handlers.worker_threads import LiveWorkers
 
 HOLDER = """
 import sys, time
@@ -52,7 +53,7 @@ def test_workers_count_each_other_and_a_killed_one_drops_out(tmp_path):
 def test_the_share_follows_the_live_workers(tmp_path, monkeypatch):
     applied = []
     monkeypatch.setattr(torch, "set_num_threads", applied.append)
-    monkeypatch.setattr(worker_threads, "RECOUNT_SECONDS", 0.0)
+    monkeypatch.setattr(process_settings, "RECOUNT_SECONDS", 0.0)
     share = ThreadShare(LiveWorkers(tmp_path), cores=4)
     assert (share.workers, share.threads) == (1, 4)
     other = start_worker(tmp_path)
@@ -94,7 +95,7 @@ def test_a_read_only_model_folder_gets_nothing_written_into_it(tmp_path):
 def test_without_a_writable_temp_dir_the_worker_keeps_the_starting_share(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr(worker_threads, "ROOT", Path("/proc/no-such-place"))
-    share = hardware.configure_worker(None, min_workers=2, model_dir=tmp_path)
+    share = process_settings.share_cores(None, min_workers=2, model_dir=tmp_path)
     assert share.live is None and share.workers == 2 and share.threads == max(1, hardware.usable_cores() // 2)
     assert "Threads will not follow the live workers" in caplog.text
 
@@ -102,7 +103,7 @@ def test_without_a_writable_temp_dir_the_worker_keeps_the_starting_share(tmp_pat
 def test_a_new_thread_share_is_traced_once_and_never_answered_eagerly(tiny_bert, monkeypatch, caplog):
     handler = ready_handler(EmbeddingHandler, tiny_bert, buckets={"seq_lens": [8, 16], "batch_sizes": [1, 2]})
     before, graphs = handler.worker.threads, compiled_graph_count()
-    monkeypatch.setattr(worker_threads, "RECOUNT_SECONDS", 0.0)
+    monkeypatch.setattr(process_settings, "RECOUNT_SECONDS", 0.0)
     handler.worker.cores = 2 * before + 2  # so that a second worker changes this one's share
 
     def embed() -> None:
