@@ -2,7 +2,7 @@
 requests, for every task. Every hostile request must get a 4xx or a 200, every ordinary one a 200
 equal to its answer alone, and the worker must neither die nor restart.
 
-    pytest tests/integration/test_fuzz_server.py --fuzz-requests 5000   # the longer run of the README
+    pytest tests/integration/test_fuzz_server.py --fuzz-requests 5000   # the longer run of docs/operations.md
 """
 
 import time

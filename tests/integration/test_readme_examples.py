@@ -1,7 +1,8 @@
-"""The README's curl and Python examples, run against a real TorchServe, their outputs checked.
+"""The documentation's curl and Python examples, run against a real TorchServe, their outputs checked.
 
-Every `curl` command of a ```bash block is run (with the README's addresses pointed at this
-server and $KEY set, as the README sets it), and so is every ```python block. Where a command is
+The examples are those of README.md, every docs/*.md and deploy/kserve/README.md. Every `curl`
+command of a ```bash block is run (with the documents' addresses pointed at this server and $KEY
+and $MKEY set, as the README sets them), and so is every ```python block. Where a command is
 followed by `# {...}` / `# [...]` lines, its output must have that structure: the same keys, the
 same strings, numbers where numbers are shown, `...` for anything (at the end of a list: any
 number of further items); a line noted `(repeated` stands for one or more answers. The models
@@ -29,14 +30,22 @@ GENERATOR = {"generator": "text-generation"}
 ANYTHING = "..."
 
 
-def code_blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(), re.MULTILINE | re.DOTALL)
+def documents() -> list[str]:
+    """The files whose examples are run, relative to the repository's root."""
+    docs = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md"))
+    return ["README.md", *docs, "deploy/kserve/README.md"]
 
 
-def curl_examples() -> list[tuple[str, list[str]]]:
-    """(command, expected JSON lines) for every curl command of the README's bash blocks."""
+def code_blocks(language: str, documents: list[str]) -> list[tuple[str, str]]:
+    """(document, block) for every ```language block of the documents."""
+    pattern = re.compile(rf"^```{language}\n(.*?)^```", re.MULTILINE | re.DOTALL)
+    return [(name, block) for name in documents for block in pattern.findall((ROOT / name).read_text())]
+
+
+def curl_examples(documents: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(document, command, expected JSON lines) for every curl command of the documents' bash blocks."""
     examples = []
-    for block in code_blocks("bash"):
+    for name, block in code_blocks("bash", documents):
         lines = block.replace("\\\n", " ").splitlines()
         for index, line in enumerate(lines):
             if line.lstrip().startswith("curl "):
@@ -45,8 +54,17 @@ def curl_examples() -> list[tuple[str, list[str]]]:
                     if not following.startswith("# {") and not following.startswith("# ["):
                         break
                     expected.append(following[2:])
-                examples.append((line.split("  #")[0].strip(), expected))
+                examples.append((name, line.split("  #")[0].strip(), expected))
     return examples
+
+
+def example_id(name: str, text: str) -> str:
+    """A readable test id: the document, then a curl's address and body, or a block's first line."""
+    if text.startswith("curl "):
+        address = re.search(r"http://127\.0\.0\.1:\d+([^\s\"'?]*)", text)
+        body = re.search(r"(?:-d|--data-binary) '([^']*)'", text)
+        return f"{name}: {address.group(1) if address else ''} {body.group(1)[:50] if body else ''}".strip()
+    return f"{name}: {text.strip().splitlines()[0][:60]}"
 
 
 def expected_json(line: str):
@@ -116,14 +134,25 @@ def readme_cwd(server, tmp_path_factory) -> Path:
 
 
 def test_the_readme_has_examples_with_outputs_for_every_task():
-    commands = " ".join(command for command, expected in curl_examples() if expected)
+    """The README, the front door, shows every task answering (streaming and KServe v2 included);
+    the pages under docs/ add examples of their own, which run too."""
+    readme = [(command, expected) for _, command, expected in curl_examples(["README.md"]) if expected]
+    commands = " ".join(command for command, _ in readme)
     for path in ("/predictions/minilm", "/predictions/classifier", "/predictions/tagger", "/predictions/generator"):
         assert path in commands, path
-    assert "/v2/models/" in commands and code_blocks("python")
+    assert "/v2/models/" in commands
+    assert any('"stream": true' in command and len(expected) > 1 for command, expected in readme)
+    everywhere = curl_examples(documents())
+    assert {name for name, _, expected in everywhere if expected} - {"README.md"}, "no document under docs/ runs"
+    assert code_blocks("python", documents())
 
 
-@pytest.mark.parametrize("command, expected", curl_examples(), ids=lambda value: str(value)[:60])
-def test_a_readme_curl_example_runs_and_answers_as_shown(server, readme_cwd, command, expected):
+@pytest.mark.parametrize(
+    "name, command, expected",
+    curl_examples(documents()),
+    ids=[example_id(name, command) for name, command, _ in curl_examples(documents())],
+)
+def test_a_documented_curl_example_runs_and_answers_as_shown(server, readme_cwd, name, command, expected):
     keys = {"KEY": server.key("inference"), "MKEY": server.key("management")}
     result = subprocess.run(
         ["bash", "-c", pointed_at(command, server)],
@@ -146,8 +175,12 @@ def test_a_readme_curl_example_runs_and_answers_as_shown(server, readme_cwd, com
     assert answers == [], result.stdout
 
 
-@pytest.mark.parametrize("block", code_blocks("python"), ids=lambda block: block.splitlines()[0][:60])
-def test_a_readme_python_example_runs(server, readme_cwd, block):
+@pytest.mark.parametrize(
+    "name, block",
+    code_blocks("python", documents()),
+    ids=[example_id(name, block) for name, block in code_blocks("python", documents())],
+)
+def test_a_documented_python_example_runs(server, readme_cwd, name, block):
     result = subprocess.run(
         [sys.executable, "-c", pointed_at(block, server)], cwd=readme_cwd, capture_output=True, text=True, timeout=120
     )

@@ -1,6 +1,6 @@
 """deploy/kserve offline: the manifests against the KServe and Kubernetes API models, the profile, the layout.
 
-No cluster is reachable here: nothing in this file applies a manifest (see README, "KServe").
+No cluster is reachable here: nothing in this file applies a manifest (see deploy/kserve/README.md).
 """
 
 import copy

@@ -1,0 +1,130 @@
+"""The documentation's shape: the README stays a front door, the pages it sends readers to exist,
+and every relative link (and #anchor) of README.md, docs/*.md and deploy/kserve/README.md resolves.
+
+The examples inside those files are run by tests/integration/test_readme_examples.py.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[ \t]*$", re.MULTILINE | re.DOTALL)
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def documents() -> list[Path]:
+    return [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "kserve" / "README.md"]
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks and inline code, where links are links."""
+    return re.sub(r"`[^`\n]*`", "", FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text, lower-cased, punctuation but '-' and '_' dropped, spaces to '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading anchors by its text
+    text = re.sub(r"[^\w\- ]", "", text.replace("`", "").strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading's anchor in a markdown file; a repeated heading gets -1, -2, ... as on GitHub."""
+    found: dict[str, int] = {}
+    names = set()
+    for line in FENCE.sub("", path.read_text()).splitlines():
+        heading = re.match(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading:
+            base = slug(heading.group(1))
+            names.add(f"{base}-{found[base]}" if base in found else base)
+            found[base] = found.get(base, 0) + 1
+    return names
+
+
+def links() -> list[tuple[str, str]]:
+    """(document, target) for every relative link of the documents."""
+    found = []
+    for document in documents():
+        for target in LINK.findall(prose(document.read_text())):
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: are not checked
+                found.append((document.relative_to(ROOT).as_posix(), target))
+    return found
+
+
+def test_the_readme_is_a_front_door_of_at_most_300_lines():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move the depth into docs/"
+
+
+def test_the_readme_shows_the_demo_and_the_test_command_first():
+    first_block = re.search(r"^```\w*\n(.*?)^```", README.read_text(), re.MULTILINE | re.DOTALL)
+    assert first_block, "README.md has no code block"
+    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
+    assert [command for command in commands if command][:2] == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+
+
+@pytest.mark.parametrize("page", ["performance.md", "design.md", "operations.md"])
+def test_the_pages_the_readme_sends_readers_to_exist(page):
+    assert (ROOT / "docs" / page).is_file()
+    assert f"(docs/{page}" in README.read_text(), f"README.md does not link docs/{page}"
+
+
+@pytest.mark.parametrize(
+    "page, headings",
+    [
+        (
+            "design.md",
+            [
+                "Shape strategy",
+                "Compile policy",
+                "Cold start and AOT packages",
+                "Packing",
+                "Continuous batching",
+                "Hardware, dtype and threads",
+            ],
+        ),
+        (
+            "operations.md",
+            [
+                "Metrics",
+                "Security",
+                "Reliability",
+                "Managing models",
+                "Planning length buckets",
+                "Tuning",
+                "Troubleshooting",
+            ],
+        ),
+    ],
+)
+def test_the_pages_keep_the_headings_others_link_to(page, headings):
+    text = (ROOT / "docs" / page).read_text()
+    for heading in headings:
+        assert re.search(rf"^## {re.escape(heading)}$", text, re.MULTILINE), f"docs/{page}: ## {heading}"
+
+
+def test_the_link_checker_reads_links_and_anchors_as_github_does():
+    assert slug("Hardware, dtype and threads") == "hardware-dtype-and-threads"
+    assert slug("Shape strategy, and why `dynamic: all`") == "shape-strategy-and-why-dynamic-all"
+    assert slug("batchSize and maxBatchDelay with packing") == "batchsize-and-maxbatchdelay-with-packing"
+    assert slug("Cold start through TorchServe: the AOT package, the packed cache, neither") == (
+        "cold-start-through-torchserve-the-aot-package-the-packed-cache-neither"
+    )
+    text = "[a](x.md#y) `[b](not-a-link.md)` ![c](img/p.png)\n```\n[d](in-a-block.md)\n```\n"
+    assert LINK.findall(prose(text)) == ["x.md#y", "img/p.png"]
+
+
+@pytest.mark.parametrize("document, target", links(), ids=[f"{document} -> {target}" for document, target in links()])
+def test_a_relative_link_resolves(document, target):
+    """The file exists and, for an #anchor into a markdown file, so does the heading.
+
+    docs/configuration.md is generated from the code (see docs/contributing.md): links to it fail
+    here until it has been generated."""
+    path, _, anchor = target.partition("#")
+    resolved = (ROOT / document).parent / path if path else ROOT / document
+    assert resolved.exists(), f"{document}: {target} -> {resolved.relative_to(ROOT)} does not exist"
+    if anchor and resolved.suffix == ".md":
+        assert anchor in anchors(resolved), f"{document}: no heading of {path or document} has the anchor #{anchor}"
