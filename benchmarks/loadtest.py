@@ -2,7 +2,7 @@
 
 Every contender is the same model behind the same TorchServe settings (1 worker, `--batch-size`,
 `--max-batch-delay`), registered in turn on one server (loopback, token auth) with an empty
-inductor cache, then driven by `--clients` concurrent clients for `--duration` seconds. Each
+inductor cache (or `--inductor-cache DIR`), then driven by `--clients` concurrent clients for `--duration` seconds. Each
 client sends the next text of one seeded stream (token lengths lognormal, median 30, sigma 0.8,
 clipped to 5..`--max-length`) as a text/plain body, which every contender accepts.
 
@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import measure  # noqa: E402
 from benchmarks.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
+from handlers.process_settings import INDUCTOR_CACHE_ENV  # noqa: E402
 from scripts import build_mar  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.serve import TorchServe  # noqa: E402
@@ -330,6 +331,9 @@ def parse_args(argv):
     parser.add_argument("--workers", nargs="+", type=int, default=[1], help="workers per contender: each in turn")
     parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, alternating")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 4 clients x 3 s")
+    parser.add_argument(
+        "--inductor-cache", type=Path, help="the server's inductor cache (default: an empty one, as on a fresh host)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "loadtest.json", help="where the JSON goes")
     args = parser.parse_args(argv)
     if not (1 <= args.clients <= MAX_CLIENTS and 0 < args.duration <= MAX_DURATION):
@@ -354,10 +358,9 @@ def main(argv=None) -> dict:
         lengths = traffic_lengths(5000, args.seed, high=args.max_length)
         texts = list(zip(texts_of_lengths(tokenizer, lengths, args.seed), lengths, strict=True))
         probe = [text for text, _ in texts[:8]]
-        # An empty inductor cache: every contender starts cold, as on a fresh host.
-        server = TorchServe.on_free_ports(
-            temp / "server", temp / "store", env={"TORCHINDUCTOR_CACHE_DIR": str(temp / "cache")}
-        )
+        # By default an empty inductor cache: every contender starts cold, as on a fresh host.
+        cache = args.inductor_cache or temp / "cache"
+        server = TorchServe.on_free_ports(temp / "server", temp / "store", env={INDUCTOR_CACHE_ENV: str(cache)})
         server.start()
         try:
             rows = []
