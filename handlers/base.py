@@ -431,8 +431,9 @@ class CompiledHandler(BaseHandler):
     def _warm_up_package(self, reference: aot_package.Reference) -> warmup.WarmupReport:
         """Each length bucket once at batch 1 and the largest batch once, then the package against
         the build's eager answers. A package's first call at a new shape costs what later calls do
-        (only the first calls of all set up the runtime; docs/performance.md, "Cold start"), so the
-        whole grid bought nothing; the build ran it, and the full check, on its own host."""
+        (only the first calls of all set up the runtime; docs/design.md, "Cold start and AOT
+        packages"), so the whole grid bought nothing; the build ran it, and the full check, on its
+        own host."""
         began = time.perf_counter()
         shapes = [(1, seq_len) for seq_len in self.plan.seq_lens] + [(self.plan.max_batch, self.plan.seq_lens[0])]
         for done, (batch, seq_len) in enumerate(shapes, start=1):

@@ -113,7 +113,7 @@ def configure_compiler(dynamic: str, graphs_needed: int) -> None:
     inductor_config.cpp_cache_precompile_headers = False
     # Compiled CPU kernels read the thread count when they run instead of baking it in at compile
     # time, so a worker's share of the cores can change as workers come and go (what that costs
-    # per call: benchmarks/benchmark_threads.py, docs/operations.md "Tuning").
+    # per call: benchmarks/benchmark_threads.py, docs/performance.md "Workers and threads").
     inductor_config.cpp.dynamic_threads = True
     # Size-oblivious sizes: a dynamic dimension of size 1 shares the graph of the other sizes
     # instead of getting its own (dynamo specializes 0 and 1 otherwise), which saves compiling a

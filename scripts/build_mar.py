@@ -79,7 +79,8 @@ STARTUP_MARGIN = 2.0
 STARTUP_FIXED_SECONDS = 30
 STARTUP_FLOOR_SECONDS = 120
 # Without --precompile, compile seconds ~ FIXED + graphs x (PER_GRAPH + PER_LAYER x compiled layers),
-# fitted on MiniLM's whole-model and regional compile times on 2 CPU cores (docs/performance.md, "Cold start").
+# fitted on MiniLM's whole-model and regional compile times on 2 CPU cores (docs/design.md,
+# "Cold start and AOT packages").
 ESTIMATE_FIXED_SECONDS = 15
 ESTIMATE_PER_GRAPH_SECONDS = 2
 ESTIMATE_PER_LAYER_SECONDS = 4
