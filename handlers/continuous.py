@@ -122,7 +122,7 @@ class DecodeLoop:
         """Requests the frontend stopped sending (their clients left): free their slots."""
         for request_id in [rid for rid in self.running if rid not in present]:
             gone = self.running.pop(request_id)
-            self._release([slot for slot, held in enumerate(self.holders) if held and held[1] is gone])
+            self._release_slots_of(gone)
             if not gone.complete:
                 logger.info("A request left before its end (client gone); its slots are free")
 
@@ -148,7 +148,7 @@ class DecodeLoop:
 
     def _end(self, request_id: str) -> None:
         ended = self.running.pop(request_id)
-        self._release([slot for slot, held in enumerate(self.holders) if held and held[1] is ended])
+        self._release_slots_of(ended)
 
     def _chunk(self, running: Running) -> str:
         if not running.streams:
@@ -168,7 +168,7 @@ class DecodeLoop:
 
     def _end_with_error(self, running: Running) -> None:
         """`running` ends with a 500 body (and status, if its first answer has not gone out)."""
-        self._release([slot for slot, held in enumerate(self.holders) if held and held[1] is running])
+        self._release_slots_of(running)
         running.waiting.clear()
         running.refusal = json.dumps(INTERNAL_ERROR)
         running.status = (500, "Internal Server Error")
@@ -208,6 +208,9 @@ class DecodeLoop:
                 self._release([slot])
                 finished = True
         return finished
+
+    def _release_slots_of(self, running: Running) -> None:
+        self._release([slot for slot, held in enumerate(self.holders) if held and held[1] is running])
 
     def _take(self, job: Job, slot: int, token: int) -> None:
         job.continuation.add(token)

@@ -176,11 +176,8 @@ class GenerationHandler(CompiledHandler):
         return GroupDecoder(model, cache, *tensors, self.device)
 
     def checked_outputs(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
-        """A request runs a decode loop, not one pass: warm-up and the checks run its first two steps."""
-        return self.first_two_steps(token_ids, model)
-
-    def first_two_steps(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
-        """Per prompt: the prefill's logits and one greedy decode step's, joined."""
+        """A request runs a decode loop, not one pass: warm-up and the checks run its first two
+        steps. Per prompt: the prefill's logits and one greedy decode step's, joined."""
         model = model or self.model
         if self.continuous:
             return self._first_two_steps_in_slots(token_ids, model)
@@ -196,7 +193,7 @@ class GenerationHandler(CompiledHandler):
         return rows
 
     def _first_two_steps_in_slots(self, token_ids: list[list[int]], model) -> list[torch.Tensor]:
-        """`first_two_steps` through the slot cache: up to `slots` prompts prefilled, then one step over all."""
+        """`checked_outputs` through the slot cache: up to `slots` prompts prefilled, then one step over all."""
         slots = self.plan.max_batch
         cache = self._slot_cache(next(model.eager.parameters()).dtype)
         rows = []
