@@ -38,9 +38,10 @@ from benchmarks import measure  # noqa: E402
 from benchmarks.in_process import ready_handler  # noqa: E402
 from handlers import config as handler_config  # noqa: E402
 from handlers import packing  # noqa: E402
-from handlers.base import DTYPES, run_eager  # noqa: E402
 from handlers.classification import ClassificationHandler  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
+from handlers.hardware import DTYPES  # noqa: E402
+from handlers.model_runner import EagerRunner  # noqa: E402
 from handlers.token_classification import TokenClassificationHandler  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make  # noqa: E402
@@ -77,9 +78,9 @@ def compare(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> dict:
     return {"max_abs_diff": (got - want).abs().max().item(), "min_cosine": cosine.min().item()}
 
 
-def counted_flops(handler, ids, module) -> int:
+def counted_flops(engine, ids, module) -> int:
     with FlopCounterMode(display=False) as counter:
-        handler.infer_rows(ids, run_eager(module))
+        engine.on(EagerRunner(module)).run(ids, one_per_row=True)
     return counter.get_total_flops()
 
 
@@ -88,23 +89,27 @@ def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list
     began = time.perf_counter()
     handler = ready_handler(handler_class, model_dir, **config)
     ready_seconds = time.perf_counter() - began
-    reference = handler.build_model(model_dir).eval().to(handler.device)  # float32, never cast
-    if handler.pack_budget is not None:  # the served module's inputs: packed rows
+    engine = handler.engine
+    reference = handler.build_model(model_dir).eval().to(engine.device)  # float32, never cast
+    if engine.layout.packed:  # the served module's inputs: packed rows
         reference = packing.PackedModel(reference)
-    eager = run_eager(handler.model.eager)
-    served = str(handler.dtype).removeprefix("torch.")
+    eager = engine.on(EagerRunner(engine.model.eager))
+    served = str(engine.dtype).removeprefix("torch.")
     if served not in ceilings:
-        ceilings[served] = measure.matmul_flops_per_second(handler.dtype, handler.device)
+        ceilings[served] = measure.matmul_flops_per_second(engine.dtype, engine.device)
     rows = []
 
     def contenders(ids):
         return {
-            "eager": functools.partial(handler.infer_rows, ids, eager),
-            "compiled": functools.partial(handler.infer_rows, ids),
+            "eager": functools.partial(eager.run, ids, one_per_row=True),
+            "compiled": functools.partial(engine.run, ids, one_per_row=True),
         }
 
+    def rows_of(engine_, ids):
+        return engine_.run(ids, one_per_row=True).rows
+
     for batch, seq_len, ids, timings in measure.time_buckets(handler, contenders, args.warmup, args.iterations):
-        flops = counted_flops(handler, ids, reference)
+        flops = counted_flops(engine, ids, reference)
         rows.append(
             {
                 "model": name,
@@ -117,12 +122,12 @@ def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list
                 "eager": timings["eager"],
                 "compiled": timings["compiled"],
                 "speedup": timings["eager"]["median"] / timings["compiled"]["median"],
-                "vs_eager_float32": compare(handler.infer_rows(ids), handler.infer_rows(ids, run_eager(reference))),
+                "vs_eager_float32": compare(rows_of(engine, ids), rows_of(engine.on(EagerRunner(reference)), ids)),
                 "flops": flops,
                 "compiled_flops_per_second": flops / timings["compiled"]["median"],
                 "fraction_of_matmul_ceiling": flops / timings["compiled"]["median"] / ceilings[served],
                 "ready_seconds": ready_seconds,
-                "recompiles_after_ready": handler.model.recompiles_after_ready,
+                "recompiles_after_ready": engine.model.recompiles_after_ready,
             }
         )
     return rows

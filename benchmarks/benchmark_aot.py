@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import measure  # noqa: E402
 from benchmarks.benchmark import compare  # noqa: E402
 from benchmarks.in_process import make_context, ready_handler  # noqa: E402
-from handlers import aot_package  # noqa: E402
-from handlers.base import run_eager  # noqa: E402
+from handlers import aot_package, aot_start, building  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
+from handlers.model_runner import EagerRunner  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make_embedding  # noqa: E402
 
@@ -51,7 +51,8 @@ def build_package(source: Path, target: Path, config: dict) -> tuple[Path, dict]
     """A copy of `source` with its AOT package, as the build makes it; the build's timings."""
     shutil.copytree(source, target)
     builder = EmbeddingHandler()
-    built = builder.build_package(builder.load_model(make_context(target, {"handler": config})))
+    serving = builder.load_serving(make_context(target, {"handler": config}))
+    built = aot_start.build_package(builder, serving, building.eager_engine(builder, serving))
     package = target / aot_package.PACKAGE_DIR / aot_package.PACKAGE_FILE
     built["package_megabytes"] = round(package.stat().st_size / 1e6, 1)
     return target, built
@@ -75,14 +76,14 @@ def bench(args, scratch: Path) -> dict:
     aot, aot_ready = started(packaged, config)
     compiled, compiled_ready = started(source, config)
     assert aot.model_source == "aot package" and compiled.model_source == "compiled", "a contender fell back"
-    eager = run_eager(aot.model.eager)
+    eager = aot.engine.on(EagerRunner(aot.engine.model.eager))
     rows = []
 
     def contenders(ids):
         return {
-            "eager": functools.partial(aot.infer_rows, ids, eager),
-            "compiled": functools.partial(compiled.infer_rows, ids),
-            "aot": functools.partial(aot.infer_rows, ids),
+            "eager": functools.partial(eager.run, ids, one_per_row=True),
+            "compiled": functools.partial(compiled.engine.run, ids, one_per_row=True),
+            "aot": functools.partial(aot.engine.run, ids, one_per_row=True),
         }
 
     for batch, seq_len, ids, timings in measure.time_buckets(aot, contenders, args.warmup, args.iterations):
@@ -93,16 +94,19 @@ def bench(args, scratch: Path) -> dict:
                 **{f"{name}_ms": timing["median"] * 1000 for name, timing in timings.items()},
                 "aot_vs_compiled": timings["compiled"]["median"] / timings["aot"]["median"],
                 "noisy": any(timing["noisy"] for timing in timings.values()),
-                "aot_vs_eager": compare(aot.infer_rows(ids), aot.infer_rows(ids, eager)),
+                "aot_vs_eager": compare(
+                    aot.engine.run(ids, one_per_row=True).rows, eager.run(ids, one_per_row=True).rows
+                ),
             }
         )
     return {
         "model": args.model,
-        "dtype": str(aot.dtype).removeprefix("torch."),
+        "dtype": str(aot.engine.dtype).removeprefix("torch."),
         "built": built,
         "ready_seconds": {"aot": aot_ready, "compiled": compiled_ready},
         "rows": rows,
-        "recompiles_after_ready": aot.model.recompiles_after_ready + compiled.model.recompiles_after_ready,
+        "recompiles_after_ready": aot.engine.model.recompiles_after_ready
+        + compiled.engine.model.recompiles_after_ready,
     }
 
 

@@ -41,7 +41,7 @@ def timed(run, repeats: int) -> float:
 
 
 def eager_generate(handler: GenerationHandler, batch: int, new_tokens: int, repeats: int) -> float:
-    lm = handler.model.eager.lm
+    lm = handler.engine.model.eager.lm
     inputs = handler.tokenizer([PROMPT] * batch, return_tensors="pt", padding=True)
 
     def run():
@@ -57,7 +57,7 @@ def compiled_decode(handler: GenerationHandler, batch: int, new_tokens: int, rep
 
     def run():
         start_batch(handler.context, ["application/json"] * batch)
-        answers = handler.handle(bodies, handler.context)
+        answers = [json.loads(answer) for answer in handler.handle(bodies, handler.context)]
         assert all(answer["generated_tokens"] == new_tokens for answer in answers), "eos cut a row short"
 
     return timed(run, repeats)
@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
                     "speedup": round(eager / ours, 2),
                 }
             )
-        recompiles = handler.model.recompiles_after_ready
+        recompiles = handler.engine.model.recompiles_after_ready
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",

@@ -32,14 +32,16 @@ from scripts.cli import HelpFormatter  # noqa: E402
 from scripts.make_tiny_models import make  # noqa: E402
 
 
-def baked_twin(handler) -> CompiledModel:
-    """The handler's model compiled again with the thread count baked in, warmed over its grid."""
-    twin = CompiledModel(copy.deepcopy(handler.model.eager), handler.model.options, handler.graphs_needed())
-    twin.compile()  # lazy: kernels are built by the calls below, with the setting patched over it
+def baked_twin(handler):
+    """The handler's engine over its model compiled again with the thread count baked in, warmed over its grid."""
+    engine = handler.engine
+    model = CompiledModel(copy.deepcopy(engine.model.eager), engine.model.options, engine.model.graphs_needed)
+    twin = engine.on(model)
+    model.compile()  # lazy: kernels are built by the calls below, with the setting patched over it
     with process_settings.thread_count_baked_in():
-        for seq_len in handler.plan.seq_lens:
-            for batch in handler.plan.batch_sizes:
-                handler.infer_rows(handler._filler(seq_len, batch), twin)
+        for seq_len in engine.plan.seq_lens:
+            for batch in engine.plan.batch_sizes:
+                twin.run(handler.serving.probes.filler(seq_len, batch), one_per_row=True)
     return twin
 
 
@@ -48,14 +50,15 @@ def bench(model_dir: Path, dtype: str, threads: int, grid: dict, warmup: int, it
     assert process_settings.kernels_follow_thread_count(), "workers compile with dynamic threads"
     baked = baked_twin(handler)
     rows = []
-    for seq_len in handler.plan.seq_lens:
-        for batch in handler.plan.batch_sizes:
-            ids = handler._filler(seq_len, batch)
+    engine = handler.engine
+    for seq_len in engine.plan.seq_lens:
+        for batch in engine.plan.batch_sizes:
+            ids = handler.serving.probes.filler(seq_len, batch)
             calls = {
-                "baked": functools.partial(handler.infer_rows, ids, baked),
-                "dynamic": functools.partial(handler.infer_rows, ids),
+                "baked": functools.partial(baked.run, ids, one_per_row=True),
+                "dynamic": functools.partial(engine.run, ids, one_per_row=True),
             }
-            samples = measure.time_interleaved(calls, warmup, iterations, handler.device)
+            samples = measure.time_interleaved(calls, warmup, iterations, engine.device)
             timings = {name: measure.summarize(values) for name, values in samples.items()}
             ratio = timings["baked"]["median"] / timings["dynamic"]["median"]
             rows.append(

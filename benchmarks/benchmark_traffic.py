@@ -27,8 +27,8 @@ from benchmarks import measure  # noqa: E402
 from benchmarks.in_process import make_context  # noqa: E402
 from benchmarks.traffic import traffic_lengths  # noqa: E402
 from handlers import buckets, warmup  # noqa: E402
-from handlers.base import DTYPES, HARDWARE  # noqa: E402
 from handlers.embedding import EmbeddingHandler  # noqa: E402
+from handlers.hardware import DTYPES, detect  # noqa: E402
 
 
 def batches(items: list, size: int) -> list[list]:
@@ -37,13 +37,13 @@ def batches(items: list, size: int) -> list[list]:
 
 def eager_pad_to_longest(handler: EmbeddingHandler, dtype: torch.dtype, traffic: list[list[list[int]]]) -> dict:
     """The simple hand-written handler: each batch padded to its longest request, eager."""
-    module = handler.model.eager.to(dtype)
+    module = handler.engine.model.eager.to(dtype)
     padded = 0
     began = time.perf_counter()
     with torch.inference_mode():
         for batch in traffic:
             group = buckets.Group(tuple(range(len(batch))), len(batch), max(len(ids) for ids in batch))
-            module(**buckets.pad_group(batch, group, handler.pad_id))
+            module(**buckets.pad_group(batch, group, handler.engine.pad_id))
             padded += group.batch_size * group.seq_len
     return {"seconds": time.perf_counter() - began, "padded_tokens": padded}
 
@@ -55,10 +55,9 @@ def ours(handler: EmbeddingHandler, traffic: list[list[list[int]]]) -> dict:
     began = time.perf_counter()
     for batch in traffic:
         started = time.perf_counter()
-        prepared = handler.prepare(batch)
-        handler.run_prepared(batch, prepared)
+        calls = handler.engine.run(batch).calls
         seconds = time.perf_counter() - started
-        per_batch.append((seconds, len(prepared), buckets.padded_tokens([item.group for item in prepared])))
+        per_batch.append((seconds, len(calls), buckets.padded_tokens([call.group for call in calls])))
     total = time.perf_counter() - began
     return {"seconds": total, "padded_tokens": sum(tokens for _, _, tokens in per_batch), **batch_costs(per_batch)}
 
@@ -103,7 +102,7 @@ def main(argv=None) -> dict:
     model_dir = Path(get_model_path())
     lengths = traffic_lengths(args.requests, args.seed)
     rows = []
-    for dtype in ("float32", "auto") if HARDWARE.auto_dtype != torch.float32 else ("float32",):
+    for dtype in ("float32", "auto") if detect().auto_dtype != torch.float32 else ("float32",):
         grouped = ready_handler(model_dir, dtype, "off")
         ids = [
             warmup.filler_ids(length, 1, len(grouped.tokenizer), grouped._special_ids(), seed=i)[0]
@@ -120,10 +119,10 @@ def main(argv=None) -> dict:
             {
                 "contender": "eager pad-to-longest",
                 "dtype": served,
-                **eager_pad_to_longest(grouped, handler.dtype, traffic),
+                **eager_pad_to_longest(grouped, handler.engine.dtype, traffic),
             }
         )
-        if dtype == "auto" and handler.dtype != torch.float32:
+        if dtype == "auto" and handler.engine.dtype != torch.float32:
             rows.append(
                 {
                     "contender": "eager pad-to-longest",

@@ -5,11 +5,17 @@ ours (build it with `compile.enable: false` and `buckets.pack_tokens: off`), but
 and no packing: one eager forward pass per TorchServe batch, padded to the batch's longest text.
 """
 
-from handlers import buckets
+from handlers import buckets, layout
 from handlers.embedding import EmbeddingHandler
 
 
 class PadToLongestHandler(EmbeddingHandler):
-    def prepare(self, token_ids: list[list[int]], one_per_row: bool = False) -> list[buckets.Prepared]:
-        group = buckets.Group(tuple(range(len(token_ids))), len(token_ids), max(len(ids) for ids in token_ids))
-        return [buckets.Prepared(group, buckets.pad_group(token_ids, group, self.pad_id))]
+    class PadToLongest(layout.Layout):  # nested: a handler file defines exactly one class
+        """One call per batch, each text a row padded to the batch's longest."""
+
+        def calls(self, lengths: list[int], plan: buckets.BucketPlan, one_per_row: bool = False) -> list:
+            texts = tuple(range(len(lengths)))
+            return [layout.Call(buckets.Group(texts, len(lengths), max(lengths)), tuple((text,) for text in texts))]
+
+    def engine(self, model, serving, dtype, layout):
+        return super().engine(model, serving, dtype, self.PadToLongest())

@@ -78,10 +78,10 @@ def time_interleaved(
 def time_buckets(handler, contenders: Callable[[list[list[int]]], dict], warmup: int, iterations: int):
     """(batch, seq_len, token ids, timings per contender) for every bucket of the handler's grid:
     `contenders(ids)` names the calls, timed in turns (`time_interleaved`) and summarized."""
-    plan = handler.plan
+    plan, filler = handler.engine.plan, handler.serving.probes.filler
     for batch, seq_len in [(b, s) for s in plan.seq_lens for b in plan.batch_sizes]:
-        ids = handler._filler(seq_len, batch)
-        samples = time_interleaved(contenders(ids), warmup, iterations, handler.device)
+        ids = filler(seq_len, batch)
+        samples = time_interleaved(contenders(ids), warmup, iterations, handler.engine.device)
         yield batch, seq_len, ids, {name: summarize(values) for name, values in samples.items()}
 
 

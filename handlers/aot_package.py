@@ -26,6 +26,8 @@ import torch.utils._pytree as pytree
 from torch.export._tree_utils import reorder_kwargs
 
 from handlers import buckets, compile_cache
+from handlers.layout import Layout
+from handlers.model_runner import NOT_SERVED, ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ PACKAGE_DIR = "aot_package"
 PACKAGE_FILE = "model.pt2"
 CONSTANTS_FILE = "constants.safetensors"
 REFERENCE_FILE = "reference.safetensors"
-FORMAT = "aot-3"  # 3: the module's inputs follow the recorded Layout (packed rows or length groups)
+FORMAT = "aot-4"  # 4: packed rows are pooled inside the package (handlers/packing.py)
 # Tasks whose module is one forward pass over padded or packed rows. Generation keeps the
 # packed compile cache: its decode step and KV cache are not exported.
 TASKS = ("embedding", "text-classification", "token-classification")
@@ -68,16 +70,6 @@ def inductor_options(options) -> dict:
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """How the exported module's inputs are laid out: packed rows of at most `pack_budget` tokens
-    with positions from `first_position`, or (None) padded length groups. The build decides it
-    (packing must pass its check on the eager model); a worker adopts it from the package."""
-
-    pack_budget: int | None = None
-    first_position: int = 0
-
-
 def _example_inputs(plan: buckets.BucketPlan, device: torch.device, layout: Layout) -> tuple[dict, dict]:
     """Inputs to trace with, and which of their dimensions are dynamic with what bounds.
 
@@ -87,7 +79,7 @@ def _example_inputs(plan: buckets.BucketPlan, device: torch.device, layout: Layo
 
     (_, max_batch), (min_seq, max_seq) = bounds(plan)
     batch = min(2, max_batch)
-    seq_len = min(max(min_seq, 3), max_seq)
+    seq_len = min(max(min_seq, 10), max_seq)  # packed rows: several text slots (packing.text_slots)
     dims = {}
     if max_batch > 1:
         dims[0] = Dim("batch", min=1, max=max_batch)
@@ -134,7 +126,7 @@ class Reference:
 class Package:
     """A loaded package: its runner, the tensors it reads (kept alive here), eager's answers."""
 
-    runner: "Runner"
+    runner: "NativePackage"
     constants: dict[str, torch.Tensor]
     reference: Reference
     layout: Layout
@@ -209,7 +201,7 @@ def load_weights(model_dir: Path, sources: dict, packed: Path, dtype: torch.dtyp
     return loaded | extra
 
 
-class Runner:
+class NativePackage:
     """The package's native code, called with the model's keyword inputs. torch's own wrapper
     (`torch._inductor.package.load_package`) imports the compiler, dynamo included, a second of a
     worker's start for a package that compiles nothing, and parses the call spec at every call;
@@ -291,64 +283,55 @@ def build(
 def load(packed: Path, valid_for: dict, model_dir: Path, device: torch.device) -> Package:
     """The package's runner with its weights bound, and the build's reference answers; PackageError
     saying why not."""
+    description = compile_cache.checked_manifest(packed, valid_for, PackageError)
     try:
-        description = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())
-        files, sources, found = description["files"], description["weights"], description["valid_for"]
-        layout = Layout(**description.get("layout", {}))  # an older format has none: refused just below
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise PackageError(f"unreadable manifest ({type(error).__name__}: {error})") from None
-    mismatched = compile_cache.differences(valid_for, found)
-    if mismatched:
-        raise PackageError("built for another setup; " + "; ".join(mismatched))
+        files, sources = description["files"], description["weights"]
+        layout = Layout(**description["layout"])
+    except (KeyError, TypeError) as cause:
+        raise PackageError(f"unreadable manifest ({type(cause).__name__}: {cause})") from cause
     for name in (PACKAGE_FILE, CONSTANTS_FILE, REFERENCE_FILE):
-        path = packed / name
-        if name not in files or not path.is_file() or compile_cache.file_digest(path) != files[name]["sha256"]:
-            raise PackageError(f"{name} is missing, truncated or corrupt (sha256 mismatch)")
+        compile_cache.check_digest(packed / name, (files.get(name) or {}).get("sha256"), PackageError)
     try:
         dtype = getattr(torch, valid_for["dtype"])
         constants = load_weights(model_dir, sources, packed, dtype, device)
-        runner = Runner(packed / PACKAGE_FILE, device)
+        runner = NativePackage(packed / PACKAGE_FILE, device)
         runner.bind(constants)
         reference = Reference.load(packed / REFERENCE_FILE)
-    except Exception as error:  # safetensors, the runtime and torch raise many kinds: all mean "does not load"
-        raise PackageError(f"the package does not load ({type(error).__name__}: {error})") from None
+    except Exception as cause:  # safetensors, the runtime and torch raise many kinds: all mean "does not load"
+        raise PackageError(f"the package does not load ({type(cause).__name__}: {cause})") from cause
     return Package(runner, constants, reference, layout)
 
 
-class AotModel:
-    """A loaded package behind the interface of `CompiledModel`. Shapes outside the package's bounds
-    (the AOT runtime does not check them) are answered by the eager model, loaded on first need and
-    counted after ready; the package then reads the eager model's weights, so there is one copy."""
+class AotModel(ModelRunner):
+    """A loaded package behind the model interface. Shapes outside the package's bounds (the AOT
+    runtime does not check them) are answered by the eager model, loaded on first need and counted
+    after ready; the package then reads the eager model's weights, so there is one copy."""
 
-    guards_thread_count = False  # no dynamo: kernels read the thread count when they run
+    outside = "a shape outside the AOT package's bounds reached it"
 
     def __init__(self, package: Package, load_eager: Callable[[], torch.nn.Module], plan: buckets.BucketPlan):
+        super().__init__(None)
         self.runner = package.runner
         self.constants = package.constants
         self.load_eager = load_eager
-        self.loaded_eager = None
         self.bounds = bounds(plan)
-        self.ready = False
-        self.recompiles_after_ready = 0
+
+    @property
+    def eager_loaded(self) -> bool:
+        return self._eager is not None
 
     @property
     def eager(self) -> torch.nn.Module:
-        if self.loaded_eager is None:
-            self.loaded_eager = self.load_eager()
+        if self._eager is None:
+            self._eager = self.load_eager()
             if self.runner is not None:
-                self.runner.bind(weights(self.loaded_eager))
+                self.runner.bind(weights(self._eager))
                 self.constants = None
-        return self.loaded_eager
+        return self._eager
 
     @property
     def is_compiled(self) -> bool:
         return self.runner is not None
-
-    def compile(self) -> None:
-        """Nothing to compile: the package is."""
-
-    def mark_ready(self) -> None:
-        self.ready = True
 
     def fall_back_to_eager(self, reason: str) -> None:
         logger.error("Serving the model EAGERLY (AOT package dropped): %s", reason)
@@ -359,16 +342,5 @@ class AotModel:
         (min_batch, max_batch), (min_seq, max_seq) = self.bounds
         return len(shape) == 2 and min_batch <= shape[0] <= max_batch and min_seq <= shape[1] <= max_seq
 
-    def __call__(self, inputs: dict) -> torch.Tensor:
-        if self.runner is not None and self.fits(inputs):
-            return self.runner(**inputs)
-        if self.runner is not None and self.ready:
-            self.recompiles_after_ready += 1
-            if self.recompiles_after_ready == 1:
-                logger.warning(
-                    "A shape outside the AOT package's bounds %s after ready %s; answered eagerly and counted "
-                    "in RecompilesAfterReady (logged once)",
-                    self.bounds,
-                    tuple(inputs["input_ids"].shape),
-                )
-        return self.eager(**inputs)
+    def _fast(self, inputs: dict) -> torch.Tensor | object:
+        return self.runner(**inputs) if self.fits(inputs) else NOT_SERVED

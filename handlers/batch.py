@@ -12,6 +12,7 @@ only, never with their message.
 
 import contextlib
 import dataclasses
+import json
 import logging
 import traceback
 from typing import Any, Callable
@@ -19,7 +20,8 @@ from typing import Any, Callable
 from tokenizers import Encoding
 
 from handlers.metrics import count
-from handlers.payload import Payload, RequestError
+from handlers.payload import RequestError
+from handlers.protocols import Protocol, Request
 
 logger = logging.getLogger(__name__)
 
@@ -28,11 +30,13 @@ INTERNAL_ERROR = {"error": "internal error while handling this request; the serv
 
 @dataclasses.dataclass(frozen=True)
 class Accepted:
-    """A request that passed its checks: its position in the batch, body and tokenized texts."""
+    """A request that passed its checks: its position in the batch, the decoded request, and its
+    texts tokenized (encodings for offsets and special tokens, ids for the model)."""
 
     index: int
-    body: Payload
+    request: Request
     encodings: list[Encoding]
+    token_ids: list[list[int]]
 
 
 @dataclasses.dataclass
@@ -42,9 +46,9 @@ class Batch:
     context: Any
     answers: list[Any]  # by position in the batch: an error body, or the answer postprocess made
     accepted: list[Accepted] = dataclasses.field(default_factory=list)
-    prepared: Any = None  # what preprocess made of all accepted texts (padded bucket groups); used once
     outputs: dict[int, Any] = dataclasses.field(default_factory=dict)  # by position: what inference made
     failed: set[int] = dataclasses.field(default_factory=set)
+    protocols: dict[int, Protocol] = dataclasses.field(default_factory=dict)  # by position: whose error shape
 
     @classmethod
     def of(cls, size: int, context) -> "Batch":
@@ -62,8 +66,12 @@ class Batch:
 
     def refuse(self, index: int, error: RequestError) -> None:
         self.context.set_response_status(error.code, error.phrase, index)
-        self.answers[index] = error.body()
+        self.answers[index] = self._error_body(index, error)
         self.failed.add(index)
+
+    def _error_body(self, index: int, error: RequestError) -> Any:
+        protocol = self.protocols.get(index)
+        return protocol.error(error) if protocol is not None else error.body()
 
     def fail(self, index: int, stage: str, error: BaseException) -> None:
         """Request `index` gets a 500; the cause goes to the log without the request's text."""
@@ -72,16 +80,25 @@ class Batch:
         logger.error("Request %d of the batch failed in %s: %s", index, stage, describe(error))
         count(self.context, "RequestFailures", stage, 1)
         self.context.set_response_status(500, "Internal Server Error", index)
-        self.answers[index] = dict(INTERNAL_ERROR)
+        self.answers[index] = self._error_body(index, RequestError(500, INTERNAL_ERROR["error"]))
         self.failed.add(index)
+
+    def as_json(self, answers: list) -> list:
+        """Each answer as JSON text, encoded once here (TorchServe would encode it again, indented);
+        text and bytes go as they are. An answer JSON cannot carry (NaN) is its request's 500."""
+        sent = []
+        for index, answer in enumerate(answers):
+            if not isinstance(answer, (str, bytes, bytearray)):
+                with self.guard(index, "postprocess"):
+                    answer = json.dumps(answer, allow_nan=False)
+                if not isinstance(answer, str):  # the guard refused it: its error body instead
+                    answer = json.dumps(self.answers[index])
+                self.context.set_response_content_type(index, "application/json")
+            sent.append(answer)
+        return sent
 
     def live(self, requests: list[Accepted]) -> list[Accepted]:
         return [request for request in requests if request.index not in self.failed]
-
-    def take_prepared(self) -> Any:
-        """What preprocess prepared, the first time only: a retry on part of the batch prepares anew."""
-        prepared, self.prepared = self.prepared, None
-        return prepared
 
 
 def split_until_isolated(batch: Batch, requests: list[Accepted], run: Callable[[list[Accepted]], None]) -> None:

@@ -1,13 +1,12 @@
 """Text classification with the answers of transformers' `pipeline("text-classification")`."""
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from handlers.base import CompiledHandler
+from handlers.batch import Accepted
 from handlers.labels import SCORE_FUNCTIONS, SequenceLogits, optional_top_k, score_function, top_labels
-from handlers.payload import Payload
 
 
 class ClassificationHandler(CompiledHandler):
@@ -27,9 +26,6 @@ class ClassificationHandler(CompiledHandler):
         )
         return SequenceLogits(model)
 
-    def from_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        return tokens[0]  # the head's answer at the text's first token
-
-    def encode(self, rows: list[torch.Tensor], body: Payload, encodings: list) -> Any:
-        top_k = body.params.get("top_k", 1)
-        return body.shape_like_inputs([top_labels(self.scores(row), self.id2label, top_k) for row in rows])
+    def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
+        top_k = accepted.request.params.get("top_k", 1)
+        return [top_labels(self.scores(row), self.id2label, top_k) for row in rows]

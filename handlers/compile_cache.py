@@ -139,20 +139,35 @@ def pack(cache_dir: Path, valid_for: dict, target: Path, built: dict) -> Path:
     return target
 
 
-def read_packed(packed: Path, valid_for: dict) -> Path:
-    """The packed tarball if it is whole and valid for this worker; else PackedCacheError saying why."""
+def checked_manifest(folder: Path, valid_for: dict, error: type[Exception]) -> dict:
+    """The folder's manifest if it is readable and valid for this worker; else `error` saying why
+    (the packed cache's and the AOT package's manifests alike)."""
     try:
-        description = json.loads((packed / MANIFEST_FILE).read_text())
-        tarball = packed / description["tarball"]["file"]
-        expected_digest = description["tarball"]["sha256"]
+        description = json.loads((folder / MANIFEST_FILE).read_text())
         found = description["valid_for"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise PackedCacheError(f"unreadable manifest ({type(error).__name__}: {error})") from None
+    except (OSError, ValueError, KeyError, TypeError) as cause:
+        raise error(f"unreadable manifest ({type(cause).__name__}: {cause})") from cause
     mismatched = differences(valid_for, found)
     if mismatched:
-        raise PackedCacheError("built for another setup; " + "; ".join(mismatched))
-    if not tarball.is_file() or file_digest(tarball) != expected_digest:
-        raise PackedCacheError(f"{tarball.name} is missing, truncated or corrupt (sha256 mismatch)")
+        raise error("built for another setup; " + "; ".join(mismatched))
+    return description
+
+
+def check_digest(path: Path, expected: str | None, error: type[Exception]) -> None:
+    """`error` unless `path` is a file whose sha256 is `expected`."""
+    if not path.is_file() or file_digest(path) != expected:
+        raise error(f"{path.name} is missing, truncated or corrupt (sha256 mismatch)")
+
+
+def read_packed(packed: Path, valid_for: dict) -> Path:
+    """The packed tarball if it is whole and valid for this worker; else PackedCacheError saying why."""
+    description = checked_manifest(packed, valid_for, PackedCacheError)
+    try:
+        tarball = packed / Path(description["tarball"]["file"]).name
+        expected = description["tarball"]["sha256"]
+    except (KeyError, TypeError) as cause:
+        raise PackedCacheError(f"unreadable manifest ({type(cause).__name__}: {cause})") from cause
+    check_digest(tarball, expected, PackedCacheError)
     return tarball
 
 

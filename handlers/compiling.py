@@ -21,6 +21,7 @@ import torch
 
 from handlers import buckets, process_settings
 from handlers.config import CompileConfig
+from handlers.model_runner import NOT_SERVED, ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -89,18 +90,17 @@ def compiled_graph_count() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-class CompiledModel:
-    """The eager module, its compiled form, and the switch between them."""
+class CompiledModel(ModelRunner):
+    """The eager module and its torch.compile form; after ready, calls run under `fail_on_recompile`."""
 
     guards_thread_count = True  # dynamo's global-state guard covers torch.get_num_threads()
+    outside = "a shape outside the warm-up grid reached the compiled model"
 
     def __init__(self, model: torch.nn.Module, options: CompileConfig, graphs_needed: int):
         """Nothing is compiled until `compile()`, so its failure follows the on_failure policy."""
-        self.eager = model
+        super().__init__(model)
         self.options = options
         self.compiled = None
-        self.ready = False
-        self.recompiles_after_ready = 0
         self.graphs_needed = graphs_needed
         self.graphs_per_state = graphs_needed
 
@@ -118,30 +118,26 @@ class CompiledModel:
             "dynamic": False,
         }
         if not self.options.regional:
-            self.compiled = torch.compile(self.eager, **options)
+            self.compiled = torch.compile(self._eager, **options)
             return
-        blocks = repeated_blocks(self.eager)
+        blocks = repeated_blocks(self._eager)
         if blocks is None:
-            raise RuntimeError(f"compile.regional: {type(self.eager).__name__} has no repeated blocks to compile")
+            raise RuntimeError(f"compile.regional: {type(self._eager).__name__} has no repeated blocks to compile")
         logger.info("Regional compile: %d x %s", len(blocks), type(blocks[0]).__name__)
         for index, block in enumerate(blocks):
             block.compile(**options)
             if self.options.dynamic != "none":
                 blocks[index] = DynamicBlock(block, self.options.dynamic)
-        self.compiled = self.eager
-        self.eager = ForceEager(self.eager)
+        self.compiled = self._eager
+        self._eager = ForceEager(self._eager)
 
     @property
     def is_compiled(self) -> bool:
         return self.compiled is not None
 
     def fall_back_to_eager(self, reason: str) -> None:
-        """Serve eagerly from now on; the caller has already logged why."""
         logger.error("Serving the model EAGERLY (compilation off): %s", reason)
         self.compiled = None
-
-    def mark_ready(self) -> None:
-        self.ready = True
 
     def retrace(self, run_grid: Callable[[], object]) -> None:
         """Let `run_grid` compile the grid again under a new process state (dynamo's guards cover
@@ -154,9 +150,7 @@ class CompiledModel:
         finally:
             self.ready = True
 
-    def __call__(self, inputs: dict) -> torch.Tensor:
-        if self.compiled is None:
-            return self.eager(**inputs)
+    def _fast(self, inputs: dict) -> torch.Tensor | object:
         for value in inputs.values():  # the plan's varying dimensions, so one graph serves the grid
             if isinstance(value, torch.Tensor):
                 buckets.mark_dynamic_dims(value, self.options.dynamic)
@@ -168,12 +162,4 @@ class CompiledModel:
         except RuntimeError as error:
             if RECOMPILE_MESSAGE not in str(error):
                 raise
-        self.recompiles_after_ready += 1
-        if self.recompiles_after_ready == 1:
-            shapes = {name: tuple(value.shape) for name, value in inputs.items() if isinstance(value, torch.Tensor)}
-            logger.warning(
-                "A shape outside the warm-up grid reached the compiled model after ready %s; "
-                "answered eagerly and counted in RecompilesAfterReady (logged once)",
-                shapes,
-            )
-        return self.eager(**inputs)
+        return NOT_SERVED

@@ -63,7 +63,7 @@ class Continuation:
 class Job:
     """One prompt of one request (a batch.Accepted), and what it has generated so far."""
 
-    request: Any
+    accepted: Any
     position: int  # which text of the request
     ids: list[int]
     continuation: Continuation
@@ -71,4 +71,12 @@ class Job:
 
     @property
     def streams(self) -> bool:
-        return self.request.body.params.get("stream", False)
+        return self.accepted.request.params.get("stream", False)
+
+    def result(self) -> dict[str, Any]:
+        """The prompt's answer once it is finished."""
+        return {
+            "generated_text": self.continuation.text,
+            "finish_reason": self.continuation.finish_reason,
+            "generated_tokens": len(self.continuation.ids),
+        }

@@ -19,16 +19,30 @@ What TorchServe's frontend does with the answers (its ContinuousBatching and Res
   a stream short, so a refusal is one plain answer without the header;
 - a request whose client went away is dropped silently: it stops coming, and its slots are freed on
   the next call. A request past `generation.max_request_seconds` ends with finish_reason "time".
+
+A request's life is a `Phase`, moved only by `DecodeLoop._move`:
+
+    RUNNING --every prompt done, or an error after its first answer--> FINISHED
+    RUNNING --an error before its first answer----------------------> REFUSED
+    FINISHED --last body sent as a later answer ("false")----------------------> ENDED
+    FINISHED --last body sent as its first answer ("true")--> CLOSING --""--> ENDED
+    REFUSED --one plain error answer (status, no header)----> CLOSING --""--> ENDED
+    any phase --its client left (the frontend stopped sending it)--> ENDED
+
+What the loop needs of the handler is the `LoopTask` contract below; of the engine, `prefill`
+and `decode` (handlers/decoder_engine.py).
 """
 
 import dataclasses
+import enum
 import json
 import logging
 import time
+from typing import Protocol
 
 import torch
 
-from handlers.batch import INTERNAL_ERROR, Accepted, describe
+from handlers.batch import INTERNAL_ERROR, describe
 from handlers.continuation import Job
 from handlers.payload import RequestError
 
@@ -37,35 +51,66 @@ logger = logging.getLogger(__name__)
 LOST = {"error": "this request's state was lost (the worker restarted); send it again", "code": 500}
 
 
+class LoopTask(Protocol):
+    """What the loop needs of the handler: new requests as prompts, and answers as sent."""
+
+    def jobs_of(self, request: dict, index: int) -> list[Job]:
+        """Decode, check and tokenize request `index` of the call; RequestError for a refusal."""
+
+    def error_body(self, index: int, error: RequestError) -> str: ...
+
+    def chunk_text(self, jobs: list[Job]) -> str:
+        """New streamed text of a running request ("" when it does not stream)."""
+
+    def final_text(self, jobs: list[Job]) -> str: ...
+
+
+class Phase(enum.Enum):
+    RUNNING = "running"  # prompts decoding or waiting for a slot; answers are streamed chunks (or "")
+    FINISHED = "finished"  # done, or ended by an error: its next answer is its last body
+    REFUSED = "refused"  # an error before its first answer: one plain answer with the status
+    CLOSING = "closing"  # its last body went out with its first answer: an empty answer ends it
+    ENDED = "ended"  # gone from the loop
+
+
+MOVES = {
+    Phase.RUNNING: {Phase.FINISHED, Phase.REFUSED, Phase.ENDED},
+    Phase.FINISHED: {Phase.CLOSING, Phase.ENDED},
+    Phase.REFUSED: {Phase.CLOSING, Phase.ENDED},
+    Phase.CLOSING: {Phase.ENDED},
+    Phase.ENDED: set(),
+}
+
+
 @dataclasses.dataclass
 class Running:
-    """One request in the loop: its prompts (`jobs`), those still waiting for a slot, and whether its
-    first answer went out. `refusal` is the whole answer of a request that never ran."""
+    """One request in the loop: its prompts (`jobs`), those still waiting for a slot, its phase,
+    and whether its first answer went out. `error`: the body of a request ended by an error."""
 
     jobs: list[Job]
     waiting: list[Job]
     deadline: float
-    streams: bool = False
-    refusal: str | None = None
-    status: tuple[int, str] | None = None  # a refusal's, set with its answer
+    phase: Phase = Phase.RUNNING
     opened: bool = False
-    closing: bool = False
+    error: str | None = None
+    status: tuple[int, str] | None = None  # a refusal's, sent with its answer
 
     @property
-    def complete(self) -> bool:
-        return self.refusal is not None or all(job.continuation.finished for job in self.jobs)
+    def done(self) -> bool:
+        return all(job.continuation.finished for job in self.jobs)
 
 
 class DecodeLoop:
     """The slots, the requests holding them, and one `call` per TorchServe handle call."""
 
-    def __init__(self, handler, slots: int, steps_per_call: int, max_seconds: float):
-        self.handler = handler
+    def __init__(self, engine, task: LoopTask, slots: int, steps_per_call: int, max_seconds: float):
+        self.engine = engine
+        self.task = task
         self.steps_per_call = steps_per_call
         self.max_seconds = max_seconds
         self.running: dict[str, Running] = {}
         self.holders: list[tuple[Job, Running] | None] = [None] * slots  # which prompt holds each slot
-        self.tokens = torch.full((slots,), handler.pad_id, dtype=torch.long)  # each slot's next input
+        self.tokens = torch.full((slots,), engine.pad_id, dtype=torch.long)  # each slot's next input
         self.positions = torch.zeros(slots, dtype=torch.long)  # where each slot writes it
 
     @property
@@ -90,7 +135,9 @@ class DecodeLoop:
                     break  # nothing to run, or a prompt finished: answer it now, and let a new one in
         except Exception as error:  # a defect in the model call: every running request ends with it
             logger.error("The decode loop failed; ending its %d requests: %s", len(self.running), describe(error))
-            self._fail_all()
+            for running in self.running.values():
+                if running.phase is Phase.RUNNING and not running.done:
+                    self._end_with_error(running, RequestError(500, INTERNAL_ERROR["error"]))
         answers, last = [], []
         for index, request_id in enumerate(ids):
             answer, done = self._answer(request_id, index, context)
@@ -100,78 +147,76 @@ class DecodeLoop:
         return answers
 
     # -- requests in and out ---------------------------------------------------------------
+    def _move(self, running: Running, phase: Phase) -> None:
+        """The one place a request changes phase (see the module docstring)."""
+        if phase not in MOVES[running.phase]:
+            raise RuntimeError(f"a request cannot go from {running.phase.value} to {phase.value}")
+        running.phase = phase
+        if phase in (Phase.FINISHED, Phase.REFUSED, Phase.ENDED):
+            self._release_slots_of(running)
+            running.waiting.clear()
+
     def _arrive(self, request: dict, index: int, context) -> Running:
         deadline = time.monotonic() + self.max_seconds
         if not request and not context.request_processor[index].get_request_properties():
             # resent without its headers and parameters (TorchServe holds them), but unknown here
-            return Running([], [], deadline, refusal=json.dumps(LOST), opened=True)
+            return Running([], [], deadline, Phase.FINISHED, opened=True, error=json.dumps(LOST))
         try:
-            body = self.handler.parse_request(request, index)
-            accepted = Accepted(index, body, self.handler.tokenize(body.texts))
-            jobs = [self.handler._job(accepted, n, encoding.ids) for n, encoding in enumerate(accepted.encodings)]
+            jobs = self.task.jobs_of(request, index)
         except RequestError as error:
-            return Running([], [], deadline, refusal=json.dumps(error.body()), status=(error.code, error.phrase))
+            return self._refused(deadline, index, error)
         except Exception as error:  # anything else a body can provoke is this request's 500 alone
             logger.error("Request %d of the call failed in preprocess: %s", index, describe(error))
-            return Running([], [], deadline, refusal=json.dumps(INTERNAL_ERROR), status=(500, "Internal Server Error"))
-        streams = body.params.get("stream", False)
-        context.set_response_content_type(index, "application/jsonl" if streams else "application/json")
-        return Running(jobs, list(jobs), deadline, streams)
+            return self._refused(deadline, index, RequestError(500, INTERNAL_ERROR["error"]))
+        return Running(jobs, list(jobs), deadline)
+
+    def _refused(self, deadline: float, index: int, error: RequestError) -> Running:
+        running = Running([], [], deadline, Phase.REFUSED, error=self.task.error_body(index, error))
+        running.status = (error.code, error.phrase)
+        return running
+
+    def _end_with_error(self, running: Running, error: RequestError) -> None:
+        """`running` ends with the error's body, in its protocol's shape: a plain refusal before its
+        first answer, its last body after."""
+        request = running.jobs[0].accepted.request
+        running.error = json.dumps(request.protocol.error(error))
+        running.status = (error.code, error.phrase)
+        self._move(running, Phase.FINISHED if running.opened else Phase.REFUSED)
 
     def _forget_absent(self, present: set[str]) -> None:
         """Requests the frontend stopped sending (their clients left): free their slots."""
         for request_id in [rid for rid in self.running if rid not in present]:
             gone = self.running.pop(request_id)
-            self._release_slots_of(gone)
-            if not gone.complete:
+            if gone.phase is Phase.RUNNING and not gone.done:
                 logger.info("A request left before its end (client gone); its slots are free")
+            self._move(gone, Phase.ENDED)
 
     def _answer(self, request_id: str, index: int, context) -> tuple[str, bool | None]:
         """(what to send now, whether it is the request's last answer; None: no header, a plain answer)."""
         running = self.running[request_id]
-        if running.closing:
+        if running.phase is Phase.RUNNING and running.done:
+            self._move(running, Phase.FINISHED)
+        if running.phase is Phase.CLOSING:
             self._end(request_id)
             return "", True
-        if running.status is not None and not running.opened:  # a refusal: one plain error answer
+        if running.phase is Phase.REFUSED:  # one plain error answer: should it come again, it closes
             context.set_response_status(*running.status, index)
             context.set_response_content_type(index, "application/json")
-            running.opened = running.closing = True  # should the frontend send it again: close it then
-            return running.refusal, None
-        complete = running.complete
-        body = self._final(running) if complete else self._chunk(running)
-        if not running.opened:  # the first answer must say "true", or no status line is sent
-            running.opened, running.closing = True, complete
+            running.opened = True
+            self._move(running, Phase.CLOSING)
+            return running.error, None
+        first, running.opened = not running.opened, True
+        if running.phase is Phase.RUNNING:  # the first answer must say "true", or no status line is sent
+            return self.task.chunk_text(running.jobs), False
+        body = running.error if running.error is not None else self.task.final_text(running.jobs)
+        if first:
+            self._move(running, Phase.CLOSING)
             return body, False
-        if complete:
-            self._end(request_id)
-        return body, complete
+        self._end(request_id)
+        return body, True
 
     def _end(self, request_id: str) -> None:
-        ended = self.running.pop(request_id)
-        self._release_slots_of(ended)
-
-    def _chunk(self, running: Running) -> str:
-        if not running.streams:
-            return ""
-        pieces = [(job.position, job.continuation.pending()) for job in running.jobs]
-        return "".join(json.dumps({"index": n, "text": piece}) + "\n" for n, piece in pieces if piece)
-
-    def _final(self, running: Running) -> str:
-        if running.refusal is not None:
-            return running.refusal
-        return self.handler.final_text(running.jobs[0].request, running.jobs)
-
-    def _fail_all(self) -> None:
-        for running in self.running.values():
-            if not running.complete:
-                self._end_with_error(running)
-
-    def _end_with_error(self, running: Running) -> None:
-        """`running` ends with a 500 body (and status, if its first answer has not gone out)."""
-        self._release_slots_of(running)
-        running.waiting.clear()
-        running.refusal = json.dumps(INTERNAL_ERROR)
-        running.status = (500, "Internal Server Error")
+        self._move(self.running.pop(request_id), Phase.ENDED)
 
     # -- slots -------------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -181,10 +226,10 @@ class DecodeLoop:
                 job = running.waiting.pop(0)
                 slot = self.holders.index(None)
                 try:
-                    logits = self.handler.prefill(job.ids, slot)
+                    logits = self.engine.prefill(job.ids, slot)
                 except Exception as error:  # a prefill writes its own slot only: its request alone fails
                     logger.error("A prompt's prefill failed; its request ends: %s", describe(error))
-                    self._end_with_error(running)
+                    self._end_with_error(running, RequestError(500, INTERNAL_ERROR["error"]))
                     break
                 self._take(job, slot, job.sampler.choose(logits.float().cpu()))
                 if not job.continuation.finished:
@@ -193,7 +238,7 @@ class DecodeLoop:
 
     def _step(self) -> bool:
         """One compiled step over every slot, then each held slot's next token; whether one finished."""
-        logits = self.handler.decode(self.tokens, self.positions).float().cpu()
+        logits = self.engine.decode(self.tokens, self.positions).float().cpu()
         held = [slot for slot, holder in enumerate(self.holders) if holder is not None]
         self.positions[held] += 1
         greedy = logits.argmax(dim=-1).tolist()  # one call for every greedy slot
@@ -220,4 +265,4 @@ class DecodeLoop:
         for slot in slots:
             self.holders[slot] = None
             self.positions[slot] = 0
-            self.tokens[slot] = self.handler.pad_id
+            self.tokens[slot] = self.engine.pad_id

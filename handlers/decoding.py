@@ -8,8 +8,12 @@ attention_mask (B, cache_len), and the cache's own fixed tensors. The prefill ru
 initializes the cache lazily, which transformers says must not happen inside a compiled region.
 """
 
+from typing import Callable
+
 import torch
 from transformers import StaticCache
+
+from handlers.slots import SlotCache
 
 
 class DecodeStep(torch.nn.Module):
@@ -32,19 +36,28 @@ class DecodeStep(torch.nn.Module):
 
 
 class CachePool:
-    """One static cache per (batch rows, dtype), made once and reused: its addresses stay put."""
+    """The KV caches of one engine, made on first use and reused, so their addresses stay put (the
+    compiled step's guards hold on to them): a static cache per batch rows for request batches, and
+    the one slot cache of continuous batching (handlers/slots.py)."""
 
-    def __init__(self, lm_config, cache_len: int):
+    def __init__(self, lm_config, cache_len: int, slots: int, dtype: torch.dtype, device: torch.device):
         self.lm_config = lm_config
         self.cache_len = cache_len
-        self.caches: dict[tuple[int, torch.dtype], StaticCache] = {}
+        self.slot_count, self.dtype, self.device = slots, dtype, device
+        self.caches: dict[int, StaticCache] = {}
+        self.slot_cache: SlotCache | None = None
 
-    def get(self, rows: int, dtype: torch.dtype) -> StaticCache:
-        cache = self.caches.get((rows, dtype))
+    def get(self, rows: int) -> StaticCache:
+        cache = self.caches.get(rows)
         if cache is None:
-            cache = self.caches[(rows, dtype)] = StaticCache(config=self.lm_config, max_cache_len=self.cache_len)
+            cache = self.caches[rows] = StaticCache(config=self.lm_config, max_cache_len=self.cache_len)
         cache.reset()
         return cache
+
+    def slots(self) -> SlotCache:
+        if self.slot_cache is None:
+            self.slot_cache = SlotCache(self.lm_config, self.slot_count, self.cache_len, self.dtype, self.device)
+        return self.slot_cache
 
 
 def left_pad(token_ids: list[list[int]], rows: int, prompt_len: int, cache_len: int, pad_id: int):
@@ -90,3 +103,20 @@ class GroupDecoder:
         logits = self.model(inputs)
         self.next_positions = self.next_positions + 1
         return logits
+
+
+def generate(decoder: GroupDecoder, jobs: list, rows: int, pad_id: int, send: Callable[[list], None]) -> None:
+    """Generate for the prompts of one group (`jobs`, handlers/continuation.py) until each is
+    finished; `send(jobs)` after every token, for streaming."""
+    with torch.inference_mode():
+        logits = decoder.prefill().float().cpu()
+        while True:
+            tokens = torch.full((rows,), pad_id, dtype=torch.long)
+            for row, job in enumerate(jobs):
+                if not job.continuation.finished:
+                    tokens[row] = job.sampler.choose(logits[row])
+                    job.continuation.add(int(tokens[row]))
+            send(jobs)
+            if all(job.continuation.finished for job in jobs):
+                return
+            logits = decoder.step(tokens).float().cpu()

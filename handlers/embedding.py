@@ -5,13 +5,14 @@ files (`modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`).
 """
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from handlers.base import CompiledHandler
-from handlers.payload import Payload, boolean_param
-from handlers.pooling import SentenceEmbedder, normalizes, pool_text, pooling_modes, read_json
+from handlers.batch import Accepted
+from handlers.config import HandlerConfig
+from handlers.payload import boolean_param
+from handlers.pooling import SentenceEmbedder, normalizes, pooling_modes, read_json
 
 
 class EmbeddingHandler(CompiledHandler):
@@ -31,13 +32,11 @@ class EmbeddingHandler(CompiledHandler):
         )
         return SentenceEmbedder(encoder, self.pooling)
 
-    def from_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        return pool_text(tokens, self.pooling)
-
-    def max_seq_len(self, model_dir: Path) -> int | None:
+    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
         return read_json(model_dir / "sentence_bert_config.json", {}).get("max_seq_length")
 
-    def encode(self, rows: list[torch.Tensor], body: Payload, encodings: list) -> Any:
-        if body.params.get("normalize", self.normalize_default):
-            rows = [torch.nn.functional.normalize(row, dim=-1) for row in rows]
-        return body.shape_like_inputs([{"embedding": row.tolist()} for row in rows])
+    def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
+        embeddings = torch.stack(rows)  # (texts, H)
+        if accepted.request.params.get("normalize", self.normalize_default):
+            embeddings = torch.nn.functional.normalize(embeddings, dim=-1)
+        return [{"embedding": embedding} for embedding in embeddings.tolist()]

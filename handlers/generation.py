@@ -1,89 +1,108 @@
-"""Text generation with a static KV cache and a compiled decode step; tokens stream as JSON lines.
+"""Text generation with a static KV cache and a compiled decode step; tokens stream as they are made.
 
 Two ways to batch, chosen by TorchServe's own `continuousBatching` key of model-config.yaml:
 - continuous (`true`): prompts hold slots of a running decode loop, joining and leaving it between
   steps (handlers/continuous.py, handlers/slots.py): one compiled step of shape (slots, 1);
 - request batches (`false`): the prompts of a TorchServe batch generate together (up to the largest
-  batch bucket per group) to the end of the longest: a compiled step per batch bucket.
+  batch bucket per group) to the end of the longest (handlers/decoding.py): a compiled step per
+  batch bucket.
 Each prompt has its own parameters, stop strings and token budget; greedy output equals what
-`model.generate()` gives for the prompt alone, either way.
+`model.generate()` gives for the prompt alone, either way. Answers and streamed pieces take the
+form of the request's protocol (JSON lines for this package's own bodies).
 """
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from ts.handler_utils.utils import send_intermediate_predict_response
 
-from handlers import buckets
-from handlers.base import CompiledHandler
+from handlers import buckets, decoding
+from handlers.base import CompiledHandler, model_version
 from handlers.batch import Accepted, Batch, split_until_isolated
+from handlers.chat import messages_to_inputs
+from handlers.config import HandlerConfig
 from handlers.continuation import Continuation, Job
 from handlers.continuous import DecodeLoop
-from handlers.decoding import CachePool, DecodeStep, GroupDecoder, left_pad
+from handlers.decoder_engine import DecoderEngine
+from handlers.decoding import CachePool, DecodeStep
+from handlers.layout import Call, Layout
 from handlers.metrics import emit
+from handlers.model_runner import ModelRunner
 from handlers.payload import RequestError, boolean_param, int_param, is_unicode_text, number_param
+from handlers.protocols import Served, for_route
 from handlers.sampling import Sampler
-from handlers.slots import SlotCache, SlotStep
+from handlers.serving import Serving
+from handlers.slots import SlotStep
 
 MAX_STOP_LENGTH = 64
-ROLES = ("system", "user", "assistant")
 
 
-def check_messages(messages: Any) -> list[dict[str, str]]:
-    """A non-empty list of {"role": system | user | assistant, "content": text}."""
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(400, '\'messages\' must be a non-empty list of {"role", "content"} objects')
-    for position, message in enumerate(messages):
-        if not (isinstance(message, dict) and set(message) == {"role", "content"}):
-            raise RequestError(400, f"'messages'[{position}] must be an object with exactly 'role' and 'content'")
-        if message["role"] not in ROLES or not isinstance(message["content"], str):
-            raise RequestError(400, f"'messages'[{position}]: role is one of {', '.join(ROLES)}, content a string")
-        if not is_unicode_text(message["content"]):
-            raise RequestError(400, f"'messages'[{position}] holds a lone surrogate, not Unicode text")
-    return messages
+def refuse_sliding_window(model_config, continuous: bool) -> None:
+    """A slot holds every position of its prompt; a sliding window would drop some."""
+    text_config = model_config.get_text_config()
+    layer_types = getattr(text_config, "layer_types", None) or []
+    windowed = getattr(text_config, "sliding_window", None) or "sliding_attention" in layer_types
+    if continuous and windowed:
+        raise ValueError("continuous batching does not serve sliding-window attention; set continuousBatching: false")
 
 
 class GenerationHandler(CompiledHandler):
     """`{"inputs": "prompt", "max_new_tokens": 20}` -> `{"generated_text": ..., "finish_reason": ...}`."""
 
-    # -- configuration ----------------------------------------------------------------------
-    def load_settings(self, context) -> None:
+    # -- configuration and model ------------------------------------------------------------
+    def initialize(self, context):
         self.continuous = bool((context.model_yaml_config or {}).get("continuousBatching", False))
-        super().load_settings(context)
+        super().initialize(context)
+        if self.continuous:
+            limits = self.config.generation
+            slots = self.engine.plan.max_batch
+            self.loop = DecodeLoop(self.engine, self, slots, limits.steps_per_call, limits.max_request_seconds)
 
     def read_task_settings(self, model_dir: Path, model_config) -> None:
-        text_config = model_config.get_text_config()
-        windowed = getattr(text_config, "sliding_window", None) or "sliding_attention" in (
-            getattr(text_config, "layer_types", None) or []
-        )
-        if self.continuous and windowed:  # a slot holds every position; a window would drop some
-            raise ValueError(
-                "continuous batching does not serve sliding-window attention; set continuousBatching: false"
-            )
-
-    def initialize(self, context):
-        super().initialize(context)
+        refuse_sliding_window(model_config, self.continuous)
+        if (model_dir / "generation_config.json").is_file():
+            defaults = GenerationConfig.from_pretrained(model_dir)
+        else:
+            defaults = GenerationConfig.from_model_config(model_config)
+        eos = defaults.eos_token_id if defaults.eos_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.sampling_defaults = {
+            "do_sample": bool(defaults.do_sample),
+            "temperature": defaults.temperature or 1.0,
+            "top_k": defaults.top_k or 0,
+            "top_p": defaults.top_p or 1.0,
+        }
         limits = self.config.generation
-        if self.continuous:
-            self.loop = DecodeLoop(self, self.plan.max_batch, limits.steps_per_call, limits.max_request_seconds)
+        self.default_new_tokens = limits.default_new_tokens or min(20, limits.max_new_tokens)
 
     def configure_tokenizer(self, tokenizer) -> None:
         tokenizer.truncation_side = "left"  # an over-long prompt keeps its end, which generation continues
 
-    def max_seq_len(self, model_dir: Path) -> int | None:
+    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
         positions = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).max_position_embeddings
-        return positions - self.config.generation.max_new_tokens
+        return positions - config.generation.max_new_tokens
 
-    def _plan(self, model_dir: Path) -> buckets.BucketPlan:
+    def adapt_plan(self, plan: buckets.BucketPlan) -> buckets.BucketPlan:
         """Static shapes always: the decode step's shapes are fixed by its cache, one graph per batch bucket."""
-        return dataclasses.replace(super()._plan(model_dir), dynamic="none", pack_tokens=None)
+        return dataclasses.replace(plan, dynamic="none", pack_tokens=None)
 
-    def graphs_needed(self) -> int:
-        return 1 if self.continuous else len(self.plan.batch_sizes)
+    def graphs_needed(self, plan: buckets.BucketPlan) -> int:
+        return 1 if self.continuous else len(plan.batch_sizes)
+
+    def build_model(self, model_dir: Path) -> torch.nn.Module:
+        lm = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
+        )
+        return SlotStep(lm) if self.continuous else DecodeStep(lm)
+
+    def engine(self, model: ModelRunner, serving: Serving, dtype: torch.dtype, layout: Layout) -> DecoderEngine:
+        plan = serving.plan
+        cache_len = plan.max_seq_len + serving.config.generation.max_new_tokens
+        caches = CachePool(serving.model_config, cache_len, plan.max_batch, dtype, serving.device)
+        return DecoderEngine(model, plan, dtype, serving.device, serving.pad_id, caches, self.continuous)
 
     def param_checks(self) -> dict:
         return {
@@ -98,24 +117,7 @@ class GenerationHandler(CompiledHandler):
         }
 
     def adapt_body(self, value: Any) -> Any:
-        """`{"messages": [{"role", "content"}, ...]}` -> `{"inputs": the tokenizer's chat prompt}`."""
-        if not (isinstance(value, dict) and "messages" in value):
-            return value
-        if "inputs" in value:
-            raise RequestError(400, "send 'inputs' (a prompt) or 'messages' (a chat), not both")
-        if not self.tokenizer.chat_template:
-            raise RequestError(400, "this model's tokenizer has no chat template: send 'inputs' (a prompt) instead")
-        messages = check_messages(value["messages"])
-        try:
-            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as error:  # the template's own checks (roles, order) raise what they like
-            raise RequestError(
-                400, f"the model's chat template refused these messages ({type(error).__name__})"
-            ) from None
-        bos = self.tokenizer.bos_token
-        if bos and prompt.startswith(bos) and self._special_ids()[0] == self.tokenizer.bos_token_id:
-            prompt = prompt[len(bos) :]  # tokenizing adds it again
-        return {**{key: item for key, item in value.items() if key != "messages"}, "inputs": prompt}
+        return messages_to_inputs(self.tokenizer, value)
 
     def _stop_param(self, value: Any, name: str) -> list[str]:
         stops = [value] if isinstance(value, str) else value
@@ -128,88 +130,6 @@ class GenerationHandler(CompiledHandler):
             raise RequestError(400, f"parameter '{name}': a stop string holds a lone surrogate, not Unicode text")
         return stops
 
-    # -- model ------------------------------------------------------------------------------
-    def build_model(self, model_dir: Path) -> torch.nn.Module:
-        lm = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
-        )
-        defaults = lm.generation_config
-        eos = defaults.eos_token_id if defaults.eos_token_id is not None else self.tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-        self.sampling_defaults = {
-            "do_sample": bool(defaults.do_sample),
-            "temperature": defaults.temperature or 1.0,
-            "top_k": defaults.top_k or 0,
-            "top_p": defaults.top_p or 1.0,
-        }
-        limits = self.config.generation
-        self.default_new_tokens = limits.default_new_tokens or min(20, limits.max_new_tokens)
-        self.caches = CachePool(lm.config, self.plan.max_seq_len + self.config.generation.max_new_tokens)
-        self.slot_caches: dict[torch.dtype, SlotCache] = {}
-        return SlotStep(lm) if self.continuous else DecodeStep(lm)
-
-    def _slot_cache(self, dtype: torch.dtype) -> SlotCache:
-        """The one slot cache of a dtype: the compiled step's guards hold on to it."""
-        if dtype not in self.slot_caches:
-            config, length = self.caches.lm_config, self.caches.cache_len
-            self.slot_caches[dtype] = SlotCache(config, self.plan.max_batch, length, dtype, self.device)
-        return self.slot_caches[dtype]
-
-    def prefill(self, ids: list[int], slot: int) -> torch.Tensor:
-        """A prompt alone into `slot` of the live slot cache; its next-token logits."""
-        with torch.inference_mode():
-            return self.model.eager.prefill(ids, self._slot_cache(self.dtype), slot)
-
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One compiled step over every slot of the live slot cache; logits (slots, vocab)."""
-        cache = self._slot_cache(self.dtype)
-        with torch.inference_mode():  # fresh tensors, made as warm-up made them: dynamo's guards see alike
-            positions = positions.to(self.device, copy=True)
-            cache.positions.copy_(positions)
-            inputs = {"input_ids": tokens.view(-1, 1).to(self.device, copy=True), "positions": positions}
-            return self.model({**inputs, "cache": cache})
-
-    def _decoder(self, group: buckets.Group, token_ids: list[list[int]], model) -> GroupDecoder:
-        dtype = next(model.eager.parameters()).dtype
-        cache = self.caches.get(group.batch_size, dtype)
-        tensors = left_pad(token_ids, group.batch_size, group.seq_len, self.caches.cache_len, self.pad_id)
-        return GroupDecoder(model, cache, *tensors, self.device)
-
-    def checked_outputs(self, token_ids: list[list[int]], model=None) -> list[torch.Tensor]:
-        """A request runs a decode loop, not one pass: warm-up and the checks run its first two
-        steps. Per prompt: the prefill's logits and one greedy decode step's, joined."""
-        model = model or self.model
-        if self.continuous:
-            return self._first_two_steps_in_slots(token_ids, model)
-        rows: list[torch.Tensor | None] = [None] * len(token_ids)
-        with torch.inference_mode():
-            for group in buckets.generation_groups([len(ids) for ids in token_ids], self.plan):
-                decoder = self._decoder(group, [token_ids[i] for i in group.indices], model)
-                first = decoder.prefill()
-                second = decoder.step(first.argmax(dim=-1))
-                joined = torch.cat([first, second], dim=-1).float().cpu()
-                for row, index in enumerate(group.indices):
-                    rows[index] = joined[row]
-        return rows
-
-    def _first_two_steps_in_slots(self, token_ids: list[list[int]], model) -> list[torch.Tensor]:
-        """`checked_outputs` through the slot cache: up to `slots` prompts prefilled, then one step over all."""
-        slots = self.plan.max_batch
-        cache = self._slot_cache(next(model.eager.parameters()).dtype)
-        rows = []
-        with torch.inference_mode():
-            for start in range(0, len(token_ids), slots):
-                tokens = torch.full((slots, 1), self.pad_id, dtype=torch.long, device=self.device)
-                positions = torch.zeros(slots, dtype=torch.long, device=self.device)
-                first = []
-                for slot, ids in enumerate(token_ids[start : start + slots]):
-                    first.append(model.eager.prefill(ids, cache, slot))
-                    tokens[slot, 0], positions[slot] = first[-1].argmax(), len(ids)
-                cache.positions.copy_(positions)
-                second = model({"input_ids": tokens, "positions": positions, "cache": cache})
-                rows += [torch.cat([row, second[slot]]).float().cpu() for slot, row in enumerate(first)]
-        return rows
-
     # -- requests ---------------------------------------------------------------------------
     def handle(self, data, context):
         """Request batches as every task; with continuous batching, one call of the decode loop."""
@@ -219,104 +139,95 @@ class GenerationHandler(CompiledHandler):
         if self.loop.idle:  # re-tracing the grid writes the slot cache
             self.follow_worker_count()
         answers = self.loop.call(data, context)
-        emit(context, "RecompilesAfterReady", self.model.recompiles_after_ready, "Count")
+        emit(context, "RecompilesAfterReady", self.engine.model.recompiles_after_ready, "Count")
         return answers
-
-    def final_text(self, request: Accepted, jobs: list[Job]) -> str:
-        """A request's final answer as sent: JSON, or JSON lines when it streams."""
-        answer = self._final_answer(request, jobs)
-        return answer if isinstance(answer, str) else json.dumps(answer)
-
-    def prepare(self, token_ids: list[list[int]]) -> list[buckets.Group]:
-        """Prompt buckets; each group is left-padded into its static cache when it runs."""
-        return buckets.generation_groups([len(ids) for ids in token_ids], self.plan)
 
     def inference(self, data: Batch, *args, **kwargs) -> Batch:
         """Generate for every accepted prompt; a failing group is split until the failing request is alone."""
-        for request in data.accepted:
-            if request.body.params.get("stream", False):
-                self.context.set_response_content_type(request.index, "application/jsonl")
+        for accepted in data.accepted:
+            if accepted.request.params.get("stream", False):
+                self.context.set_response_content_type(accepted.index, accepted.request.protocol.stream_content_type)
         split_until_isolated(data, data.accepted, lambda requests: self._generate_for(data, requests))
         return data
 
-    def answer(self, request: Accepted, outputs: list[Job]) -> Any:
-        return self._final_answer(request, outputs)
-
     def _generate_for(self, batch: Batch, requests: list[Accepted]) -> None:
-        jobs = [
-            self._job(request, position, encoding.ids)
-            for request in requests
-            for position, encoding in enumerate(request.encodings)
-        ]
-        groups = batch.take_prepared() or self.prepare([job.ids for job in jobs])
-        self.record_padding([len(job.ids) for job in jobs], groups)
+        jobs = [self.job(accepted, n, ids) for accepted in requests for n, ids in enumerate(accepted.token_ids)]
+        lengths = [len(job.ids) for job in jobs]
+        groups = buckets.generation_groups(lengths, self.engine.plan)
+        self.record_traffic(lengths, [Call(group, tuple((i,) for i in group.indices)) for group in groups])
         try:
             for group in groups:
-                self._generate([jobs[i] for i in group.indices], group)
+                members = [jobs[i] for i in group.indices]
+                decoder = self.engine.decoder(group, [job.ids for job in members])
+                decoding.generate(decoder, members, group.batch_size, self.engine.pad_id, self._stream)
         except Exception as error:
             # A request that already streamed text cannot start again: it ends here with its error.
             for job in jobs:
                 if job.continuation.streamed:
-                    batch.fail(job.request.index, "inference", error)
+                    batch.fail(job.accepted.index, "inference", error)
             raise
-        for request in requests:
-            batch.outputs[request.index] = [job for job in jobs if job.request is request]
+        for accepted in requests:
+            batch.outputs[accepted.index] = [job for job in jobs if job.accepted is accepted]
 
-    def _job(self, request: Accepted, position: int, ids: list[int]) -> Job:
-        params = request.body.params
+    def job(self, accepted: Accepted, position: int, ids: list[int]) -> Job:
+        """One prompt of a request, with its own budget, stop strings and sampler."""
+        params = accepted.request.params
         sampling = {name: params.get(name, default) for name, default in self.sampling_defaults.items()}
-        continuation = Continuation(
-            self.tokenizer,
-            params.get("max_new_tokens", self.default_new_tokens),
-            params.get("stop", []),
-            self.eos_ids,
-        )
-        return Job(request, position, ids, continuation, Sampler(**sampling, seed=params.get("seed")))
-
-    def _generate(self, jobs: list[Job], group: buckets.Group) -> None:
-        with torch.inference_mode():
-            decoder = self._decoder(group, [job.ids for job in jobs], self.model)
-            logits = decoder.prefill().float().cpu()
-            while True:
-                tokens = torch.full((group.batch_size,), self.pad_id, dtype=torch.long)
-                for row, job in enumerate(jobs):
-                    if not job.continuation.finished:
-                        tokens[row] = job.sampler.choose(logits[row])
-                        job.continuation.add(int(tokens[row]))
-                self._stream(jobs)
-                if all(job.continuation.finished for job in jobs):
-                    return
-                logits = decoder.step(tokens).float().cpu()
+        budget = params.get("max_new_tokens", self.default_new_tokens)
+        continuation = Continuation(self.tokenizer, budget, params.get("stop", []), self.eos_ids)
+        return Job(accepted, position, ids, continuation, Sampler(**sampling, seed=params.get("seed")))
 
     def _stream(self, jobs: list[Job]) -> None:
-        """Send the new text of streaming prompts, one chunk of JSON lines per request."""
-        chunks: dict[int, str] = {}
-        for job in jobs:
-            piece = job.continuation.pending() if job.streams and not job.continuation.finished else ""
-            if piece:
-                line = json.dumps({"index": job.position, "text": piece}) + "\n"
-                chunks[job.request.index] = chunks.get(job.request.index, "") + line
+        """Send the new text of streaming prompts, one chunk per request."""
+        chunks = {}
+        for accepted in {id(job.accepted): job.accepted for job in jobs if job.streams}.values():
+            chunk = self.chunk_text([job for job in jobs if job.accepted is accepted], include_finished=False)
+            if chunk:
+                chunks[accepted.index] = chunk
         if chunks:
             request_ids = {index: self.context.request_ids[index] for index in chunks}
             send_intermediate_predict_response(
                 chunks, request_ids, "Intermediate Prediction success", 200, self.context
             )
 
-    @staticmethod
-    def _result(job: Job) -> dict[str, Any]:
-        return {
-            "generated_text": job.continuation.text,
-            "finish_reason": job.continuation.finish_reason,
-            "generated_tokens": len(job.continuation.ids),
-        }
+    def chunk_text(self, jobs: list[Job], include_finished: bool = True) -> str:
+        """The new text of a streaming request's prompts (all, or only those still running)."""
+        request = jobs[0].accepted.request
+        if not request.params.get("stream", False):
+            return ""
+        pieces = [
+            (job.position, job.continuation.pending())
+            for job in jobs
+            if include_finished or not job.continuation.finished
+        ]
+        return request.protocol.stream_pieces(request, pieces)
 
-    def _final_answer(self, request: Accepted, jobs: list[Job]) -> Any:
-        if not request.body.params.get("stream", False):
-            return request.body.shape_like_inputs([self._result(job) for job in jobs])
-        lines = []
-        for job in jobs:
-            piece = job.continuation.pending()
-            if piece:
-                lines.append({"index": job.position, "text": piece})
-            lines.append({"index": job.position, **self._result(job)})
-        return "".join(json.dumps(line) + "\n" for line in lines)
+    def respond(self, accepted: Accepted, jobs: list[Job], served: Served) -> Any:
+        """A request's final answer: its protocol's body, or the end of its stream."""
+        request, results = accepted.request, [job.result() for job in jobs]
+        if not request.params.get("stream", False):
+            return request.protocol.encode(request, results, served)
+        pieces = [(job.position, job.continuation.pending()) for job in jobs]
+        return request.protocol.stream_end(request, pieces, results)
+
+    # -- the decode loop's contract (handlers/continuous.py) ----------------------------------
+    def jobs_of(self, request: dict, index: int) -> list[Job]:
+        """A new request of the loop, decoded, checked and tokenized into its prompts."""
+        protocols = self.protocols_for(index)
+        decoded = self.decode(request, index, protocols)
+        encodings, token_ids = self.tokenize(decoded.texts)
+        accepted = Accepted(index, decoded, encodings, token_ids)
+        streams = decoded.params.get("stream", False)
+        content_type = decoded.protocol.stream_content_type if streams else decoded.protocol.content_type
+        self.context.set_response_content_type(index, content_type)
+        return [self.job(accepted, n, ids) for n, ids in enumerate(token_ids)]
+
+    def error_body(self, index: int, error: RequestError) -> str:
+        """A refusal of request `index`, in its route's error shape, as sent."""
+        protocols = for_route(self.route(index), self.protocols) if self.context.request_processor else []
+        return self.as_text(protocols[-1].error(error) if protocols else error.body())
+
+    def final_text(self, jobs: list[Job]) -> str:
+        """A finished request's last answer, as sent."""
+        served = Served(self.context.model_name, model_version(self.context))
+        return self.as_text(self.respond(jobs[0].accepted, jobs, served))

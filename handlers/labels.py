@@ -4,6 +4,7 @@ from typing import Any
 
 import torch
 
+from handlers.packing import pick_per_text, starts_of_texts
 from handlers.payload import RequestError
 
 # How a row of logits becomes scores: the text-classification pipeline's choice per problem type.
@@ -24,16 +25,22 @@ class Logits(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
-    def tokens(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        """Per-token logits under a 4-D mask (packed rows): a token classifier's own output."""
+
+class TokenLogits(Logits):
+    """A token classifier: per-token logits, packed rows included."""
+
+    per_token = True
+
+    def packed(self, input_ids, attention_mask, position_ids, segments) -> torch.Tensor:
+        """Per-token logits (rows, T, labels) under a 4-D mask (packed rows)."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
 
 
 class SequenceLogits(Logits):
-    """A sequence classifier: `forward` as `Logits`; `tokens` runs its head at every token, as if
-    each began a text, so that a packed row answers for each of its texts at the text's first token."""
+    """A sequence classifier: `forward` as `Logits`; over packed rows its head runs on each text's
+    first token, picked inside the graph, so a packed row answers for each of its texts."""
 
-    def tokens(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    def packed(self, input_ids, attention_mask, position_ids, segments) -> torch.Tensor:
         base, classifier = self.model.base_model, getattr(self.model, "classifier", None)
         pooler = getattr(base, "pooler", None)
         bert_like = (
@@ -43,11 +50,12 @@ class SequenceLogits(Logits):
         if not (bert_like or roberta_like):  # DistilBERT, ALBERT, DeBERTa...: heads with other steps
             raise NotImplementedError(f"{type(self.model).__name__}'s head is neither BERT- nor RoBERTa-like")
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
-        rows, length, width = hidden.shape
-        starts = hidden.reshape(rows * length, 1, width)  # heads read token 0 of each (text, token, H)
+        firsts = pick_per_text(hidden, segments, starts_of_texts(segments))  # (rows, slots, H)
+        rows, slots, width = firsts.shape
+        firsts = firsts.reshape(rows * slots, 1, width)  # heads read token 0 of each (text, 1, H)
         if bert_like:  # the pooler (dense + tanh of token 0), then the classifier
-            starts = pooler(starts)
-        return classifier(starts).reshape(rows, length, -1)
+            firsts = pooler(firsts)
+        return classifier(firsts).reshape(rows, slots, -1)
 
 
 def score_function(config) -> str:

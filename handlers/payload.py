@@ -1,16 +1,21 @@
 """Request bodies in, per-request errors out: what a client sent, checked before any model work.
 
-A body is raw UTF-8 text, or JSON `{"inputs": "text" | ["a", "b"], <task parameters>}` (or a KServe
-v2 request, handlers/kserve_v2.py, told apart after decoding). Anything
-else raises `RequestError` with a 4xx code and a message that says what was wrong without echoing
-the input back (request text is never logged or returned).
+`decode` turns what TorchServe handed over into text or a JSON value; the checks here (texts,
+parameters) are shared by the protocols (handlers/protocols/). Anything wrong raises
+`RequestError` with a 4xx code and a message that says what was wrong without echoing the input
+back (request text is never logged or returned).
 """
 
-import dataclasses
 import json
 from typing import Any, Callable
 
-HTTP_PHRASES = {400: "Bad Request", 413: "Payload Too Large", 422: "Unprocessable Entity"}
+HTTP_PHRASES = {
+    400: "Bad Request",
+    404: "Not Found",
+    413: "Payload Too Large",
+    422: "Unprocessable Entity",
+    503: "Service Unavailable",
+}
 # The deepest JSON any request needs is 4 levels (a KServe v2 body); deeper is refused before any
 # work, so no step ever recurses on what a client nested.
 MAX_JSON_DEPTH = 16
@@ -30,18 +35,6 @@ class RequestError(Exception):
 
     def body(self) -> dict:
         return {"error": self.message, "code": self.code}
-
-
-@dataclasses.dataclass(frozen=True)
-class Payload:
-    texts: list[str]
-    is_list: bool  # a list in gets a list out, in the same order
-    params: dict[str, Any]
-    v2_id: str | None = None  # a KServe v2 request (handlers/kserve_v2.py): its id, "" when it sent none
-
-    def shape_like_inputs(self, answers: list) -> Any:
-        """One answer per text: the list for a list of inputs, else the single answer."""
-        return answers if self.is_list else answers[0]
 
 
 ParamCheck = Callable[[Any, str], Any]
@@ -95,17 +88,17 @@ def _body_value(request: dict) -> Any:
 def _from_bytes(raw: bytes | bytearray, content_type: str | None) -> Any:
     try:
         text = bytes(raw).decode("utf-8")
-    except UnicodeDecodeError:
-        raise RequestError(400, "request body is not valid UTF-8") from None
+    except UnicodeDecodeError as error:
+        raise RequestError(400, "request body is not valid UTF-8") from error
     if content_type and "json" in content_type:
         try:
             return json.loads(text)
         except json.JSONDecodeError as error:
-            raise RequestError(400, f"request body is not valid JSON ({error.msg} at position {error.pos})") from None
-        except RecursionError:
-            raise RequestError(400, f"JSON body is nested deeper than {MAX_JSON_DEPTH} levels") from None
-        except ValueError:  # e.g. an integer past Python's 4300-digit conversion limit
-            raise RequestError(400, "JSON body holds a number that cannot be read") from None
+            raise RequestError(400, f"request body is not valid JSON ({error.msg} at position {error.pos})") from error
+        except RecursionError as error:
+            raise RequestError(400, f"JSON body is nested deeper than {MAX_JSON_DEPTH} levels") from error
+        except ValueError as error:  # e.g. an integer past Python's 4300-digit conversion limit
+            raise RequestError(400, "JSON body holds a number that cannot be read") from error
     return text
 
 
@@ -133,22 +126,6 @@ def is_unicode_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def check_sendable(answer: Any) -> None:
-    """Raise unless TorchServe can send `answer`: JSON without NaN or infinity, text that UTF-8 encodes."""
-    if isinstance(answer, str):
-        answer.encode("utf-8")
-    else:
-        json.dumps(answer, allow_nan=False)
-
-
-def _texts(inputs: Any, max_inputs: int) -> tuple[list[str], bool]:
-    if isinstance(inputs, str):
-        return check_texts([inputs], max_inputs), False
-    if isinstance(inputs, list):
-        return check_texts(inputs, max_inputs), True
-    raise RequestError(400, "'inputs' must be a string or a list of strings")
 
 
 def check_texts(inputs: list, max_inputs: int) -> list[str]:
@@ -185,14 +162,3 @@ def decode(request: dict, content_type: str | None) -> Any:
         value = _from_bytes(value, content_type)
     check_depth(value)
     return value
-
-
-def parse(value: Any, param_checks: dict[str, ParamCheck], max_inputs: int) -> Payload:
-    """Check one decoded request body and return its texts and task parameters."""
-    if isinstance(value, str):
-        return Payload(*_texts(value, max_inputs), params={})
-    if not isinstance(value, dict) or "inputs" not in value:
-        raise RequestError(400, "JSON body must be an object with an 'inputs' key")
-    texts, is_list = _texts(value["inputs"], max_inputs)
-    params = check_params({name: param for name, param in value.items() if name != "inputs"}, param_checks)
-    return Payload(texts, is_list, params)

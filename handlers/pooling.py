@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from handlers.packing import pool_per_text
+
 # sentence-transformers concatenates the enabled poolings in this order.
 POOLING_MODES = ("cls_token", "max_tokens", "mean_tokens", "mean_sqrt_len_tokens")
 NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
@@ -35,18 +37,6 @@ def normalizes(model_dir: Path) -> bool:
     return any(module["type"] == NORMALIZE_MODULE for module in modules)
 
 
-def pool_text(hidden: torch.Tensor, modes: tuple[str, ...]) -> torch.Tensor:
-    """One text's pooled embedding from its own tokens' hidden states (tokens, H), as
-    `SentenceEmbedder` pools a padded row."""
-    pooled = {
-        "cls_token": lambda: hidden[0],
-        "max_tokens": lambda: hidden.max(dim=0).values,
-        "mean_tokens": lambda: hidden.mean(dim=0),
-        "mean_sqrt_len_tokens": lambda: hidden.sum(dim=0) / hidden.shape[0] ** 0.5,
-    }
-    return torch.cat([pooled[mode]() for mode in modes], dim=-1)
-
-
 class SentenceEmbedder(torch.nn.Module):
     """The transformer and its pooling, as one module so that both are compiled together."""
 
@@ -55,9 +45,10 @@ class SentenceEmbedder(torch.nn.Module):
         self.encoder = encoder
         self.modes = modes
 
-    def tokens(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        """Per-token hidden states under a 4-D mask (packed rows); `pool_text` pools each text's."""
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+    def packed(self, input_ids, attention_mask, position_ids, segments) -> torch.Tensor:
+        """Each packed text's pooled embedding (rows, slots, H * modes), under a 4-D mask."""
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        return pool_per_text(hidden, segments, self.modes)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)

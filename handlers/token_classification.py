@@ -1,20 +1,21 @@
 """Token classification (NER) with the answers of transformers' `pipeline("token-classification")`."""
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from handlers.base import CompiledHandler
+from handlers.batch import Accepted
 from handlers.entities import AGGREGATIONS, entities_for
-from handlers.labels import Logits
-from handlers.payload import Payload, choice_param
+from handlers.labels import TokenLogits
+from handlers.payload import choice_param
 
 
 class TokenClassificationHandler(CompiledHandler):
     """`{"inputs": "text", "aggregation_strategy": "simple"}` -> `[{"entity_group", "score", "word", ...}]`."""
 
     PARAMS = {"aggregation_strategy": choice_param(*AGGREGATIONS)}
+    PER_TOKEN = True
 
     def read_task_settings(self, model_dir: Path, model_config) -> None:
         self.id2label = {int(index): label for index, label in model_config.id2label.items()}
@@ -25,16 +26,12 @@ class TokenClassificationHandler(CompiledHandler):
         model = AutoModelForTokenClassification.from_pretrained(
             model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
         )
-        return Logits(model)
+        return TokenLogits(model)
 
-    def from_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        return tokens
-
-    def encode(self, rows: list[torch.Tensor], body: Payload, encodings: list) -> Any:
-        aggregation = body.params.get("aggregation_strategy", "none")
-        return body.shape_like_inputs(
-            [
-                entities_for(row, encoding, text, self.tokenizer, self.id2label, aggregation)
-                for row, encoding, text in zip(rows, encodings, body.texts, strict=True)
-            ]
-        )
+    def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
+        aggregation = accepted.request.params.get("aggregation_strategy", "none")
+        texts = accepted.request.texts
+        return [
+            entities_for(row, encoding, text, self.tokenizer, self.id2label, aggregation)
+            for row, encoding, text in zip(rows, accepted.encodings, texts, strict=True)
+        ]

@@ -1,8 +1,9 @@
 """Warm-up before the worker takes traffic: every shape of the grid, timed and checked.
 
-Warm-up calls the same `infer` function live requests use after tokenization (grouping, padding,
-tensor creation under the same grad mode), so dynamo's guards see identical inputs and the first
-live batch compiles nothing.
+Warm-up runs the engine's own `run` (handlers/engine.py), the path live requests take after
+tokenization (layout, padding, tensor creation under the same grad mode), so dynamo's guards see
+identical inputs and the first live batch compiles nothing. `Probes` makes the synthetic token ids
+that warm-up and every check (compiled vs eager, `dtype: auto`, packed vs alone, AOT) run.
 """
 
 import dataclasses
@@ -19,8 +20,6 @@ logger = logging.getLogger(__name__)
 
 # Outputs are compared by 1 - cosine similarity per row; these bound that drift per dtype.
 AUTO_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-3, torch.float16: 2e-3}
-
-Infer = Callable[[list[list[int]]], list[torch.Tensor]]
 
 
 class WarmupError(RuntimeError):
@@ -43,6 +42,41 @@ def filler_ids(length: int, rows: int, vocab_size: int, special: tuple[int, int]
     return [([first] + row + [last])[:length] for row in body.tolist()]
 
 
+class Probes:
+    """Synthetic token ids over a plan's grid, framed by the tokenizer's own first and last ids."""
+
+    def __init__(self, tokenizer, plan: buckets.BucketPlan):
+        ids = tokenizer("x")["input_ids"]
+        self.special = (ids[0], ids[-1])
+        self.vocab_size = len(tokenizer)
+        self.plan = plan
+
+    def filler(self, seq_len: int, rows: int) -> list[list[int]]:
+        """`rows` texts of exactly `seq_len` tokens."""
+        return filler_ids(seq_len, rows, self.vocab_size, self.special)
+
+    def check_rows(self) -> list[list[int]]:
+        """Two rows per length bucket, one full and one shorter, for compiled-vs-eager checks."""
+        plan = self.plan
+        rows = plan.batch_sizes[min(1, len(plan.batch_sizes) - 1)]
+        probe = []
+        for previous, seq_len in zip((1,) + plan.seq_lens, plan.seq_lens, strict=False):
+            lengths = [seq_len] + [max(previous + 1, 2)] * (rows - 1)
+            probe += [self.filler(length, 1)[0] for length in lengths]
+        return probe
+
+    def package_rows(self) -> list[list[int]]:
+        """The check rows of the smallest and the largest length bucket (an AOT package's reference)."""
+        probe = self.check_rows()
+        rows = len(probe) // len(self.plan.seq_lens)
+        return probe[:rows] + probe[-rows:]
+
+
+def tolerance(configured: float | None, dtype: torch.dtype) -> float:
+    """The largest allowed 1 - cosine: `warmup.tolerance`, or the dtype's own (AUTO_TOLERANCE)."""
+    return configured or AUTO_TOLERANCE[dtype]
+
+
 def padding_variants(token_ids: list[list[int]], shorter_fits: bool) -> list[list[list[int]]]:
     """The rows as given (no padding) and, where a shorter row stays in the bucket, with padding.
 
@@ -55,18 +89,19 @@ def padding_variants(token_ids: list[list[int]], shorter_fits: bool) -> list[lis
 
 
 def run_grid(
-    infer: Infer,
-    plan: buckets.BucketPlan,
+    engine,
     iterations: int,
     make_ids: Callable[[int, int], list[list[int]]],
     graphs_needed: int | None,
     progress: Callable[[int, int], None] | None = None,
 ) -> WarmupReport:
-    """Run every (batch, seq_len) of the plan `iterations` times; check the compiled graph count.
+    """Run the engine (handlers/engine.py) at every (batch, seq_len) of its plan `iterations` times,
+    each text in a row of its own; check the compiled graph count.
 
     `graphs_needed` is what the grid must compile per graph of one shape (None: do not check);
     `progress(done, total)` is called after each shape.
     """
+    plan = engine.plan
     start = time.perf_counter()
     graphs_before = compiled_graph_count()
     first_calls = 0.0
@@ -78,10 +113,10 @@ def run_grid(
         previous = max([length for length in plan.seq_lens if length < seq_len], default=0)
         for token_ids in padding_variants(make_ids(seq_len, batch), seq_len - 1 > previous):
             began = time.perf_counter()
-            infer(token_ids)
+            engine.run(token_ids, one_per_row=True)
             first_calls += time.perf_counter() - began
             for _ in range(iterations - 1):
-                infer(token_ids)
+                engine.run(token_ids, one_per_row=True)
         if graphs_per_shape is None:
             # More than one graph per shape means graph breaks; the grid multiplies them.
             graphs_per_shape = max(1, compiled_graph_count() - graphs_before)

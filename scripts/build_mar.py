@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from handlers import aot_package, buckets  # noqa: E402
-from handlers.config import TASKS, parse  # noqa: E402
+from handlers.config import TASKS, ConfigError, parse  # noqa: E402
 from scripts.cli import HelpFormatter, UserError  # noqa: E402
 
 HANDLER_FILES = {
@@ -325,8 +325,8 @@ def main(argv=None) -> Path:
             precompile=args.precompile,
             version=args.version,
         )
-    except (BuildError, ValueError) as error:  # ValueError: the config's own check, naming key and value
-        raise UserError(str(error)) from None
+    except (BuildError, ConfigError) as error:  # ConfigError: the config's own check, naming key and value
+        raise UserError(str(error)) from error
     return archive
 
 
@@ -334,7 +334,7 @@ def read_config(path: Path) -> dict:
     try:
         config = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
-        raise UserError(f"{path} is not valid YAML: {' '.join(str(error).split())}") from None
+        raise UserError(f"{path} is not valid YAML: {' '.join(str(error).split())}") from error
     if not isinstance(config, dict):
         raise UserError(f"{path} must hold a YAML mapping (model-config.yaml keys), not {type(config).__name__}")
     return config

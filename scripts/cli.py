@@ -80,11 +80,11 @@ def main(argv=None) -> None:
     forwarded = ([subcommand] if subcommand else []) + args.args
     try:
         importlib.import_module(module_name).main(forwarded)
-    except (UserError, FileNotFoundError, yaml.YAMLError, requests.ConnectionError) as error:
-        sys.exit(f"hfserve {args.command}: error: {one_line(error)}")
-    except Exception as error:  # anything else: still one line, the traceback on request
-        if os.environ.get("HFSERVE_TRACEBACK"):
+    except Exception as error:
+        if os.environ.get("HFSERVE_TRACEBACK"):  # the whole chain, user errors included
             raise
+        if isinstance(error, (UserError, FileNotFoundError, yaml.YAMLError, requests.ConnectionError)):
+            sys.exit(f"hfserve {args.command}: error: {one_line(error)}")
         where = "HFSERVE_TRACEBACK=1 shows where"
         sys.exit(f"hfserve {args.command}: error: {type(error).__name__}: {one_line(error)} ({where})")
 

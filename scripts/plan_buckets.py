@@ -26,11 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handlers.buckets import BucketPlan, group_requests, seq_bucket  # noqa: E402
+from handlers.buckets import BucketPlan, seq_bucket  # noqa: E402
 from handlers.buckets import padded_tokens as group_tokens  # noqa: E402
 from handlers.config import BucketConfig  # noqa: E402
+from handlers.layout import Layout  # noqa: E402
 from handlers.length_stats import read_histograms  # noqa: E402
-from handlers.packing import AUTO_BUDGET, pack_rows  # noqa: E402
+from handlers.packing import AUTO_BUDGET  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 
 
@@ -90,7 +91,7 @@ def pack_cost(histogram: dict[int, int], seq_lens: tuple[int, ...], budget: int,
     batches = 200
     for _ in range(batches):
         sample = [min(length, seq_lens[-1]) for length in rng.choices(lengths, counts, k=batch)]
-        groups = group_requests([sum(sample[i] for i in row) for row in pack_rows(sample, budget)], grid)
+        groups = [call.group for call in Layout(budget).calls(sample, grid)]  # as the request path packs
         real, computed, calls = real + sum(sample), computed + group_tokens(groups), calls + len(groups)
     return {
         "pack_tokens": budget,

@@ -78,10 +78,11 @@ def precompile_cache(staging: Path, handler_file: str) -> dict:
     started = time.perf_counter()
     handler.initialize(worker_context(staging, config))
     seconds = time.perf_counter() - started
-    if not handler.model.is_compiled or handler.cache_source != "compiled":
-        raise RuntimeError(f"nothing to pack: compiled={handler.model.is_compiled}, cache {handler.cache_source}")
-    built = {"initialize_seconds": round(seconds, 1), "graphs": handler.warmup_report.graphs}
-    host_cache = handler.host_cache
+    compiled, source = handler.engine.model.is_compiled, handler.started.cache_source
+    if not compiled or source != "compiled":
+        raise RuntimeError(f"nothing to pack: compiled={compiled}, cache {source}")
+    built = {"initialize_seconds": round(seconds, 1), "graphs": handler.started.report.graphs}
+    host_cache = handler.started.host_cache
     compile_cache.pack(host_cache.published, host_cache.valid_for, staging / compile_cache.PACKED_DIR, built)
     return {**built, "valid_for": host_cache.valid_for}
 
@@ -89,17 +90,17 @@ def precompile_cache(staging: Path, handler_file: str) -> dict:
 def precompile_package(staging: Path, handler_file: str) -> dict:
     """Build the AOT package, then start a handler from it as a worker would: it must serve from it;
     then run the whole grid and the full compiled-vs-eager check through it (a worker runs less)."""
-    from handlers import warmup
-    from handlers.base import run_eager
+    from handlers import aot_start, building
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
     context = worker_context(staging, config)
     builder = handler_class(handler_file)()
-    module = builder.load_model(context)
+    serving = builder.load_serving(context)
+    eager = building.eager_engine(builder, serving)
     print("precompile: exporting the model and compiling it with AOTInductor", file=sys.stderr, flush=True)
-    built = builder.build_package(module)
-    valid_for = builder.package_manifest()
-    del builder, module
+    built = aot_start.build_package(builder, serving, eager)
+    valid_for = aot_start.package_manifest(serving, eager.dtype)
+    del builder, eager
     served = handler_class(handler_file)()
     started = time.perf_counter()
     served.initialize(context)
@@ -108,12 +109,7 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
         raise RuntimeError(
             f"the AOT package was built but a worker here serves from {served.model_source}: see the log"
         )
-    warmup.run_grid(served.infer_rows, served.plan, 1, served._filler, None, ProgressBar())
-    probe = served._probe_ids()
-    eager = served.infer(probe, run_eager(served.model.eager))
-    warmup.check_drift(
-        "AOT package vs eager, every length", served.infer(probe), eager, served._tolerance(served.dtype)
-    )
+    aot_start.check_package_everywhere(served.engine, served.serving, ProgressBar())
     return {**built, "initialize_seconds": round(seconds, 1), "valid_for": valid_for}
 
 

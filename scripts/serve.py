@@ -353,7 +353,7 @@ def main(argv=None) -> None:
     except ManagementError as error:
         raise UserError(
             str(error).splitlines()[0] + "".join(f"; {line}" for line in str(error).splitlines()[1:3])
-        ) from None
+        ) from error
     if result is not None:
         print(json.dumps(result, indent=2))
 

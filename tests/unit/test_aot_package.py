@@ -13,11 +13,11 @@ import pytest
 import torch
 from fakes import make_context, ready_handler
 
-from handlers import aot_package, compile_cache
-from handlers.base import run_eager
+from handlers import aot_package, aot_start, building, compile_cache
 from handlers.classification import ClassificationHandler
 from handlers.compiling import compiled_graph_count
 from handlers.embedding import EmbeddingHandler
+from handlers.model_runner import EagerRunner
 from handlers.token_classification import TokenClassificationHandler
 
 GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
@@ -33,7 +33,8 @@ def packaged_copy(model_dir, target, handler_class):
     model = target / "model"
     shutil.copytree(model_dir, model)
     builder = handler_class()
-    builder.build_package(builder.load_model(make_context(model, {"handler": {"dtype": "float32", **GRID}})))
+    serving = builder.load_serving(make_context(model, {"handler": {"dtype": "float32", **GRID}}))
+    aot_start.build_package(builder, serving, building.eager_engine(builder, serving))
     return model
 
 
@@ -55,27 +56,29 @@ def damaged_copy(packaged_model, tmp_path, damage) -> object:
 @pytest.mark.parametrize("task", HANDLERS)
 def test_every_exporting_task_serves_from_its_package_without_dynamo(packaged, task):
     handler = ready_handler(HANDLERS[task], packaged[task], **GRID)
-    assert handler.model_source == "aot package" and handler.cache_source == "aot"
-    assert handler.warmup_report.shapes == 3  # each length at batch 1 (8, 16) and the largest batch
+    engine = handler.engine
+    assert handler.model_source == "aot package" and handler.started.cache_source == "aot"
+    assert handler.started.report.shapes == 3  # each length at batch 1 (8, 16) and the largest batch
     assert compiled_graph_count() == 0  # warm-up, the check and these calls traced nothing
-    eager = run_eager(handler.model.eager)
+    eager = engine.on(EagerRunner(engine.model.eager))
     # The package's smallest and largest shapes (1 x 8, 2 x 16), one between, and one with padding.
     for token_ids in ([list(range(5, 9))], [list(range(5, 21))] * 2, [list(range(5, 15)), list(range(5, 9))]):
-        for served, reference in zip(handler.infer(token_ids), handler.infer(token_ids, eager), strict=True):
+        for served, reference in zip(engine.run(token_ids).rows, eager.run(token_ids).rows, strict=True):
             torch.testing.assert_close(served, reference, atol=1e-5, rtol=1e-4)
-    assert handler.model.recompiles_after_ready == 0
+    assert engine.model.recompiles_after_ready == 0
 
 
 def test_a_shape_outside_the_bounds_is_answered_eagerly_and_counted(packaged):
     handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
-    assert handler.model.bounds == ((1, 2), (8, 16)) and handler.pack_budget == 16  # the package packs
+    model = handler.engine.model
+    assert model.bounds == ((1, 2), (8, 16)) and handler.engine.layout.pack_budget == 16  # the package packs
     for batch, seq_len in ((3, 8), (1, 17)):  # the runtime would not check these shapes itself
         positions = torch.arange(seq_len).expand(batch, seq_len).contiguous()
         segments = torch.ones_like(positions)
         inputs = {"input_ids": torch.full((batch, seq_len), 7), "position_ids": positions, "segments": segments}
         with torch.inference_mode():
-            torch.testing.assert_close(handler.model(inputs), handler.model.eager(**inputs))
-    assert handler.model.recompiles_after_ready == 2
+            torch.testing.assert_close(model(inputs), model.eager(**inputs))
+    assert model.recompiles_after_ready == 2
 
 
 def test_the_package_holds_code_and_reads_the_weights_from_the_archive(packaged):
@@ -87,21 +90,22 @@ def test_the_package_holds_code_and_reads_the_weights_from_the_archive(packaged)
     assert manifest["files"][aot_package.PACKAGE_FILE]["bytes"] < weights + 4_000_000  # sized apart from the weights
     assert {file for file, _ in manifest["weights"].values()} == {"model.safetensors"}
     handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
-    assert handler.model.loaded_eager is None  # the worker started without building the model
+    assert not handler.engine.model.eager_loaded  # the worker started without building the model
     # Every parameter comes from the archive's safetensors; only buffers it leaves out ship apart.
-    module = handler.model.eager
+    module = handler.engine.model.eager
     assert set(manifest["weights"]) == set(dict(module.named_parameters()))
     assert set(manifest["built"]["constants_in_package"]) <= set(dict(module.named_buffers()))
 
 
 def test_the_eager_model_loaded_later_lends_the_package_its_weights(packaged):
     handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
+    engine = handler.engine
     with torch.inference_mode():
-        before = handler.infer([list(range(5, 12))])[0]
+        before = engine.run([list(range(5, 12))]).rows[0]
         # The runner now reads the eager model's own tensors: changing one changes the package's answers.
-        handler.model.eager.module.encoder.embeddings.word_embeddings.weight.mul_(2)
-        after = handler.infer([list(range(5, 12))])[0]
-    assert handler.model.constants is None and not torch.allclose(before, after)
+        engine.model.eager.module.encoder.embeddings.word_embeddings.weight.mul_(2)
+        after = engine.run([list(range(5, 12))]).rows[0]
+    assert engine.model.constants is None and not torch.allclose(before, after)
 
 
 def test_an_aot_start_imports_neither_dynamo_nor_the_transformers_model(packaged):

@@ -1,7 +1,7 @@
 """Text and token classification in process, compiled, against transformers pipelines in float32."""
 
 import pytest
-from fakes import ready_handler, start_batch, status
+from fakes import answered, ready_handler, status
 from parity import assert_same_answers
 from transformers import pipeline
 
@@ -14,8 +14,7 @@ TEXTS = ["alice walks to paris quickly", "the cat sat on the red mat in berlin",
 
 
 def ask(handler, bodies):
-    start_batch(handler.context, ["application/json"] * len(bodies))
-    return handler.handle([{"body": body} for body in bodies], handler.context)
+    return answered(handler, bodies)
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +24,17 @@ def single_label(tiny_models):
 
 def test_classification_compiles_the_grid_once_and_never_again(single_label):
     graphs = compiled_graph_count()
-    assert graphs == single_label.graphs_needed() == 1  # batch and length dynamic, batch 1 included
+    assert (
+        graphs == single_label.graphs_needed(single_label.engine.plan) == 1
+    )  # batch and length dynamic, batch 1 included
     ask(single_label, [{"inputs": text} for text in TEXTS] + [{"inputs": TEXTS}])
-    assert compiled_graph_count() == graphs and single_label.model.recompiles_after_ready == 0
+    assert compiled_graph_count() == graphs and single_label.engine.model.recompiles_after_ready == 0
 
 
 @pytest.mark.parametrize("top_k", [1, 2, None])
 def test_classification_matches_the_pipeline(single_label, tiny_models, top_k):
     reference = pipeline("text-classification", model=str(tiny_models["text-classification"]))
-    assert single_label.pack_budget == 32  # the answers below come from packed rows
+    assert single_label.engine.layout.pack_budget == 32  # the answers below come from packed rows
     answers = ask(single_label, [{"inputs": TEXTS[0], "top_k": top_k}, {"inputs": TEXTS, "top_k": top_k}])
     assert_same_answers(answers[0], reference(TEXTS[0], top_k=top_k))
     assert_same_answers(answers[1], reference(TEXTS, top_k=top_k))
@@ -67,12 +68,12 @@ def token_handler(tiny_models):
 @pytest.mark.parametrize("aggregation", ["none", "simple"])
 def test_token_classification_matches_the_pipeline(token_handler, tiny_models, aggregation):
     reference = pipeline("token-classification", model=str(tiny_models["token-classification"]))
-    assert token_handler.pack_budget == 32  # the answers below come from packed rows
+    assert token_handler.engine.layout.pack_budget == 32  # the answers below come from packed rows
     answers = ask(token_handler, [{"inputs": text, "aggregation_strategy": aggregation} for text in TEXTS])
     for text, answer in zip(TEXTS, answers, strict=True):
         assert_same_answers(answer, reference(text, aggregation_strategy=aggregation))
     assert any(answers), "the random model should tag some tokens with a non-O label"
-    assert token_handler.model.recompiles_after_ready == 0
+    assert token_handler.engine.model.recompiles_after_ready == 0
 
 
 def test_token_classification_list_in_list_out_and_unknown_strategy(token_handler):

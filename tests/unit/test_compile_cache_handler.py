@@ -5,7 +5,7 @@ import logging
 import shutil
 
 import pytest
-from fakes import ready_handler, start_batch
+from fakes import answered, ready_handler
 from torch._dynamo.utils import counters
 
 from handlers import compile_cache
@@ -22,8 +22,8 @@ def packed_model(tiny_bert, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(compile_cache.ROOT_ENV, str(tmp_path_factory.mktemp("build-host")))
         builder = ready_handler(EmbeddingHandler, model, **GRID)
-    assert builder.cache_source == "compiled"
-    cache = builder.host_cache
+    assert builder.started.cache_source == "compiled"
+    cache = builder.started.host_cache
     compile_cache.pack(cache.published, cache.valid_for, model / compile_cache.PACKED_DIR, {"initialize_seconds": 1})
     return model
 
@@ -39,16 +39,16 @@ def test_a_matching_packed_cache_is_loaded_not_compiled(packed_model, empty_host
     with caplog.at_level(logging.INFO):
         handler = ready_handler(EmbeddingHandler, packed_model, **GRID)
     assert steps == [0, 1, 2, 3, 4]  # the build's progress bar is told about every shape of the 2 x 2 grid
-    assert handler.cache_source == "archive"
+    assert handler.started.cache_source == "archive"
     assert "compile cache: hit, unpacked from the archive" in caplog.text
-    assert counters["inductor"]["fxgraph_cache_hit"] == handler.warmup_report.graphs > 0
+    assert counters["inductor"]["fxgraph_cache_hit"] == handler.started.report.graphs > 0
     assert counters["inductor"]["fxgraph_cache_miss"] == 0
 
 
 def test_a_packed_cache_for_other_settings_is_refused_naming_the_field(packed_model, empty_host, caplog):
     with caplog.at_level(logging.INFO):
         handler = ready_handler(EmbeddingHandler, packed_model, **{**GRID, "dtype": "bfloat16"})
-    assert handler.cache_source == "compiled"
+    assert handler.started.cache_source == "compiled"
     assert "Packed compile cache IGNORED" in caplog.text
     assert "dtype: packed 'float32', this worker 'bfloat16'" in caplog.text
     assert "compile cache: miss, compiled here" in caplog.text
@@ -60,7 +60,7 @@ def test_a_worker_with_another_thread_count_still_loads_the_packed_cache(packed_
     assert "threads" not in packed["valid_for"] and packed["valid_for"]["dynamic_threads"] is True
     with caplog.at_level(logging.INFO):
         handler = ready_handler(EmbeddingHandler, packed_model, threads=1, **GRID)
-    assert handler.worker.threads == 1 and handler.cache_source == "archive"
+    assert handler.threads.threads == 1 and handler.started.cache_source == "archive"
     assert counters["inductor"]["fxgraph_cache_miss"] == 0
 
 
@@ -72,14 +72,13 @@ def test_a_truncated_packed_cache_never_breaks_the_worker(packed_model, empty_ho
     with caplog.at_level(logging.INFO):
         handler = ready_handler(EmbeddingHandler, model, **GRID)
     assert "Packed compile cache IGNORED" in caplog.text and "corrupt" in caplog.text
-    assert handler.cache_source == "compiled" and handler.model.is_compiled
-    start_batch(handler.context, ["application/json"])
-    assert len(handler.handle([{"body": {"inputs": "still serving"}}], handler.context)[0]["embedding"]) == 32
+    assert handler.started.cache_source == "compiled" and handler.engine.model.is_compiled
+    assert len(answered(handler, [{"inputs": "still serving"}])[0]["embedding"]) == 32
 
 
 def test_the_cache_can_be_switched_off_per_model_or_per_host(tiny_bert, empty_host, monkeypatch):
     handler = ready_handler(EmbeddingHandler, tiny_bert, compile={"cache_dir": "off"}, **GRID)
-    assert handler.cache_source == "off" and handler.model.is_compiled
+    assert handler.started.cache_source == "off" and handler.engine.model.is_compiled
     monkeypatch.setenv(compile_cache.ROOT_ENV, "off")
     handler = ready_handler(EmbeddingHandler, tiny_bert, **GRID)
-    assert handler.cache_source == "off" and handler.model.is_compiled
+    assert handler.started.cache_source == "off" and handler.engine.model.is_compiled

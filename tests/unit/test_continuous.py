@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ts.context import RequestProcessor
 
 from handlers.compiling import compiled_graph_count
-from handlers.generation import GenerationHandler
+from handlers.generation import GenerationHandler, refuse_sliding_window
 
 CONFIG = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 2]}, "generation": {"max_new_tokens": 48}}
 
@@ -105,7 +105,7 @@ def test_a_short_request_joins_a_running_long_one_and_leaves_first_with_the_same
         assert answer["generated_text"] == generate_alone(
             tiny_models["text-generation"], body["inputs"], body["max_new_tokens"]
         )
-    assert compiled_graph_count() == handler.graphs == 1 and handler.model.recompiles_after_ready == 0
+    assert compiled_graph_count() == handler.graphs == 1 and handler.engine.model.recompiles_after_ready == 0
 
 
 def test_more_prompts_than_slots_wait_and_take_the_freed_slots(handler):
@@ -143,15 +143,23 @@ def test_a_bad_request_gets_one_plain_400_while_the_others_run(handler):
     assert json.loads(front.body("good"))["generated_tokens"] == 6 and not handler.loop.running
 
 
-def test_a_failing_prefill_ends_its_own_request_only(handler, monkeypatch):
-    prefill = handler.prefill
+class FailingPrefill:
+    """The loop's engine, whose prefill fails for prompts over 20 tokens."""
 
-    def failing(ids, slot):
+    def __init__(self, engine):
+        self.engine = engine
+
+    def prefill(self, ids, slot):
         if len(ids) > 20:
             raise RuntimeError("out of memory")
-        return prefill(ids, slot)
+        return self.engine.prefill(ids, slot)
 
-    monkeypatch.setattr(handler, "prefill", failing)
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_failing_prefill_ends_its_own_request_only(handler, monkeypatch):
+    monkeypatch.setattr(handler.loop, "engine", FailingPrefill(handler.loop.engine))
     front = Frontend(handler)
     front.submit("good", {"inputs": "the cat", "max_new_tokens": 6})
     front.submit("long", {"inputs": "the cat sat on the mat " * 5, "max_new_tokens": 6})
@@ -218,10 +226,7 @@ def test_a_new_request_without_a_body_gets_a_plain_400_not_a_stream_close(handle
 def test_sliding_window_models_are_refused_with_continuous_batching():
     from transformers import LlamaConfig, MistralConfig
 
-    made = GenerationHandler()
-    made.continuous = True
     with pytest.raises(ValueError, match="sliding-window"):
-        made.read_task_settings(None, MistralConfig(sliding_window=8))
-    made.read_task_settings(None, LlamaConfig())  # full attention: served
-    made.continuous = False
-    made.read_task_settings(None, MistralConfig(sliding_window=8))  # request batches: served
+        refuse_sliding_window(MistralConfig(sliding_window=8), continuous=True)
+    refuse_sliding_window(LlamaConfig(), continuous=True)  # full attention: served
+    refuse_sliding_window(MistralConfig(sliding_window=8), continuous=False)  # request batches: served

@@ -3,12 +3,12 @@
 import fakes
 import pytest
 import torch
-from fakes import start_batch, status
+from fakes import answered, status
 
-from handlers import buckets, packing
-from handlers.base import run_eager
+from handlers import buckets, layout
 from handlers.compiling import compiled_graph_count
 from handlers.embedding import EmbeddingHandler
+from handlers.model_runner import EagerRunner
 
 GRID = {"seq_lens": [8, 16, 32], "batch_sizes": [1, 2, 4]}
 
@@ -23,15 +23,14 @@ def ready_handler(model_dir, **handler_config):
 )
 def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny_bert, dynamic, grid, graphs):
     handler = ready_handler(tiny_bert, compile={"dynamic": dynamic}, buckets=grid)
-    assert handler.model.is_compiled and handler.pack_budget == grid["seq_lens"][-1]  # packed, dummy rows for none
-    assert compiled_graph_count() == graphs == buckets.expected_graphs(handler.plan)
+    engine = handler.engine
+    assert engine.model.is_compiled and engine.layout.pack_budget == grid["seq_lens"][-1]  # packed, dummy rows for none
+    assert compiled_graph_count() == graphs == buckets.expected_graphs(engine.plan)
     texts = ["the cat sat", "hello world " * 6, "a dog", "fast model serve token " * 3, "on the mat"]
-    context = handler.context
-    start_batch(context, ["application/json"] * len(texts))
-    answers = handler.handle([{"body": {"inputs": text}} for text in texts], context)
+    answers = answered(handler, [{"inputs": text} for text in texts])
     assert compiled_graph_count() == graphs
-    assert handler.model.recompiles_after_ready == 0
-    eager = handler.infer([e.ids for e in handler.tokenize(texts)], run_eager(handler.model.eager))
+    assert engine.model.recompiles_after_ready == 0
+    eager = engine.on(EagerRunner(engine.model.eager)).run(handler.tokenize(texts)[1]).rows
     for answer, row in zip(answers, eager, strict=True):
         expected = torch.nn.functional.normalize(row, dim=-1)
         assert torch.allclose(torch.tensor(answer["embedding"]), expected, atol=1e-5)
@@ -39,14 +38,14 @@ def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny
 
 def test_regional_compile_warms_blocks_with_and_without_padding_and_live_traffic_compiles_nothing(tiny_bert):
     handler = ready_handler(tiny_bert, compile={"regional": True})
+    engine = handler.engine
     # One block graph for every shape: packed rows always carry their 4-D mask (length groups
     # without padding reach the blocks without one, a second graph).
-    assert compiled_graph_count() == buckets.expected_graphs(handler.plan) == 1
+    assert compiled_graph_count() == buckets.expected_graphs(engine.plan) == 1
     texts = ["the cat sat", "hello world " * 6, "a dog", "fast model serve token " * 3, "x"]
-    start_batch(handler.context, ["application/json"] * len(texts))
-    answers = handler.handle([{"body": {"inputs": text}} for text in texts], handler.context)
-    assert compiled_graph_count() == 1 and handler.model.recompiles_after_ready == 0
-    eager = handler.infer([e.ids for e in handler.tokenize(texts)], run_eager(handler.model.eager))
+    answers = answered(handler, [{"inputs": text} for text in texts])
+    assert compiled_graph_count() == 1 and engine.model.recompiles_after_ready == 0
+    eager = engine.on(EagerRunner(engine.model.eager)).run(handler.tokenize(texts)[1]).rows
     for answer, row in zip(answers, eager, strict=True):
         assert torch.allclose(torch.tensor(answer["embedding"]), torch.nn.functional.normalize(row, dim=-1), atol=1e-5)
 
@@ -54,49 +53,42 @@ def test_regional_compile_warms_blocks_with_and_without_padding_and_live_traffic
 def test_a_shape_outside_the_grid_after_ready_is_counted_and_answered_eagerly(tiny_bert):
     handler = ready_handler(tiny_bert, compile={"dynamic": "none"}, buckets={"seq_lens": [8], "batch_sizes": [2, 4]})
     graphs = compiled_graph_count()
-    group = buckets.Group((0, 1, 2), batch_size=3, seq_len=8)  # batch 3 is not a bucket
-    inputs, _ = packing.pad_packs([[2, 5, 3], [2, 6, 7, 3], [2, 3]], [[0], [1], [2]], group, 0, 0)
+    call = layout.Call(buckets.Group((0, 1, 2), batch_size=3, seq_len=8), ((0,), (1,), (2,)))  # batch 3: no bucket
+    ids = layout.BatchIds([[2, 5, 3], [2, 6, 7, 3], [2, 3]])
+    inputs = layout.call_inputs(ids, call, ids.placement(call), handler.engine.layout, 0)
     with torch.inference_mode():
-        got = handler.model(inputs)
-        want = handler.model.eager(**inputs)
-    assert handler.model.recompiles_after_ready == 1
+        got = handler.engine.model(inputs)
+        want = handler.engine.model.eager(**inputs)
+    assert handler.engine.model.recompiles_after_ready == 1
     assert compiled_graph_count() == graphs
     assert torch.allclose(got, want)
 
 
 def test_bad_request_in_a_batch_gets_its_own_4xx(tiny_bert):
     handler = ready_handler(tiny_bert, buckets={**GRID, "overflow": "reject"})
-    context = handler.context
-    start_batch(context, ["application/json", "application/json", "text/plain", "application/json"])
-    data = [
-        {"body": {"inputs": "the cat"}},
-        {"body": {"inputs": []}},
-        {"body": "a " * 100},
-        {"body": {"inputs": ["x"]}},
-    ]
-    answers = handler.handle(data, context)
-    assert [status(context, i) for i in range(4)] == [200, 400, 413, 200]
+    bodies = [{"inputs": "the cat"}, {"inputs": []}, "a " * 100, {"inputs": ["x"]}]
+    answers = answered(handler, bodies, ["application/json", "application/json", "text/plain", "application/json"])
+    assert [status(handler.context, i) for i in range(4)] == [200, 400, 413, 200]
     assert answers[1]["code"] == 400 and answers[2]["code"] == 413
     assert len(answers[0]["embedding"]) == 32 and len(answers[3]) == 1
 
 
 def test_truncate_caps_long_texts_at_the_largest_bucket(tiny_bert):
     handler = ready_handler(tiny_bert)
-    assert [len(e.ids) for e in handler.tokenize(["a " * 100, "the cat"])] == [32, 4]
+    assert [len(ids) for ids in handler.tokenize(["a " * 100, "the cat"])[1]] == [32, 4]
 
 
 def test_compile_off_serves_eagerly(tiny_bert):
     graphs = compiled_graph_count()
     handler = ready_handler(tiny_bert, compile={"enable": False})
-    assert not handler.model.is_compiled and compiled_graph_count() == graphs
-    start_batch(handler.context, ["application/json"])
-    assert len(handler.handle([{"body": {"inputs": "the dog"}}], handler.context)[0]["embedding"]) == 32
+    assert not handler.engine.model.is_compiled and compiled_graph_count() == graphs
+    assert len(answered(handler, [{"inputs": "the dog"}])[0]["embedding"]) == 32
 
 
 def test_a_compile_failure_falls_back_to_eager_or_fails_per_config(tiny_bert, caplog):
     with caplog.at_level("ERROR"):
         handler = ready_handler(tiny_bert, compile={"backend": "no-such-backend"})
-    assert not handler.model.is_compiled
+    assert not handler.engine.model.is_compiled
     assert "Serving the model EAGERLY" in caplog.text and "no-such-backend" in caplog.text
     with pytest.raises(Exception, match="no-such-backend"):
         ready_handler(tiny_bert, compile={"backend": "no-such-backend", "on_failure": "fail"})
@@ -104,4 +96,4 @@ def test_a_compile_failure_falls_back_to_eager_or_fails_per_config(tiny_bert, ca
 
 def test_model_length_limit_caps_the_buckets(tiny_bert):
     handler = ready_handler(tiny_bert, buckets={"seq_lens": [16, 48, 128], "batch_sizes": [1, 2]})
-    assert handler.plan.seq_lens == (16, 48, 64)  # sentence_bert_config.json says 64
+    assert handler.engine.plan.seq_lens == (16, 48, 64)  # sentence_bert_config.json says 64

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from fakes import RecordingSocket, ready_handler, start_batch, status
+from fakes import RecordingSocket, decoded, ready_handler, start_batch, status
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handlers.compiling import compiled_graph_count
@@ -49,11 +49,11 @@ def ask(handler, bodies, request_ids=None):
     start_batch(context, ["application/json"] * len(bodies))
     context.request_ids = request_ids or {index: f"request-{index}" for index in range(len(bodies))}
     context.cl_socket = RecordingSocket()
-    return handler.handle([{"body": body} for body in bodies], context)
+    return decoded(handler.handle([{"body": body} for body in bodies], context), context)
 
 
 def test_decode_step_compiles_once_per_batch_bucket(handler):
-    assert compiled_graph_count() == handler.graphs_needed() == 2
+    assert compiled_graph_count() == handler.graphs_needed(handler.engine.plan) == 2
 
 
 def test_greedy_mixed_batch_is_token_identical_to_generate_alone(handler, reference):
@@ -71,7 +71,7 @@ def test_greedy_mixed_batch_is_token_identical_to_generate_alone(handler, refere
         assert gap > 1e-3, f"near-tie in the reference for {prompt!r}: greedy parity would be luck"
         assert answer["generated_text"] == text
         assert answer["generated_tokens"] == max_new_tokens and answer["finish_reason"] == "length"
-    assert compiled_graph_count() == graphs and handler.model.recompiles_after_ready == 0
+    assert compiled_graph_count() == graphs and handler.engine.model.recompiles_after_ready == 0
 
 
 def test_streaming_sends_the_text_as_it_is_made_to_the_streaming_request_only(handler, reference):

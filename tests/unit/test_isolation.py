@@ -5,7 +5,7 @@ depend on compilation); tests/integration/test_fuzz_server.py sends the same cas
 import logging
 
 import pytest
-from fakes import RecordingMetrics, RecordingSocket, ready_handler, start_batch, status
+from fakes import RecordingMetrics, RecordingSocket, decoded, ready_handler, start_batch, status
 from fuzzing import Case, hostile_cases, ordinary, torchserve_request
 from parity import assert_same_answers
 from transformers import AutoTokenizer
@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 from handlers.classification import ClassificationHandler
 from handlers.embedding import EmbeddingHandler
 from handlers.generation import GenerationHandler
+from handlers.model_runner import ModelRunner
 from handlers.payload import is_unicode_text
 from handlers.token_classification import TokenClassificationHandler
 
@@ -38,7 +39,7 @@ def run(handler, requests: list[dict], content_types: list[str]) -> tuple[list, 
     start_batch(context, content_types)
     context.request_ids = {index: f"request-{index}" for index in range(len(requests))}
     context.cl_socket = RecordingSocket()
-    answers = handler.handle(requests, context)
+    answers = decoded(handler.handle(requests, context), context)
     return answers, [status(context, index) for index in range(len(requests))]
 
 
@@ -127,21 +128,18 @@ def test_the_check_for_text_agrees_with_what_the_tokenizer_takes(tiny_models):
 POISON = "zzz"  # "z ##z ##z": "##z" is in no other text of the test
 
 
-class PoisonedModel:
+class PoisonedModel(ModelRunner):
     """The handler's model, raising for any batch that holds the poison text's first token."""
 
-    def __init__(self, model, poison_id: int):
+    def __init__(self, model: ModelRunner, poison_id: int):
+        super().__init__(model.eager)
         self.model, self.poison_id = model, poison_id
-        self.calls = 0
+        self.ready = model.ready
 
     def __call__(self, inputs):
-        self.calls += 1
         if (inputs["input_ids"] == self.poison_id).any():
             raise RuntimeError(f"secret {POISON} text")
         return self.model(inputs)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
 
 
 def test_a_raising_model_call_is_split_until_only_the_culprit_fails(handlers, caplog):
@@ -151,13 +149,14 @@ def test_a_raising_model_call_is_split_until_only_the_culprit_fails(handlers, ca
     poison_id = handler.tokenizer(POISON)["input_ids"][2]
     bodies = [{"inputs": text} for text in texts]
     bodies.insert(3, {"inputs": f"{POISON} sees the river"})
-    real, handler.model = handler.model, PoisonedModel(handler.model, poison_id)
-    handler.context.metrics = metrics = RecordingMetrics()
+    real = handler.engine
+    handler.engine, handler.context.metrics = real.on(PoisonedModel(real.model, poison_id)), RecordingMetrics()
+    metrics = handler.context.metrics
     try:
         with caplog.at_level(logging.INFO):
             answers, statuses = run(handler, [{"body": body} for body in bodies], ["application/json"] * 6)
     finally:
-        handler.model, handler.context.metrics = real, None
+        handler.engine, handler.context.metrics = real, None
     assert statuses == [200, 200, 200, 500, 200, 200]
     assert answers[3] == {"error": answers[3]["error"], "code": 500} and "server log" in answers[3]["error"]
     for answer, expected in zip(answers[:3] + answers[4:], alone, strict=True):

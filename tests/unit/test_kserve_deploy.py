@@ -88,4 +88,4 @@ def test_the_layout_holds_the_archive_the_profile_and_a_snapshot_of_the_models(t
         }
     }
     with zipfile.ZipFile(out / "model-store" / "tiny.mar") as archive:
-        assert "handlers/kserve_v2.py" in archive.namelist()
+        assert "handlers/protocols/kserve_v2.py" in archive.namelist()

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from handlers import kserve_v2
 from handlers.payload import RequestError, boolean_param, int_param
+from handlers.protocols import kserve_v2
 
 PARAMS = {"normalize": boolean_param, "top_k": int_param(1, 5)}
 
@@ -22,9 +22,11 @@ def test_a_v2_request_is_told_apart_from_a_json_one():
 
 
 def test_texts_parameters_and_id_are_read():
-    body = kserve_v2.parse(request(["a", "b"], id="42", parameters={"normalize": False}), PARAMS, 4)
-    assert (body.texts, body.is_list, body.params, body.v2_id) == (["a", "b"], True, {"normalize": False}, "42")
-    assert kserve_v2.parse(request(["a", "b"], shape=[1, 2]), PARAMS, 4).v2_id == ""
+    texts, params, request_id = kserve_v2.parse(
+        request(["a", "b"], id="42", parameters={"normalize": False}), PARAMS, 4
+    )
+    assert (texts, params, request_id) == (["a", "b"], {"normalize": False}, "42")
+    assert kserve_v2.parse(request(["a", "b"], shape=[1, 2]), PARAMS, 4)[2] == ""
 
 
 @pytest.mark.parametrize(

@@ -31,16 +31,22 @@ class Context:
 
 
 def test_texts_are_counted_per_bucket_of_each_group():
-    from handlers.base import CompiledHandler, run_eager
+    from handlers.base import CompiledHandler
+    from handlers.buckets import BucketPlan
+    from handlers.engine import Engine
+    from handlers.layout import Call, Layout
     from handlers.length_stats import LengthStats
+    from handlers.model_runner import EagerRunner
 
     handler = CompiledHandler()
-    handler.context, handler.lengths = Context(), LengthStats("m")
-    handler.model = run_eager(torch.nn.Identity())
-    handler.record_padding([3, 5, 20], [Group((0, 1), 2, 8), Group((2,), 1, 32)])  # warm-up: not traffic
+    handler.context, handler.lengths, handler.initialized = Context(), LengthStats("m"), True
+    plan = BucketPlan((8, 32), (1, 2), "all")
+    handler.engine = Engine(EagerRunner(torch.nn.Identity()), Layout(), plan, torch.float32, torch.device("cpu"), 0)
+    calls = [Call(Group((0, 1), 2, 8), ((0,), (1,))), Call(Group((2,), 1, 32), ((2,),))]
+    handler.record_traffic([3, 5, 20], calls)  # warm-up: not traffic
     assert handler.context.metrics.calls == []
-    handler.model.mark_ready()
-    handler.record_padding([3, 5, 20], [Group((0, 1), 2, 8), Group((2,), 1, 32)])
+    handler.engine.model.mark_ready()
+    handler.record_traffic([3, 5, 20], calls)
     counted = [call for call in handler.context.metrics.calls if call[0] == "BucketRequests"]
     assert [(value, dims["Bucket"], kind) for _, value, dims, kind in counted] == [
         (2, "2x8", "COUNTER"),

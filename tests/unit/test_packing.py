@@ -5,14 +5,15 @@ changes is the layout of the inputs, not compilation. Parity with the reference 
 packed path is in the task tests, which pack by default.
 """
 
+import dataclasses
 import logging
 
 import pytest
 import torch
-from fakes import RecordingMetrics, ready_handler, start_batch, status
+from fakes import RecordingMetrics, answered, ready_handler, status
 from parity import assert_same_answers
 
-from handlers import packing
+from handlers import buckets, layout, packing
 from handlers.classification import ClassificationHandler
 from handlers.compiling import compiled_graph_count
 from handlers.embedding import EmbeddingHandler
@@ -38,24 +39,44 @@ def handlers(tiny_models):
 
 
 def texts_of(handler, lengths: list[int]) -> list[list[int]]:
-    return [handler._filler(length, 1)[0] for length in lengths]
+    return [handler.serving.probes.filler(length, 1)[0] for length in lengths]
+
+
+def calls_of(handler, token_ids: list[list[int]]) -> list[layout.Call]:
+    engine = handler.engine
+    return engine.layout.calls([len(ids) for ids in token_ids], engine.plan)
 
 
 def padded_tokens(handler, token_ids: list[list[int]]) -> int:
-    return sum(item.group.batch_size * item.group.seq_len for item in handler.prepare(token_ids))
+    return buckets.padded_tokens([call.group for call in calls_of(handler, token_ids)])
+
+
+def rows(handler, token_ids: list[list[int]]) -> list[torch.Tensor]:
+    return handler.engine.run(token_ids).rows
 
 
 def test_rows_fill_up_to_the_budget_longest_first_and_a_longer_text_rides_alone():
-    assert packing.pack_rows([10, 30, 24, 40, 6, 70], 64) == [[5], [3, 2], [1, 0, 4]]
+    assert packing.pack_rows([10, 30, 24, 40, 6, 70], 64, (16, 32, 64, 128)) == [[5], [3, 2], [1, 0, 4]]
+    # a row holds no more texts than its bucket has slots (a 16-token row: 4), however short they are
+    assert packing.pack_rows([2] * 6, 64, (16, 32, 64)) == [[0, 1, 2, 3], [4, 5]]
 
 
 def test_each_text_gets_positions_from_the_first_and_a_segment_of_its_own():
-    group = packing.buckets.Group((0,), 1, 8)
-    inputs, spans = packing.pad_packs([[9, 5, 9], [9, 7, 8, 9]], [[0, 1]], group, pad_id=1, first_position=2)
+    call = layout.Call(buckets.Group((0,), 1, 8), ((0, 1),))
+    ids = layout.BatchIds([[9, 5, 9], [9, 7, 8, 9]])
+    place = ids.placement(call)
+    inputs = layout.call_inputs(ids, call, place, layout.Layout(8, first_position=2), pad_id=1)
     assert inputs["input_ids"].tolist() == [[9, 5, 9, 9, 7, 8, 9, 1]]
     assert inputs["position_ids"].tolist() == [[2, 3, 4, 2, 3, 4, 5, 2]]
     assert inputs["segments"].tolist() == [[1, 1, 1, 2, 2, 2, 2, 0]]
-    assert spans == [packing.Span(0, 0, 0, 3), packing.Span(1, 0, 3, 4)]
+    assert (place.texts, place.row_of.tolist(), place.segment.tolist()) == ([0, 1], [0, 0], [1, 2])
+
+
+def test_each_packed_text_is_pooled_in_its_own_slot():
+    segments = torch.tensor([[1, 1, 2, 2, 2, 0, 0, 0]])  # two texts, then padding: 2 slots of 8 tokens
+    hidden = torch.arange(8, dtype=torch.float32).view(1, 8, 1)
+    pooled = packing.pool_per_text(hidden, segments, ("cls_token", "lasttoken", "max_tokens", "mean_tokens"))
+    assert pooled.tolist() == [[[0.0, 1.0, 1.0, 0.5], [2.0, 4.0, 4.0, 3.0]]]
 
 
 def test_the_mask_lets_a_token_see_its_own_segment_only():
@@ -66,12 +87,12 @@ def test_the_mask_lets_a_token_see_its_own_segment_only():
 @pytest.mark.parametrize("task", TASKS)
 def test_a_text_alone_equals_the_same_text_inside_a_pack_it_fills_exactly(handlers, task):
     handler = handlers[task]
-    assert handler.pack_budget == 64
+    assert handler.engine.layout.pack_budget == 64
     token_ids = texts_of(handler, [30, 20, 14])
     assert padded_tokens(handler, token_ids) == 64  # one row of 64 tokens, no padding at all
-    together = handler.infer(token_ids)
+    together = rows(handler, token_ids)
     for ids, row in zip(token_ids, together, strict=True):
-        alone = handler.infer([ids])[0]
+        alone = rows(handler, [ids])[0]
         assert row.shape == alone.shape
         torch.testing.assert_close(row, alone, atol=1e-5, rtol=0)
 
@@ -79,50 +100,47 @@ def test_a_text_alone_equals_the_same_text_inside_a_pack_it_fills_exactly(handle
 def test_a_text_longer_than_the_budget_gets_a_row_of_its_own(tiny_models):
     handler = ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets={**GRID, "pack_tokens": 32}, **EAGER)
     token_ids = texts_of(handler, [50, 10, 12])
-    prepared = handler.prepare(token_ids)
-    assert [(item.group.batch_size, item.group.seq_len) for item in prepared] == [(1, 32), (1, 64)]
-    assert [[span.text for span in item.spans] for item in prepared] == [[2, 1], [0]]
-    for ids, row in zip(token_ids, handler.infer(token_ids), strict=True):
-        torch.testing.assert_close(row, handler.infer([ids])[0], atol=1e-5, rtol=0)
+    calls = calls_of(handler, token_ids)
+    assert [(call.group.batch_size, call.group.seq_len) for call in calls] == [(1, 32), (1, 64)]
+    assert [call.texts for call in calls] == [[2, 1], [0]]
+    for ids, row in zip(token_ids, rows(handler, token_ids), strict=True):
+        torch.testing.assert_close(row, rows(handler, [ids])[0], atol=1e-5, rtol=0)
 
 
 def test_positions_of_an_xlmr_model_start_past_its_padding_index(handlers):
     handler = handlers["text-classification-xlmr"]
-    assert handler.first_position == 2  # pad id 1
+    assert handler.engine.layout.first_position == 2  # pad id 1
     token_ids = texts_of(handler, [30, 20, 14])
-    alone = [handler.infer([ids])[0] for ids in token_ids]
-    handler.first_position = 0  # what a 0-based packer would send: the check would catch it
-    try:
-        wrong = handler.infer(token_ids)
-    finally:
-        handler.first_position = 2
+    alone = [rows(handler, [ids])[0] for ids in token_ids]
+    zero_based = dataclasses.replace(handler.engine.layout, first_position=0)  # what the check would catch
+    wrong = dataclasses.replace(handler.engine, layout=zero_based).run(token_ids).rows
     assert max((got - want).abs().max().item() for got, want in zip(wrong, alone, strict=True)) > 1e-3
 
 
 def test_a_model_that_fails_the_packed_check_keeps_length_groups(tiny_models, monkeypatch, caplog):
     monkeypatch.setattr(packing, "first_position", lambda module: 0)  # XLM-R's positions, counted wrongly
-    with caplog.at_level(logging.WARNING, logger="handlers.base"):
+    with caplog.at_level(logging.WARNING, logger="handlers.building"):
         handler = ready_handler(ClassificationHandler, tiny_models["text-classification-xlmr"], buckets=GRID, **EAGER)
-    assert handler.pack_budget is None and "Packing OFF" in caplog.text
+    assert not handler.engine.layout.packed and "Packing OFF" in caplog.text
     assert padded_tokens(handler, texts_of(handler, [30, 20, 14])) == 32 + 32 + 16  # a group per bucket
 
 
 def test_a_head_packing_cannot_reach_keeps_length_groups(tiny_models, caplog):
-    with caplog.at_level(logging.WARNING, logger="handlers.base"):
+    with caplog.at_level(logging.WARNING, logger="handlers.building"):
         handler = ready_handler(
             ClassificationHandler, tiny_models["text-classification-distilbert"], buckets=GRID, **EAGER
         )
-    assert handler.pack_budget is None and "neither BERT- nor RoBERTa-like" in caplog.text
+    assert not handler.engine.layout.packed and "neither BERT- nor RoBERTa-like" in caplog.text
 
 
 def test_static_batches_pad_packed_rows_with_dummy_rows(tiny_models):
     static = {"enable": False, "dynamic": "none"}
     handler = ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets=GRID, compile=static)
     token_ids = texts_of(handler, [50, 40, 30])  # three rows: 50, 40 and 30 tokens
-    prepared = handler.prepare(token_ids)
-    assert [(item.group.batch_size, item.group.seq_len) for item in prepared] == [(1, 32), (4, 64)]
-    for ids, row in zip(token_ids, handler.infer(token_ids), strict=True):
-        torch.testing.assert_close(row, handler.infer([ids])[0], atol=1e-5, rtol=0)
+    calls = calls_of(handler, token_ids)
+    assert [(call.group.batch_size, call.group.seq_len) for call in calls] == [(1, 32), (4, 64)]
+    for ids, row in zip(token_ids, rows(handler, token_ids), strict=True):
+        torch.testing.assert_close(row, rows(handler, [ids])[0], atol=1e-5, rtol=0)
 
 
 def test_a_bad_request_in_a_packed_batch_gets_its_own_400_and_padding_is_counted(handlers):
@@ -131,12 +149,11 @@ def test_a_bad_request_in_a_packed_batch_gets_its_own_400_and_padding_is_counted
     context.metrics = RecordingMetrics()
     real, computed = handler.lengths.real_tokens, handler.lengths.padded_tokens
     bodies = [{"inputs": "the cat sat"}, {"inputs": 5}, {"inputs": ["hello world", "alice walks to paris"]}]
-    start_batch(context, ["application/json"] * len(bodies))
-    answers = handler.handle([{"body": body} for body in bodies], context)
+    answers = answered(handler, bodies)
     assert [status(context, index) for index in range(3)] == [200, 400, 200]
     assert "error" in answers[1]
     texts = ["the cat sat", "hello world", "alice walks to paris"]
-    lengths = [len(encoding.ids) for encoding in handler.tokenize(texts)]
+    lengths = [len(ids) for ids in handler.tokenize(texts)[1]]
     assert handler.lengths.real_tokens - real == sum(lengths) == 15
     assert handler.lengths.padded_tokens - computed == 16  # the three texts share one 16-token row
     ratios = [value for name, value, _, _ in context.metrics.calls if name == "PaddedTokenRatio"]
@@ -144,14 +161,13 @@ def test_a_bad_request_in_a_packed_batch_gets_its_own_400_and_padding_is_counted
     shapes = [(dims["Bucket"], value) for name, value, dims, _ in context.metrics.calls if name == "BucketRequests"]
     assert shapes == [("packed 1x16", 3)]
     for body, answer in ((bodies[0], answers[0]), (bodies[2], answers[2])):
-        start_batch(context, ["application/json"])
-        assert_same_answers(handler.handle([{"body": body}], context)[0], answer, tolerance=1e-5)
+        assert_same_answers(answered(handler, [body])[0], answer, tolerance=1e-5)
 
 
 def test_packed_traffic_compiles_nothing_after_ready(handlers):
     handler = handlers["embedding"]
-    assert handlers["embedding graphs"] == handler.graphs_needed() == 1
+    assert handlers["embedding graphs"] == handler.graphs_needed(handler.engine.plan) == 1
     graphs = compiled_graph_count()
-    for lengths in ([5, 9, 60, 3], [64], [16, 16, 16, 16, 33, 2], [40] * 9):
-        handler.infer(texts_of(handler, lengths))
-    assert compiled_graph_count() == graphs and handler.model.recompiles_after_ready == 0
+    for lengths in ([5, 9, 60, 3], [64], [16, 16, 16, 16, 33, 2], [40] * 9, [2] * 40):
+        rows(handler, texts_of(handler, lengths))
+    assert compiled_graph_count() == graphs and handler.engine.model.recompiles_after_ready == 0

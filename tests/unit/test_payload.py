@@ -1,12 +1,14 @@
 import pytest
 
-from handlers.payload import RequestError, boolean_param, decode, parse
+from handlers.payload import RequestError, boolean_param, decode
+from handlers.protocols import RequestSpec
+from handlers.protocols.plain import PlainProtocol
 
 PARAMS = {"normalize": boolean_param}
 
 
 def parse_one(body, content_type="application/json", max_inputs=4):
-    return parse(decode({"body": body}, content_type), PARAMS, max_inputs)
+    return PlainProtocol().decode(decode({"body": body}, content_type), RequestSpec(PARAMS, max_inputs))
 
 
 def test_raw_text_json_string_and_list():

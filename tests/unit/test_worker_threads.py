@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import torch
-from fakes import ready_handler, start_batch
+from fakes import answered, ready_handler
 
 from handlers import hardware, process_settings, worker_threads
 from handlers.compiling import compiled_graph_count
@@ -102,13 +102,12 @@ def test_without_a_writable_temp_dir_the_worker_keeps_the_starting_share(tmp_pat
 
 def test_a_new_thread_share_is_traced_once_and_never_answered_eagerly(tiny_bert, monkeypatch, caplog):
     handler = ready_handler(EmbeddingHandler, tiny_bert, buckets={"seq_lens": [8, 16], "batch_sizes": [1, 2]})
-    before, graphs = handler.worker.threads, compiled_graph_count()
+    before, graphs = handler.threads.threads, compiled_graph_count()
     monkeypatch.setattr(process_settings, "RECOUNT_SECONDS", 0.0)
-    handler.worker.cores = 2 * before + 2  # so that a second worker changes this one's share
+    handler.threads.cores = 2 * before + 2  # so that a second worker changes this one's share
 
     def embed() -> None:
-        start_batch(handler.context, ["application/json"] * 2)
-        answers = handler.handle([{"body": {"inputs": "a few words"}}, {"body": {"inputs": "b"}}], handler.context)
+        answers = answered(handler, [{"inputs": "a few words"}, {"inputs": "b"}])
         assert all(len(answer["embedding"]) == 32 for answer in answers)
 
     other = start_worker(tiny_bert)
@@ -118,10 +117,10 @@ def test_a_new_thread_share_is_traced_once_and_never_answered_eagerly(tiny_bert,
     finally:
         other.kill()
         other.wait()
-    assert handler.worker.threads == torch.get_num_threads() == before + 1
+    assert handler.threads.threads == torch.get_num_threads() == before + 1
     assert f"Grid traced again at {before + 1} threads" in caplog.text
-    assert compiled_graph_count() == 2 * graphs and handler.model.recompiles_after_ready == 0
-    handler.worker.cores = before  # alone again, at the first count: its graphs are still there
+    assert compiled_graph_count() == 2 * graphs and handler.engine.model.recompiles_after_ready == 0
+    handler.threads.cores = before  # alone again, at the first count: its graphs are still there
     embed()
-    assert handler.worker.threads == before and compiled_graph_count() == 2 * graphs
-    assert handler.model.recompiles_after_ready == 0
+    assert handler.threads.threads == before and compiled_graph_count() == 2 * graphs
+    assert handler.engine.model.recompiles_after_ready == 0

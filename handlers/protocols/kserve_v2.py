@@ -19,7 +19,8 @@ import json
 import math
 from typing import Any
 
-from handlers.payload import ParamCheck, Payload, RequestError, check_params, check_texts, is_unicode_text
+from handlers.payload import ParamCheck, RequestError, check_params, check_texts, is_unicode_text
+from handlers.protocols import Protocol, Request, RequestSpec, Served
 
 REQUEST_KEYS = {"id", "inputs", "parameters", "outputs"}
 TENSOR_KEYS = {"name", "shape", "datatype", "data", "parameters"}
@@ -31,8 +32,22 @@ def is_v2(value: Any) -> bool:
     return isinstance(inputs, list) and bool(inputs) and all(isinstance(tensor, dict) for tensor in inputs)
 
 
-def parse(value: dict, param_checks: dict[str, ParamCheck], max_inputs: int) -> Payload:
-    """The texts of a v2 request's one BYTES input and its task parameters."""
+class KServeV2Protocol(Protocol):
+    """KServe v2 bodies, told apart from the plain ones by their `inputs` of tensor objects."""
+
+    def accepts(self, value: Any) -> bool:
+        return is_v2(value)
+
+    def decode(self, value: Any, spec: RequestSpec) -> Request:
+        texts, params, request_id = parse(value, spec.params, spec.max_inputs)
+        return Request(texts, params, self, meta={"id": request_id})
+
+    def encode(self, request: Request, answers: list, served: Served) -> Any:
+        return response(answers, served.model_name, served.model_version, request.meta["id"])
+
+
+def parse(value: dict, param_checks: dict[str, ParamCheck], max_inputs: int) -> tuple[list[str], dict, str]:
+    """The texts of a v2 request's one BYTES input, its task parameters and its id ("" for none)."""
     unknown = set(value) - REQUEST_KEYS
     if unknown:
         raise RequestError(400, f"v2 request has unknown keys; allowed: {', '.join(sorted(REQUEST_KEYS))}")
@@ -57,7 +72,7 @@ def parse(value: dict, param_checks: dict[str, ParamCheck], max_inputs: int) -> 
     if request_id is not None and not (isinstance(request_id, str) and is_unicode_text(request_id)):
         raise RequestError(400, "v2 'id' must be a string of Unicode text (it is echoed back)")
     texts = check_texts(tensor["data"], max_inputs)
-    return Payload(texts, is_list=True, params=check_params(params, param_checks), v2_id=request_id or "")
+    return texts, check_params(params, param_checks), request_id or ""
 
 
 def response(answers: list, model_name: str, model_version: str | None, request_id: str) -> dict:

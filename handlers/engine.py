@@ -1,0 +1,59 @@
+"""The engine: the model as it serves, built once at `initialize` (handlers/building.py), never changed after.
+
+It holds the model behind one interface (compiled, AOT package or eager: handlers/model_runner.py),
+its layout (packed rows or length groups, handlers/layout.py), the bucket plan and the dtype, and
+has one way to run the model: `run(token_ids)`, tokenized texts in, one output row per text out.
+The request path, warm-up, the compiled-vs-eager and dtype checks, the AOT build, the planner's
+shapes and the benchmarks all go through it; a check that needs another model or layout runs an
+engine made with `dataclasses.replace`.
+"""
+
+import dataclasses
+
+import torch
+
+from handlers import buckets
+from handlers.layout import BatchIds, Call, Layout, call_inputs, text_rows
+from handlers.model_runner import ModelRunner
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """One output row per text, in order (per-token tasks: a (tokens, ...) row), the texts' token
+    counts, and the calls made."""
+
+    rows: list[torch.Tensor]
+    lengths: list[int]
+    calls: list[Call]
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    model: ModelRunner
+    layout: Layout
+    plan: buckets.BucketPlan
+    dtype: torch.dtype
+    device: torch.device
+    pad_id: int
+    per_token: bool = False  # outputs per token (token classification), not per text
+
+    def on(self, model: ModelRunner) -> "Engine":
+        """This engine over another model (a check's eager reference, a benchmark's contender)."""
+        return dataclasses.replace(self, model=model)
+
+    def run(self, token_ids: list[list[int]], one_per_row: bool = False) -> Outputs:
+        """The model over tokenized texts, in the calls the layout makes of them (`one_per_row`:
+        each text in a row of its own, as warm-up reaches each shape of the grid)."""
+        ids = BatchIds(token_ids)
+        calls = self.layout.calls(ids.lengths, self.plan, one_per_row)
+        rows: list[torch.Tensor | None] = [None] * len(token_ids)
+        with torch.inference_mode():
+            for call in calls:
+                place = ids.placement(call)
+                inputs = call_inputs(ids, call, place, self.layout, self.pad_id)
+                output = self.model({name: tensor.to(self.device) for name, tensor in inputs.items()})
+                picked = text_rows(output, call, place, self.layout, self.per_token).float().cpu()
+                pieces = picked.split(place.lengths.tolist()) if self.per_token else picked.unbind(0)
+                for text, piece in zip(place.texts, pieces, strict=True):
+                    rows[text] = piece
+        return Outputs(rows, ids.lengths, calls)

@@ -1,0 +1,87 @@
+"""Request protocols: how a body becomes one typed `Request`, and how its answers become the body sent back.
+
+A protocol is a plug-in: one module with one `Protocol` subclass, listed in a handler's
+`protocols`. The handler picks the protocol by the request's extra path (TorchServe's `url_path`
+header: `/predictions/{model}/{version}/<route>`, "" for `/predictions/{model}`) and, among the
+protocols of that route, by the body (`accepts`). Decoding checks everything a client sent before
+any model work (a `RequestError` names what was wrong, without echoing the input); encoding turns
+the task's per-text answers into the protocol's body, and a refusal into its error body.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+from handlers.payload import ParamCheck, RequestError
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSpec:
+    """What a task accepts, for the protocols to check against: its parameters, the most texts
+    per request, and its own body forms rewritten to the common one (chat messages to a prompt)."""
+
+    params: dict[str, ParamCheck]
+    max_inputs: int
+    adapt: Callable[[Any], Any] = lambda value: value
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One decoded request: its texts, the task's checked parameters, and the protocol that answers it.
+    `is_list`: the texts came as a list (answered as a list); `meta`: the protocol's own fields."""
+
+    texts: list[str]
+    params: dict[str, Any]
+    protocol: "Protocol"
+    is_list: bool = True
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """Who answers: the model's name and version, as TorchServe registered them."""
+
+    model_name: str
+    model_version: str | None
+
+
+class Protocol:
+    """One way of talking to the handler. Subclasses set `routes` and implement `decode` and `encode`."""
+
+    routes: tuple[str, ...] = ("",)  # the `url_path` values it serves
+    content_type = "application/json"
+
+    def accepts(self, value: Any) -> bool:
+        """Whether a body decoded from JSON or text (`payload.decode`) is this protocol's."""
+        return True
+
+    def decode(self, value: Any, spec: RequestSpec) -> Request:
+        raise NotImplementedError
+
+    def encode(self, request: Request, answers: list, served: Served) -> Any:
+        """The body for the task's answers, one per text of `request`."""
+        raise NotImplementedError
+
+    def error(self, error: RequestError) -> Any:
+        """The body of a refusal."""
+        return error.body()
+
+    # Streamed answers (text generation with `stream: true`), for protocols that stream.
+    stream_content_type = "application/jsonl"
+
+    def stream_pieces(self, request: Request, pieces: list[tuple[int, str]]) -> str:
+        """What to send of new text (`(text index, piece)` per prompt) while the request generates."""
+        raise RequestError(400, "this protocol does not stream")
+
+    def stream_end(self, request: Request, pieces: list[tuple[int, str]], results: list[dict]) -> str:
+        """The stream's last message: the pieces not yet sent, then each prompt's result."""
+        raise RequestError(400, "this protocol does not stream")
+
+
+def unknown_route(route: str, protocols) -> RequestError:
+    known = sorted({"/" + path if path else "(none)" for protocol in protocols for path in protocol.routes})
+    return RequestError(404, f"this model has no endpoint /{route}; its paths after the version: {', '.join(known)}")
+
+
+def for_route(route: str, protocols) -> list[Protocol]:
+    """The protocols that serve `route` (the `url_path` header, without slashes at its ends)."""
+    return [protocol for protocol in protocols if route in protocol.routes]

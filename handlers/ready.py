@@ -1,0 +1,53 @@
+"""What a worker says when it is ready: one log line with everything about its start, and the start gauges."""
+
+import logging
+
+from handlers.building import CACHE_SOURCES
+from handlers.engine import Engine
+from handlers.metrics import emit
+from handlers.process_settings import ThreadShare
+from handlers.serving import HARDWARE, Serving, Started
+
+logger = logging.getLogger(__name__)
+
+
+def model_source(engine: Engine, started: Started) -> str:
+    """What the worker serves from: `aot package`, `archive cache`, `host cache`, `compiled` or `eager`."""
+    if not engine.model.is_compiled:
+        return "eager"
+    sources = {"aot": "aot package", "archive": "archive cache", "host": "host cache"}
+    return sources.get(started.cache_source, "compiled")
+
+
+def announce(context, engine: Engine, started: Started, serving: Serving, threads: ThreadShare, seconds: float) -> None:
+    report, options = started.report, serving.config.compile
+    source = model_source(engine, started)
+    emit(context, "CompileSeconds", round(report.compile_seconds, 3), "Seconds")
+    emit(context, "WarmupSeconds", round(report.warmup_seconds, 3), "Seconds")
+    emit(context, "RecompilesAfterReady", 0, "Count")
+    emit(context, "CompileCacheHit", int(started.cache_source in ("archive", "host")), "Count")
+    emit(context, "CompileFallback", int(options.enable and not engine.model.is_compiled), "Count")
+    emit(context, "AotPackage", int(source == "aot package"), "Count")
+    logger.info(
+        "Ready in %.1fs from %s: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, "
+        "lengths %s x batches %s, %d graphs, model load %.1fs, first pass over the grid %.1fs, warm-up %.1fs, "
+        "%d threads (live workers: %d), compile cache: %s",
+        seconds,
+        source,
+        HARDWARE.device_name,
+        sorted(HARDWARE.cpu_flags),
+        str(engine.dtype).removeprefix("torch."),
+        engine.model.is_compiled,
+        options.mode,
+        engine.plan.dynamic,
+        options.regional,
+        list(engine.plan.seq_lens),
+        list(engine.plan.batch_sizes),
+        report.graphs,
+        started.load_seconds,
+        report.compile_seconds,
+        report.warmup_seconds,
+        threads.threads,
+        threads.workers,
+        CACHE_SOURCES[started.cache_source],
+    )

@@ -1,0 +1,114 @@
+"""What a worker serves, read from the archive before any model is built, and the contract with the task.
+
+`read_serving(context, task)` reads the configuration, shares the cores, loads the tokenizer and
+plans the buckets; the steps that build the engine (handlers/building.py, handlers/aot_start.py)
+take the `Serving` it returns and a task handler, of which they need only the `Task` contract.
+"""
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from handlers import buckets, compile_cache, hardware, packing, process_settings, warmup
+from handlers.config import CompileConfig, HandlerConfig, parse
+from handlers.engine import Engine
+from handlers.layout import Layout
+from handlers.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+HARDWARE = hardware.detect()
+
+
+class Task(Protocol):
+    """What building needs of a task handler."""
+
+    def build_model(self, model_dir: Path) -> torch.nn.Module:
+        """The float32 module: forward(input_ids, attention_mask) -> rows; `packed(...)` if it packs."""
+
+    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
+        """The model's own length limit, if it has one."""
+
+    def configure_tokenizer(self, tokenizer) -> None: ...
+
+    def adapt_plan(self, plan: buckets.BucketPlan) -> buckets.BucketPlan: ...
+
+    def graphs_needed(self, plan: buckets.BucketPlan) -> int: ...
+
+    def engine(self, model: ModelRunner, serving: "Serving", dtype: torch.dtype, layout: Layout) -> Engine:
+        """An engine over `model` (a check's eager model, or the served one)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """What a worker serves, read from the archive before any model is built."""
+
+    config: HandlerConfig
+    model_dir: Path
+    device: torch.device
+    tokenizer: Any
+    model_config: Any  # transformers' config of the model
+    plan: buckets.BucketPlan
+    compile_options: CompileConfig  # the configured ones, `dynamic` as the plan has it
+    probes: warmup.Probes
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def tolerance(self, dtype: torch.dtype) -> float:
+        return warmup.tolerance(self.config.warmup.tolerance, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """How the engine came to be: the warm-up's report, where its compiled code came from
+    (CACHE_SOURCES), the seconds until the model was loaded, and the host cache it compiled into."""
+
+    report: warmup.WarmupReport
+    cache_source: str
+    load_seconds: float
+    host_cache: compile_cache.HostCache | None = None
+
+
+def read_serving(context, task: Task) -> tuple[Serving, process_settings.ThreadShare]:
+    """Configuration, this worker's share of the cores, tokenizer and bucket plan."""
+    config = parse(context.model_yaml_config)
+    model_dir = Path(context.system_properties["model_dir"])
+    threads = process_settings.share_cores(config.threads, config.workers, model_dir)
+    gpu_id = context.system_properties.get("gpu_id")
+    device = torch.device(f"cuda:{gpu_id}" if HARDWARE.device == "cuda" and gpu_id is not None else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    if not tokenizer.is_fast:
+        raise ValueError(f"{model_dir} has no fast tokenizer (tokenizer.json); offsets and speed need one")
+    task.configure_tokenizer(tokenizer)
+    model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    check_vocabulary(tokenizer, model_config)
+    limit = min(filter(None, (task.max_seq_len(model_dir, config), tokenizer.model_max_length)))
+    plan = task.adapt_plan(bucket_plan(config, limit))
+    options = dataclasses.replace(config.compile, dynamic=plan.dynamic)
+    serving = Serving(config, model_dir, device, tokenizer, model_config, plan, options, warmup.Probes(tokenizer, plan))
+    return serving, threads
+
+
+def check_vocabulary(tokenizer, model_config) -> None:
+    """A token id past the embedding table aborts the whole worker inside a compiled kernel."""
+    rows = model_config.get_text_config().vocab_size
+    largest = max(tokenizer.get_vocab().values())
+    if rows is not None and largest >= rows:
+        raise ValueError(f"the tokenizer makes token id {largest} but the model embeds only {rows} tokens")
+
+
+def bucket_plan(config: HandlerConfig, limit: int) -> buckets.BucketPlan:
+    """The configured grid, its lengths capped at the model's `limit`, and the pack budget."""
+    seq_lens = config.buckets.seq_lens
+    if seq_lens[-1] > limit:
+        seq_lens = tuple(length for length in seq_lens if length < limit) + (limit,)
+        logger.info("Length buckets capped at the model's limit of %d tokens: %s", limit, seq_lens)
+    pack = config.buckets.pack_tokens
+    budget = None if pack == "off" else min(seq_lens[-1], packing.AUTO_BUDGET if pack == "auto" else pack)
+    return buckets.BucketPlan(seq_lens, config.buckets.batch_sizes, config.compile.dynamic, budget)
