@@ -104,12 +104,13 @@ def main(argv=None) -> dict:
     rows = []
     for dtype in ("float32", "auto") if detect().auto_dtype != torch.float32 else ("float32",):
         grouped = ready_handler(model_dir, dtype, "off")
+        probes = grouped.serving.probes
         ids = [
-            warmup.filler_ids(length, 1, len(grouped.tokenizer), grouped._special_ids(), seed=i)[0]
+            warmup.filler_ids(length, 1, probes.vocab_size, probes.special, seed=i)[0]
             for i, length in enumerate(lengths)
         ]
         traffic = batches(ids, args.batch)
-        served = str(grouped.dtype).removeprefix("torch.")
+        served = str(grouped.engine.dtype).removeprefix("torch.")
         rows.append({"contender": f"ours groups dtype={dtype}", "dtype": served, **ours(grouped, traffic)})
         for budget in args.budgets:
             handler = ready_handler(model_dir, dtype, budget if budget == "auto" else int(budget))

@@ -96,6 +96,10 @@ def _example_inputs(plan: buckets.BucketPlan, device: torch.device, layout: Layo
         segments[0, seq_len // 2 :] = 2
         segments[-1, seq_len - 1 :] = 0
         inputs = {"input_ids": input_ids, "position_ids": positions.contiguous(), "segments": segments}
+    if layout.token_types:  # a text pair's second text in the first row
+        token_type_ids = torch.zeros_like(input_ids)
+        token_type_ids[0, seq_len // 2 :] = 1
+        inputs["token_type_ids"] = token_type_ids
     return inputs, {name: dict(dims) for name in inputs}
 
 

@@ -28,14 +28,21 @@ from handlers.layout import Call, Layout
 from handlers.length_stats import LengthStats
 from handlers.metrics import count, emit
 from handlers.model_runner import ModelRunner
-from handlers.payload import ParamCheck, decode
+from handlers.payload import ParamCheck, boolean_param, choice_param, decode
 from handlers.protocols import Protocol, Request, RequestSpec, Served, for_route, unknown_route
 from handlers.protocols.kserve_v2 import KServeV2Protocol
 from handlers.protocols.plain import PlainProtocol
 from handlers.serving import HARDWARE, Serving, read_serving  # noqa: F401 (HARDWARE: detected at import)
-from handlers.tokenizing import TextTokenizer
+from handlers.tokenizing import SIDES, TextTokenizer, Tokenized
 
 logger = logging.getLogger(__name__)
+
+# Every answer's token count (the request's texts after truncation, special tokens included), as
+# TEI reports it; bodies keep their shape (the OpenAI and rerank bodies carry it as `usage` too).
+USAGE_HEADER = "x-prompt-tokens"
+# Per request: `truncate: false` refuses a text over the limit (413) whatever `buckets.overflow`
+# says, `true` cuts it; `truncation_direction` says which end is cut (TEI's and vLLM's names).
+TRUNCATION_PARAMS = {"truncate": boolean_param, "truncation_direction": choice_param(*SIDES)}
 
 
 class CompiledHandler(BaseHandler):
@@ -43,6 +50,7 @@ class CompiledHandler(BaseHandler):
 
     PARAMS: dict[str, ParamCheck] = {}
     PER_TOKEN = False  # the model's outputs are per token (token classification), not per text
+    PAIRS = False  # the task takes text pairs (a cross-encoder)
     # Tried in order for a request's route; a protocol is one module (handlers/protocols/).
     protocols = (KServeV2Protocol(), PlainProtocol())
     # Called as warmup_progress(done, total) after each shape of the warm-up grid (the build's bar).
@@ -64,7 +72,7 @@ class CompiledHandler(BaseHandler):
         """What the task reads from the model's files besides the module (labels, pooling): a
         worker serving an AOT package never builds the module."""
 
-    def adapt_plan(self, plan: buckets.BucketPlan) -> buckets.BucketPlan:
+    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig) -> buckets.BucketPlan:
         return plan
 
     def graphs_needed(self, plan: buckets.BucketPlan) -> int:
@@ -75,8 +83,8 @@ class CompiledHandler(BaseHandler):
         return Engine(model, layout, serving.plan, dtype, serving.device, serving.pad_id, self.PER_TOKEN)
 
     def param_checks(self) -> dict[str, ParamCheck]:
-        """The request parameters this task accepts, each with its check."""
-        return self.PARAMS
+        """The request parameters this task accepts, each with its check: its own and how to truncate."""
+        return {**TRUNCATION_PARAMS, **self.PARAMS}
 
     def adapt_body(self, value: Any) -> Any:
         """A task's own request form rewritten to the common one (chat messages to a prompt)."""
@@ -99,7 +107,7 @@ class CompiledHandler(BaseHandler):
         self.traced_threads = {self.threads.threads}
         config = self.serving.config
         self.tokenize = TextTokenizer(self.tokenizer, self.engine.plan.max_seq_len, config.buckets.overflow == "reject")
-        self.spec = RequestSpec(self.param_checks(), config.max_inputs, self.adapt_body)
+        self.spec = RequestSpec(self.param_checks(), config.max_inputs, self.adapt_body, self.PAIRS)
         self.lengths = LengthStats(context.model_name, config.buckets.histogram_every)
         self.initialized = True
         ready.announce(context, self.engine, self.started, self.serving, self.threads, time.perf_counter() - began)
@@ -160,9 +168,17 @@ class CompiledHandler(BaseHandler):
                 protocols = self.protocols_for(index)
                 batch.protocols[index] = protocols[-1]  # whose error shape a refusal takes
                 decoded = self.decode(request, index, protocols)
-                encodings, token_ids = self.tokenize(decoded.texts)
-                batch.accepted.append(Accepted(index, decoded, encodings, token_ids))
+                batch.accepted.append(Accepted(index, decoded, self.tokenized(decoded)))
         return batch
+
+    def tokenized(self, request: Request) -> Tokenized:
+        """The request's texts (as the task gives them to the model) tokenized, per its truncation."""
+        params = request.params
+        return self.tokenize(self.model_texts(request), params.get("truncate"), params.get("truncation_direction"))
+
+    def model_texts(self, request: Request) -> list:
+        """The texts the model reads for a request (a task may prepend a prompt)."""
+        return request.texts
 
     def protocols_for(self, index: int) -> list[Protocol]:
         """The protocols of request `index`'s route; a 404 for a route this model does not serve."""
@@ -194,7 +210,8 @@ class CompiledHandler(BaseHandler):
         """The engine over the accepted requests' texts; a failing call is split until it is isolated."""
 
         def run(requests: list[Accepted]) -> None:
-            outputs = self.engine.run([ids for request in requests for ids in request.token_ids])
+            token_ids = [ids for request in requests for ids in request.token_ids]
+            outputs = self.engine.run(token_ids, type_ids=type_ids_of(requests))
             self.record_traffic(outputs.lengths, outputs.calls)
             position = 0
             for request in requests:
@@ -210,6 +227,7 @@ class CompiledHandler(BaseHandler):
         for accepted in data.live(data.accepted):
             with data.guard(accepted.index, "postprocess"):
                 data.answers[accepted.index] = self.respond(accepted, data.outputs[accepted.index], served)
+                self.context.set_response_header(accepted.index, USAGE_HEADER, str(accepted.tokens))
         return data.answers
 
     @staticmethod
@@ -227,6 +245,17 @@ class CompiledHandler(BaseHandler):
         for call in calls:
             shape = f"{prefix}{call.group.batch_size}x{call.group.seq_len}"
             count(self.context, "BucketRequests", shape, len(call.texts))
+
+
+def type_ids_of(requests: list[Accepted]) -> list[list[int]] | None:
+    """The token types of the requests' texts, where any of them is a text pair (else None: all 0)."""
+    if all(request.tokenized.type_ids is None for request in requests):
+        return None
+    return [
+        types
+        for request in requests
+        for types in request.tokenized.type_ids or [[0] * len(ids) for ids in request.token_ids]
+    ]
 
 
 def model_version(context) -> str | None:

@@ -22,6 +22,7 @@ from tokenizers import Encoding
 from handlers.metrics import count
 from handlers.payload import RequestError
 from handlers.protocols import Protocol, Request
+from handlers.tokenizing import Tokenized
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +32,24 @@ INTERNAL_ERROR = {"error": "internal error while handling this request; the serv
 @dataclasses.dataclass(frozen=True)
 class Accepted:
     """A request that passed its checks: its position in the batch, the decoded request, and its
-    texts tokenized (encodings for offsets and special tokens, ids for the model)."""
+    texts tokenized (handlers/tokenizing.py)."""
 
     index: int
     request: Request
-    encodings: list[Encoding]
-    token_ids: list[list[int]]
+    tokenized: Tokenized
+
+    @property
+    def token_ids(self) -> list[list[int]]:
+        return self.tokenized.token_ids
+
+    @property
+    def encodings(self) -> list[Encoding]:
+        return self.tokenized.encodings
+
+    @property
+    def tokens(self) -> int:
+        """The request's tokens, special ones included, after truncation: its usage."""
+        return sum(len(ids) for ids in self.tokenized.token_ids)
 
 
 @dataclasses.dataclass

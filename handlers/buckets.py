@@ -4,7 +4,9 @@ Every tensor the compiled model sees is (batch, seq_len) with seq_len one of the
 sequence-length buckets. The requests of one TorchServe batch are sorted by length and split into
 groups of one bucket each, so a short request is never padded to the batch's longest one. Where
 the batch dimension is dynamic a group keeps its real row count; where it is static the group is
-padded with dummy rows up to the next batch bucket.
+padded with dummy rows up to the next batch bucket. A call holds at most `max_tokens` tokens
+(rows x length): the long buckets of a long-context model take fewer rows, so no call, and no
+warm-up shape, grows with the square of the limit.
 """
 
 import dataclasses
@@ -20,6 +22,7 @@ class BucketPlan:
     batch_sizes: tuple[int, ...]
     dynamic: str  # "none", "batch" or "all" (see config.DYNAMIC)
     pack_tokens: int | None = None  # texts packed into rows of at most this many tokens; None: length groups
+    max_tokens: int | None = None  # the most tokens (rows x length) one call holds; None: no bound
 
     @property
     def max_seq_len(self) -> int:
@@ -28,6 +31,14 @@ class BucketPlan:
     @property
     def max_batch(self) -> int:
         return self.batch_sizes[-1]
+
+    def rows_for(self, seq_len: int) -> int:
+        """The most rows a call of this length holds: the largest batch bucket within `max_tokens`
+        (at least the smallest)."""
+        if self.max_tokens is None:
+            return self.max_batch
+        fitting = [size for size in self.batch_sizes if size * seq_len <= self.max_tokens]
+        return fitting[-1] if fitting else self.batch_sizes[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,16 +72,16 @@ def batch_rows(count: int, plan: BucketPlan) -> int:
 
 
 def group_requests(lengths: list[int], plan: BucketPlan) -> list[Group]:
-    """Split requests into groups of one length bucket and at most `max_batch` rows each.
+    """Split requests into groups of one length bucket and at most `plan.rows_for` that bucket each.
 
     `lengths` are token counts, each at most `plan.max_seq_len` (overflow is handled before).
     """
     order = sorted(range(len(lengths)), key=lambda index: lengths[index])
     groups = []
-    for seq_len, members in itertools.groupby(order, key=lambda index: seq_bucket(lengths[index], plan.seq_lens)):
-        members = tuple(members)
-        for start in range(0, len(members), plan.max_batch):
-            chunk = members[start : start + plan.max_batch]
+    for seq_len, grouped in itertools.groupby(order, key=lambda index: seq_bucket(lengths[index], plan.seq_lens)):
+        members, rows = tuple(grouped), plan.rows_for(seq_len)
+        for start in range(0, len(members), rows):
+            chunk = members[start : start + rows]
             groups.append(Group(chunk, batch_rows(len(chunk), plan), seq_len))
     return groups
 
@@ -92,7 +103,9 @@ def generation_groups(lengths: list[int], plan: BucketPlan) -> list[Group]:
 
 def warmup_shapes(plan: BucketPlan) -> list[tuple[int, int]]:
     """Every (batch, seq_len) the live path can produce: warm-up runs each of them."""
-    return [(batch, seq_len) for seq_len in plan.seq_lens for batch in plan.batch_sizes]
+    return [
+        (batch, seq_len) for seq_len in plan.seq_lens for batch in plan.batch_sizes if batch <= plan.rows_for(seq_len)
+    ]
 
 
 def expected_graphs(plan: BucketPlan) -> int:
@@ -100,9 +113,12 @@ def expected_graphs(plan: BucketPlan) -> int:
 
     A dynamic batch covers size 1 too: sizes are compiled size-oblivious (see compiling.py).
     """
-    batch_kinds = 1 if plan.dynamic != "none" else len(plan.batch_sizes)
-    seq_kinds = 1 if plan.dynamic == "all" else len(plan.seq_lens)
-    return batch_kinds * seq_kinds
+    shapes = warmup_shapes(plan)
+    if plan.dynamic == "all":
+        return 1
+    if plan.dynamic == "batch":
+        return len({seq_len for _, seq_len in shapes})
+    return len(shapes)
 
 
 def mark_dynamic_dims(tensor: torch.Tensor, dynamic: str) -> None:

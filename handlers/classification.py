@@ -1,22 +1,49 @@
-"""Text classification with the answers of transformers' `pipeline("text-classification")`."""
+"""Text classification with the answers of transformers' `pipeline("text-classification")`; text pairs
+and reranking with those of sentence-transformers' `CrossEncoder`.
 
+A text pair (`{"text": q, "text_pair": p}`) is one input of the model, its two texts told apart by
+token types where the model has them (BERT); packed rows carry them too. The rerank form
+(handlers/protocols/rerank.py) scores a query against each document with the activation
+`CrossEncoder.predict` applies, and answers best first.
+"""
+
+import dataclasses
 from pathlib import Path
 
 import torch
 
 from handlers.base import CompiledHandler
 from handlers.batch import Accepted
-from handlers.labels import SCORE_FUNCTIONS, SequenceLogits, optional_top_k, score_function, top_labels
+from handlers.engine import Engine
+from handlers.labels import (
+    SCORE_FUNCTIONS,
+    SequenceLogits,
+    cross_encoder_activation,
+    optional_top_k,
+    score_function,
+    top_labels,
+)
+from handlers.layout import Layout
+from handlers.model_runner import ModelRunner
+from handlers.payload import RequestError
+from handlers.protocols.kserve_v2 import KServeV2Protocol
+from handlers.protocols.plain import PlainProtocol
+from handlers.protocols.rerank import RerankProtocol
+from handlers.serving import Serving
 
 
 class ClassificationHandler(CompiledHandler):
     """`{"inputs": "text", "top_k": 1}` -> `[{"label": ..., "score": ...}]`; a list in gets a list of those."""
 
     PARAMS = {"top_k": optional_top_k}
+    PAIRS = True
+    protocols = (KServeV2Protocol(), RerankProtocol(), PlainProtocol())
 
     def read_task_settings(self, model_dir: Path, model_config) -> None:
         self.id2label = {int(index): label for index, label in model_config.id2label.items()}
         self.scores = SCORE_FUNCTIONS[score_function(model_config)]
+        self.rerank_scores = SCORE_FUNCTIONS[cross_encoder_activation(model_config)]
+        self.token_types = (getattr(model_config, "type_vocab_size", 0) or 0) > 1  # BERT's segment A / B
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         from transformers import AutoModelForSequenceClassification
@@ -26,6 +53,14 @@ class ClassificationHandler(CompiledHandler):
         )
         return SequenceLogits(model)
 
+    def engine(self, model: ModelRunner, serving: Serving, dtype: torch.dtype, layout: Layout) -> Engine:
+        return super().engine(model, serving, dtype, dataclasses.replace(layout, token_types=self.token_types))
+
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
-        top_k = accepted.request.params.get("top_k", 1)
+        request = accepted.request
+        if request.meta.get("rerank"):
+            if len(self.id2label) != 1:
+                raise RequestError(400, f"reranking needs a one-label cross-encoder; this one has {len(self.id2label)}")
+            return [{"score": self.rerank_scores(row)[0].item()} for row in rows]
+        top_k = request.params.get("top_k", 1)
         return [top_labels(self.scores(row), self.id2label, top_k) for row in rows]

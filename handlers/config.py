@@ -70,6 +70,18 @@ def _sorted_ints(value, key) -> tuple[int, ...]:
     return items
 
 
+def _seq_lens(value, key) -> str | tuple[int, ...]:
+    return value if value == "auto" else _sorted_ints(value, key)
+
+
+def _auto_or_positive(value, key) -> str | int:
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "auto | an integer >= 1")
+    return value
+
+
 def _pack_tokens(value, key) -> str | int:
     if value in ("auto", "off"):
         return value
@@ -103,18 +115,29 @@ def _section(cls):
 
 @dataclasses.dataclass(frozen=True)
 class BucketConfig:
-    seq_lens: tuple[int, ...] = _option(
-        _sorted_ints,
-        (16, 32, 64, 128, 256),
-        meaning="length buckets, capped at the model's `max_seq_length`",
-        why="each bucket twice the one below, so a text over 16 tokens is padded to less than twice its length; "
-        "re-plan with `plan_buckets.py`",
+    seq_lens: str | tuple[int, ...] = _option(
+        _seq_lens,
+        "auto",
+        meaning="length buckets; `auto` = 16, 32, 64, ... doubling up to the model's own limit (sentence-transformers' "
+        "`max_seq_length`, else the tokenizer's `model_max_length`, else its position table), the limit the "
+        "largest; text generation: up to 256 prompt tokens; a list is capped at the limit",
+        why="each bucket twice the one below, so a text over 16 tokens is padded to less than twice its length, and "
+        "every text up to the model's limit is answered whole, as its reference library answers it; re-plan with "
+        "`hfserve plan`",
     )
     batch_sizes: tuple[int, ...] = _option(
         _sorted_ints,
         (1, 2, 4, 8),
         meaning="batch buckets warmed; the largest is the most rows per call",
         why="matches the archive's default `batchSize` (8)",
+    )
+    max_tokens: str | int = _option(
+        _auto_or_positive,
+        "auto",
+        meaning="the most tokens (rows x length) one model call holds: the long buckets of a long-context model "
+        "take fewer rows (at least one); `auto` = 4096",
+        why="bounds a call's memory and a warm-up shape's time as the limit grows (attention is quadratic in length); "
+        "the default grid up to 256 tokens is not cut by it",
     )
     overflow: str = _option(
         _choice(*OVERFLOW),
@@ -221,6 +244,20 @@ class WarmupConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EmbeddingConfig:
+    """embedding only."""
+
+    dimensions: str = _option(
+        _choice("auto", "any"),
+        "auto",
+        meaning="embedding: which models take a request's `dimensions` (the first N values, then normalized): "
+        "`auto` = those whose config.json says they were trained for it (`matryoshka_dimensions`, "
+        "`is_matryoshka`), `any` = every model",
+        why="a model not trained for it (Matryoshka) loses meaning when cut; vLLM refuses it the same way",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationConfig:
     """text-generation only."""
 
@@ -291,6 +328,7 @@ class HandlerConfig:
     buckets: BucketConfig = _section(BucketConfig)
     compile: CompileConfig = _section(CompileConfig)
     warmup: WarmupConfig = _section(WarmupConfig)
+    embedding: EmbeddingConfig = _section(EmbeddingConfig)
     generation: GenerationConfig = _section(GenerationConfig)
     # Not a `handler:` key: TorchServe's minWorkers, used to share the cores between workers.
     workers: int = dataclasses.field(default=1, metadata={"internal": True})

@@ -34,7 +34,7 @@ class DecoderEngine:
         """This engine over another model (a check's eager reference, a benchmark's contender)."""
         return dataclasses.replace(self, model=model)
 
-    def run(self, token_ids: list[list[int]], one_per_row: bool = False) -> Outputs:
+    def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None) -> Outputs:
         """Per prompt, the prefill's next-token logits and one greedy step's after it, joined."""
         lengths = [len(ids) for ids in token_ids]
         groups = buckets.generation_groups(lengths, self.plan)

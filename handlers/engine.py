@@ -41,10 +41,11 @@ class Engine:
         """This engine over another model (a check's eager reference, a benchmark's contender)."""
         return dataclasses.replace(self, model=model)
 
-    def run(self, token_ids: list[list[int]], one_per_row: bool = False) -> Outputs:
+    def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None) -> Outputs:
         """The model over tokenized texts, in the calls the layout makes of them (`one_per_row`:
-        each text in a row of its own, as warm-up reaches each shape of the grid)."""
-        ids = BatchIds(token_ids)
+        each text in a row of its own, as warm-up reaches each shape of the grid; `type_ids`: each
+        token's type, for text pairs, where the layout has them; zeros otherwise)."""
+        ids = BatchIds(token_ids, type_ids)
         calls = self.layout.calls(ids.lengths, self.plan, one_per_row)
         rows: list[torch.Tensor | None] = [None] * len(token_ids)
         with torch.inference_mode():

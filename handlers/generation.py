@@ -38,6 +38,7 @@ from handlers.serving import Serving
 from handlers.slots import SlotStep
 
 MAX_STOP_LENGTH = 64
+AUTO_PROMPT_TOKENS = 256  # the largest prompt bucket of `seq_lens: auto` (see adapt_plan)
 
 
 def refuse_sliding_window(model_config, continuous: bool) -> None:
@@ -85,9 +86,13 @@ class GenerationHandler(CompiledHandler):
         positions = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).max_position_embeddings
         return positions - config.generation.max_new_tokens
 
-    def adapt_plan(self, plan: buckets.BucketPlan) -> buckets.BucketPlan:
-        """Static shapes always: the decode step's shapes are fixed by its cache, one graph per batch bucket."""
-        return dataclasses.replace(plan, dynamic="none", pack_tokens=None)
+    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig) -> buckets.BucketPlan:
+        """Static shapes always: the decode step's shapes are fixed by its cache, one graph per batch
+        bucket. `seq_lens: auto` stops at 256 prompt tokens: every decode step reads the whole cache."""
+        seq_lens = plan.seq_lens
+        if config.buckets.seq_lens == "auto" and seq_lens[-1] > AUTO_PROMPT_TOKENS:
+            seq_lens = tuple(length for length in seq_lens if length < AUTO_PROMPT_TOKENS) + (AUTO_PROMPT_TOKENS,)
+        return dataclasses.replace(plan, seq_lens=seq_lens, dynamic="none", pack_tokens=None, max_tokens=None)
 
     def graphs_needed(self, plan: buckets.BucketPlan) -> int:
         return 1 if self.continuous else len(plan.batch_sizes)
@@ -215,8 +220,8 @@ class GenerationHandler(CompiledHandler):
         """A new request of the loop, decoded, checked and tokenized into its prompts."""
         protocols = self.protocols_for(index)
         decoded = self.decode(request, index, protocols)
-        encodings, token_ids = self.tokenize(decoded.texts)
-        accepted = Accepted(index, decoded, encodings, token_ids)
+        accepted = Accepted(index, decoded, self.tokenized(decoded))
+        token_ids = accepted.token_ids
         streams = decoded.params.get("stream", False)
         content_type = decoded.protocol.stream_content_type if streams else decoded.protocol.content_type
         self.context.set_response_content_type(index, content_type)

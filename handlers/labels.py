@@ -22,8 +22,9 @@ class Logits(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids=None) -> torch.Tensor:
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}  # (B, T): text pairs
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **types).logits
 
 
 class TokenLogits(Logits):
@@ -31,7 +32,7 @@ class TokenLogits(Logits):
 
     per_token = True
 
-    def packed(self, input_ids, attention_mask, position_ids, segments) -> torch.Tensor:
+    def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         """Per-token logits (rows, T, labels) under a 4-D mask (packed rows)."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
 
@@ -40,7 +41,7 @@ class SequenceLogits(Logits):
     """A sequence classifier: `forward` as `Logits`; over packed rows its head runs on each text's
     first token, picked inside the graph, so a packed row answers for each of its texts."""
 
-    def packed(self, input_ids, attention_mask, position_ids, segments) -> torch.Tensor:
+    def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         base, classifier = self.model.base_model, getattr(self.model, "classifier", None)
         pooler = getattr(base, "pooler", None)
         bert_like = (
@@ -49,7 +50,8 @@ class SequenceLogits(Logits):
         roberta_like = pooler is None and hasattr(classifier, "out_proj")  # its head reads token 0 itself
         if not (bert_like or roberta_like):  # DistilBERT, ALBERT, DeBERTa...: heads with other steps
             raise NotImplementedError(f"{type(self.model).__name__}'s head is neither BERT- nor RoBERTa-like")
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **types)[0]
         firsts = pick_per_text(hidden, segments, starts_of_texts(segments))  # (rows, slots, H)
         rows, slots, width = firsts.shape
         firsts = firsts.reshape(rows * slots, 1, width)  # heads read token 0 of each (text, 1, H)
@@ -65,6 +67,32 @@ def score_function(config) -> str:
     if config.problem_type == "multi_label_classification" or config.num_labels == 1:
         return "sigmoid"
     return "softmax"
+
+
+# sentence-transformers' CrossEncoder activations a config may name (`sentence_transformers.activation_fn`).
+CROSS_ENCODER_ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "none",
+    "torch.nn.Identity": "none",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.Tanh": "tanh",
+}
+SCORE_FUNCTIONS["tanh"] = torch.tanh
+
+
+def cross_encoder_activation(config) -> str:
+    """What `CrossEncoder.predict` applies to the logits: the config's `sentence_transformers.
+    activation_fn` if it names one, else sigmoid for one label and none for more."""
+    settings = getattr(config, "sentence_transformers", None) or {}
+    named = settings.get("activation_fn") or getattr(config, "sbert_ce_default_activation_function", None)
+    if named is not None:
+        if named not in CROSS_ENCODER_ACTIVATIONS:
+            raise ValueError(
+                f"config.json names the cross-encoder activation {named!r}; served: {sorted(CROSS_ENCODER_ACTIVATIONS)}"
+            )
+        return CROSS_ENCODER_ACTIVATIONS[named]
+    return "sigmoid" if config.num_labels == 1 else "none"
 
 
 def top_labels(scores: torch.Tensor, id2label: dict[int, str], top_k: int | None) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ class Layout:
 
     pack_budget: int | None = None
     first_position: int = 0
+    token_types: bool = False  # the model reads token_type_ids (BERT's text pairs): an input of their own
 
     @property
     def packed(self) -> bool:
@@ -56,11 +57,13 @@ class Layout:
 
 
 class BatchIds:
-    """A batch's token ids as one flat tensor, with where each text starts and how long it is."""
+    """A batch's token ids (and token type ids, for pairs) as one flat tensor, with where each text
+    starts and how long it is."""
 
-    def __init__(self, token_ids: list[list[int]]):
+    def __init__(self, token_ids: list[list[int]], type_ids: list[list[int]] | None = None):
         self.lengths = [len(ids) for ids in token_ids]
         self.flat = torch.tensor(list(itertools.chain.from_iterable(token_ids)), dtype=torch.long)
+        self.types = None if type_ids is None else torch.tensor(list(itertools.chain.from_iterable(type_ids)))
         self.starts = torch.tensor([0, *itertools.accumulate(self.lengths)][:-1], dtype=torch.long)
 
     def placement(self, call: Call) -> "Placement":
@@ -117,12 +120,19 @@ def call_inputs(ids: BatchIds, call: Call, place: Placement, layout: Layout, pad
         attention_mask = torch.zeros(shape, dtype=torch.long)
         attention_mask[:, 0] = 1
         attention_mask.view(-1)[place.destination] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
-    position_ids = torch.full(shape, layout.first_position, dtype=torch.long)
-    position_ids.view(-1)[place.destination] = place.within + layout.first_position
-    segments = torch.full(shape, packing.PAD_SEGMENT, dtype=torch.long)
-    segments.view(-1)[place.destination] = place.segment.repeat_interleave(place.lengths)
-    return {"input_ids": input_ids, "position_ids": position_ids, "segments": segments}
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    else:
+        position_ids = torch.full(shape, layout.first_position, dtype=torch.long)
+        position_ids.view(-1)[place.destination] = place.within + layout.first_position
+        segments = torch.full(shape, packing.PAD_SEGMENT, dtype=torch.long)
+        segments.view(-1)[place.destination] = place.segment.repeat_interleave(place.lengths)
+        inputs = {"input_ids": input_ids, "position_ids": position_ids, "segments": segments}
+    if layout.token_types:
+        token_type_ids = torch.zeros(shape, dtype=torch.long)
+        if ids.types is not None:
+            token_type_ids.view(-1)[place.destination] = ids.types[place.source]
+        inputs["token_type_ids"] = token_type_ids
+    return inputs
 
 
 def text_rows(output: torch.Tensor, call: Call, place: Placement, layout: Layout, per_token: bool) -> torch.Tensor:

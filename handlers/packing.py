@@ -59,15 +59,26 @@ def _fits(tokens: int, texts: int, budget: int, seq_lens: tuple[int, ...]) -> bo
     return tokens <= budget and bucket is not None and texts <= text_slots(bucket)
 
 
-def block_mask(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The additive (rows, 1, seq, seq) mask in which a token sees only its own segment.
+def block_mask(segments: torch.Tensor, dtype: torch.dtype, causal: bool = False) -> torch.Tensor:
+    """The additive (rows, 1, seq, seq) mask in which a token sees only its own segment (and, for a
+    causal model, only the tokens before it there).
 
     Additive, not boolean: a boolean 4-D mask is right under SDPA but would be added as 0/1 by
-    transformers' eager attention.
+    transformers' eager attention. A model given a 4-D mask uses it as it is, so a decoder's
+    causality must be in it.
     """
-    same = segments[:, :, None] == segments[:, None, :]
-    blocked = torch.zeros(same.shape, dtype=dtype, device=segments.device)
-    return blocked.masked_fill(~same, torch.finfo(dtype).min)[:, None]
+    visible = segments[:, :, None] == segments[:, None, :]  # (rows, query, key)
+    if causal:
+        length = segments.shape[1]
+        positions = torch.arange(length, device=segments.device)
+        visible = visible & (positions[None, :, None] >= positions[None, None, :])
+    blocked = torch.zeros(visible.shape, dtype=dtype, device=segments.device)
+    return blocked.masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+
+
+def attends_causally(module: torch.nn.Module) -> bool:
+    """Whether the model's attention is causal (a decoder: Qwen, Llama...), as its attention layers say."""
+    return any(getattr(part, "is_causal", False) is True for part in module.modules())
 
 
 def slot_index(segments: torch.Tensor) -> torch.Tensor:
@@ -120,28 +131,29 @@ def pool_per_text(hidden: torch.Tensor, segments: torch.Tensor, modes: tuple[str
         return floor.scatter_reduce(0, spread, hidden.flatten(0, 1), "amax")[:-1].view(rows, slots, width)
 
     pooled = {
-        "cls_token": lambda: pick_per_text(hidden, segments, starts_of_texts(segments)),
+        "cls": lambda: pick_per_text(hidden, segments, starts_of_texts(segments)),
         "lasttoken": lambda: pick_per_text(hidden, segments, ends_of_texts(segments)),
-        "max_tokens": largest,
-        "mean_tokens": lambda: _into_slots(hidden, segments) / counts,
+        "max": largest,
+        "mean": lambda: _into_slots(hidden, segments) / counts,
         "mean_sqrt_len_tokens": lambda: _into_slots(hidden, segments) / counts.sqrt(),
     }
     return torch.cat([pooled[mode]() for mode in modes], dim=-1)
 
 
 class PackedModel(torch.nn.Module):
-    """A task module run over packed rows: forward(input_ids, position_ids, segments) -> its
-    `packed(input_ids, mask, position_ids, segments)`: per text (rows, slots, ...) or, for a
-    per-token task, per token (rows, seq_len, ...)."""
+    """A task module run over packed rows: forward(input_ids, position_ids, segments[, token_type_ids])
+    -> its `packed(input_ids, mask, position_ids, segments, token_type_ids)`: per text (rows, slots, ...)
+    or, for a per-token task, per token (rows, seq_len, ...)."""
 
     def __init__(self, module: torch.nn.Module):
         super().__init__()
         self.module = module
-        self.per_token = getattr(module, "per_token", False)
+        self.causal = attends_causally(module)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         dtype = next(self.module.parameters()).dtype
-        return self.module.packed(input_ids, block_mask(segments, dtype), position_ids, segments)
+        mask = block_mask(segments, dtype, self.causal)
+        return self.module.packed(input_ids, mask, position_ids, segments, token_type_ids)
 
 
 def first_position(module: torch.nn.Module) -> int:

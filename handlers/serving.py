@@ -21,6 +21,12 @@ from handlers.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
+AUTO_SMALLEST = 16  # the smallest length bucket of `seq_lens: auto`
+AUTO_MAX_TOKENS = 4096  # `max_tokens: auto`: 8 rows of 512, the default grid's 8 x 256 uncut
+UNSET_LIMIT = 1_000_000  # a tokenizer's model_max_length at or above this says nothing (transformers' 1e30)
+# Model types whose position ids count from past the padding index (RoBERTa's family).
+POSITIONS_PAST_PADDING = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text")
+
 HARDWARE = hardware.detect()
 
 
@@ -35,7 +41,7 @@ class Task(Protocol):
 
     def configure_tokenizer(self, tokenizer) -> None: ...
 
-    def adapt_plan(self, plan: buckets.BucketPlan) -> buckets.BucketPlan: ...
+    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig) -> buckets.BucketPlan: ...
 
     def graphs_needed(self, plan: buckets.BucketPlan) -> int: ...
 
@@ -88,8 +94,7 @@ def read_serving(context, task: Task) -> tuple[Serving, process_settings.ThreadS
     task.configure_tokenizer(tokenizer)
     model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     check_vocabulary(tokenizer, model_config)
-    limit = min(filter(None, (task.max_seq_len(model_dir, config), tokenizer.model_max_length)))
-    plan = task.adapt_plan(bucket_plan(config, limit))
+    plan = task_plan(task, config, model_dir, tokenizer, model_config)
     options = dataclasses.replace(config.compile, dynamic=plan.dynamic)
     serving = Serving(config, model_dir, device, tokenizer, model_config, plan, options, warmup.Probes(tokenizer, plan))
     return serving, threads
@@ -103,12 +108,49 @@ def check_vocabulary(tokenizer, model_config) -> None:
         raise ValueError(f"the tokenizer makes token id {largest} but the model embeds only {rows} tokens")
 
 
+def task_plan(task: Task, config: HandlerConfig, model_dir: Path, tokenizer=None, model_config=None):
+    """The bucket plan a worker of `task` serves this model with (the build estimates with it too)."""
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    model_config = model_config or AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    limit = length_limit(task.max_seq_len(model_dir, config), tokenizer, model_config)
+    return task.adapt_plan(bucket_plan(config, limit), config)
+
+
+def length_limit(own: int | None, tokenizer, model_config) -> int:
+    """The longest text the model takes, as its reference library cuts it: the task's own limit
+    (sentence-transformers' `max_seq_length`), the tokenizer's `model_max_length` and the position
+    table, whichever is smallest."""
+    text_config = model_config.get_text_config()
+    positions = getattr(text_config, "max_position_embeddings", None)
+    if positions and text_config.model_type in POSITIONS_PAST_PADDING:
+        positions -= (text_config.pad_token_id or 0) + 1  # their first position id is padding_idx + 1
+    stated = tokenizer.model_max_length if tokenizer.model_max_length < UNSET_LIMIT else None
+    known = [limit for limit in (own, stated, positions) if limit]
+    if not known:
+        raise ValueError("the model states no length limit (max_seq_length, model_max_length, position table)")
+    return min(known)
+
+
+def doubling(top: int, smallest: int = AUTO_SMALLEST) -> tuple[int, ...]:
+    """`smallest`, twice that, ... below `top`, then `top`."""
+    seq_lens = []
+    while smallest < top:
+        seq_lens.append(smallest)
+        smallest *= 2
+    return (*seq_lens, top)
+
+
 def bucket_plan(config: HandlerConfig, limit: int) -> buckets.BucketPlan:
-    """The configured grid, its lengths capped at the model's `limit`, and the pack budget."""
+    """The configured grid (`auto`: doubling up to the model's `limit`; a list capped at it), the
+    pack budget and the most tokens per call."""
     seq_lens = config.buckets.seq_lens
-    if seq_lens[-1] > limit:
+    if seq_lens == "auto":
+        seq_lens = doubling(limit)
+    elif seq_lens[-1] > limit:
         seq_lens = tuple(length for length in seq_lens if length < limit) + (limit,)
         logger.info("Length buckets capped at the model's limit of %d tokens: %s", limit, seq_lens)
     pack = config.buckets.pack_tokens
     budget = None if pack == "off" else min(seq_lens[-1], packing.AUTO_BUDGET if pack == "auto" else pack)
-    return buckets.BucketPlan(seq_lens, config.buckets.batch_sizes, config.compile.dynamic, budget)
+    most = config.buckets.max_tokens
+    max_tokens = AUTO_MAX_TOKENS if most == "auto" else most
+    return buckets.BucketPlan(seq_lens, config.buckets.batch_sizes, config.compile.dynamic, budget, max_tokens)

@@ -1,30 +1,60 @@
-"""Texts to token ids with the model's fast tokenizer, the plan's length limit and the overflow policy."""
+"""Texts (or text pairs) to token ids with the model's fast tokenizer, the plan's length limit, and
+each request's overflow policy and truncation side."""
+
+import copy
+import dataclasses
 
 from tokenizers import Encoding
 
 from handlers.payload import RequestError
 
+SIDES = ("right", "left")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenized:
+    """A request's texts tokenized: encodings (offsets, special tokens), ids for the model, and for
+    text pairs each token's type (None: single texts, all type 0)."""
+
+    encodings: list[Encoding]
+    token_ids: list[list[int]]
+    type_ids: list[list[int]] | None = None
+
 
 class TextTokenizer:
-    """Tokenizes a request's texts at most `limit` tokens long: longer ones are truncated, or refused
-    (413) with `reject`. Each text's ids are read from its encoding once (`Encoding.ids` makes a new
-    list at every access)."""
+    """Tokenizes texts at most `limit` tokens long: longer ones are truncated (on the tokenizer's
+    side, or the side a request names) or refused with 413 (`reject`, or a request's `truncate:
+    false`). Each text's ids are read from its encoding once (`Encoding.ids` makes a new list at
+    every access)."""
 
     def __init__(self, tokenizer, limit: int, reject: bool):
-        self.tokenizer = tokenizer
         self.limit = limit
         self.reject = reject
+        self.by_side = {tokenizer.truncation_side: tokenizer}
+        for side in SIDES:  # a copy per side: truncation_side is the tokenizer's state, shared by every call
+            if side not in self.by_side:
+                self.by_side[side] = copy.deepcopy(tokenizer)
+                self.by_side[side].truncation_side = side
+        self.default_side = tokenizer.truncation_side
 
-    def __call__(self, texts: list[str]) -> tuple[list[Encoding], list[list[int]]]:
-        # One token over the limit is enough to tell an over-long text apart.
-        cut = self.limit + 1 if self.reject else self.limit
-        encodings = self.tokenizer(texts, truncation=True, max_length=cut).encodings
+    def __call__(self, texts: list, truncate: bool | None = None, side: str | None = None) -> Tokenized:
+        reject = self.reject if truncate is None else not truncate
+        tokenizer = self.by_side[side or self.default_side]
+        cut = self.limit + 1 if reject else self.limit  # one token over is enough to tell an over-long text
+        if texts and isinstance(texts[0], tuple):
+            firsts, seconds = zip(*texts, strict=True)
+            encodings = tokenizer(list(firsts), list(seconds), truncation=True, max_length=cut).encodings
+        else:
+            encodings = tokenizer(texts, truncation=True, max_length=cut).encodings
         token_ids = [encoding.ids for encoding in encodings]
         for position, ids in enumerate(token_ids):
             if not ids:
                 raise RequestError(400, f"text {position} makes no tokens")
             if len(ids) > self.limit:
                 raise RequestError(
-                    413, f"text {position} is longer than {self.limit} tokens; shorten it or set overflow: truncate"
+                    413,
+                    f"text {position} is longer than {self.limit} tokens; shorten it, or send truncate: true "
+                    "(or build with overflow: truncate)",
                 )
-        return encodings, token_ids
+        pairs = bool(texts) and isinstance(texts[0], tuple)
+        return Tokenized(encodings, token_ids, [encoding.type_ids for encoding in encodings] if pairs else None)

@@ -34,7 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 from handlers import aot_package, buckets  # noqa: E402
 from handlers.config import TASKS, ConfigError, parse  # noqa: E402
+from handlers.serving import task_plan  # noqa: E402
+from scripts import hub  # noqa: E402
 from scripts.cli import HelpFormatter, UserError  # noqa: E402
+from scripts.precompile import handler_class  # noqa: E402
 
 HANDLER_FILES = {
     "embedding": "embedding.py",
@@ -131,7 +134,7 @@ def estimated_compile_seconds(config: dict, model_dir: Path) -> float:
     options = handler.compile
     if not options.enable:
         return 0.0
-    plan = buckets.BucketPlan(handler.buckets.seq_lens, handler.buckets.batch_sizes, options.dynamic)
+    plan = task_plan(handler_class(f"handlers/{HANDLER_FILES[handler.task]}")(), handler, Path(model_dir))
     layers = json.loads((Path(model_dir) / "config.json").read_text()).get("num_hidden_layers", 12)
     # Regional graphs of length groups come twice, with and without an attention mask (see
     # warmup.padding_variants); packed rows always carry one. The estimate takes the larger.
@@ -283,7 +286,15 @@ def build(
 
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="HF model folder (save_pretrained output)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="a model folder (save_pretrained output) or a Hugging Face Hub id, found in the local cache",
+    )
+    parser.add_argument("--revision", help="with a Hub id: the branch, tag or commit (default: main)")
+    parser.add_argument(
+        "--allow-download", action="store_true", help="with a Hub id: fetch it from the Hub if it is not cached"
+    )
     parser.add_argument("--task", choices=TASKS, default="embedding", help="which handler serves the model")
     parser.add_argument("--model-name", "--name", dest="name", required=True, help="the archive is NAME.mar")
     parser.add_argument(
@@ -316,7 +327,7 @@ def main(argv=None) -> Path:
         extra = merge(extra, {"handler": {"buckets": chosen}})
     try:
         archive = build(
-            args.model,
+            hub.resolve(args.model, args.revision, args.allow_download),
             args.task,
             args.name,
             args.export_path,
@@ -325,7 +336,7 @@ def main(argv=None) -> Path:
             precompile=args.precompile,
             version=args.version,
         )
-    except (BuildError, ConfigError) as error:  # ConfigError: the config's own check, naming key and value
+    except (BuildError, ConfigError, hub.HubError) as error:  # ConfigError: the config's own check
         raise UserError(str(error)) from error
     return archive
 

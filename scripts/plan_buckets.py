@@ -32,6 +32,7 @@ from handlers.config import BucketConfig  # noqa: E402
 from handlers.layout import Layout  # noqa: E402
 from handlers.length_stats import read_histograms  # noqa: E402
 from handlers.packing import AUTO_BUDGET  # noqa: E402
+from handlers.serving import doubling  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
 
 
@@ -108,14 +109,6 @@ def plan_pack_budget(histogram: dict[int, int], seq_lens: tuple[int, ...], batch
     return min(rows, key=lambda row: row["cost_per_real_token"])["pack_tokens"], rows
 
 
-def powers_of_two(max_len: int, smallest: int = 16) -> tuple[int, ...]:
-    """16, 32, 64, ... up to the first power that holds `max_len`, capped at it."""
-    seq_lens = [smallest]
-    while seq_lens[-1] < max_len:
-        seq_lens.append(seq_lens[-1] * 2)
-    return tuple(sorted({min(value, max_len) for value in seq_lens}))
-
-
 def read_lengths(path: Path, model: str | None) -> dict[int, int]:
     """A histogram {length: count} from any of the input formats the module docstring lists."""
     text = path.read_text(errors="replace")
@@ -161,8 +154,7 @@ def main(argv=None) -> dict:
         parser.error(f"no lengths found in {source}")
     max_len = args.max_len or aligned(max(histogram), args.align, math.inf)
     chosen = plan(histogram, args.k, max_len, args.align)
-    defaults = tuple(length for length in BucketConfig().seq_lens if length < max_len) + (max_len,)
-    rows = compare(histogram, {"planned": chosen, "powers of two": powers_of_two(max_len), "default": defaults})
+    rows = compare(histogram, {"planned": chosen, "powers of two (auto)": doubling(max_len)})
     texts = sum(histogram.values())
     print(f"{texts} texts, lengths {min(histogram)}..{max(histogram)}, k={args.k}, align={args.align}")
     print(f"{'plan':<14} {'padded / real':>13}  seq_lens")

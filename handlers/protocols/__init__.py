@@ -22,14 +22,16 @@ class RequestSpec:
     params: dict[str, ParamCheck]
     max_inputs: int
     adapt: Callable[[Any], Any] = lambda value: value
+    pairs: bool = False  # the task takes text pairs (a cross-encoder: query and passage)
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """One decoded request: its texts, the task's checked parameters, and the protocol that answers it.
-    `is_list`: the texts came as a list (answered as a list); `meta`: the protocol's own fields."""
+    """One decoded request: its texts (or text pairs), the task's checked parameters, and the protocol
+    that answers it. `is_list`: the texts came as a list (answered as a list); `meta`: the protocol's
+    own fields."""
 
-    texts: list[str]
+    texts: list[str] | list[tuple[str, str]]
     params: dict[str, Any]
     protocol: "Protocol"
     is_list: bool = True

@@ -1,8 +1,10 @@
 """This package's own bodies: raw UTF-8 text, or JSON `{"inputs": "text" | ["a", "b"], <task parameters>}`.
 
-A string in gets one answer out; a list gets a list in the same order. Refusals are
-`{"error": "...", "code": N}`. Text generation's streamed answers are JSON lines, `{"index", "text"}`
-per piece and a summary line per prompt (handlers/generation.py).
+A string in gets one answer out; a list gets a list in the same order. Tasks that take text pairs
+(cross-encoders) also take `{"text": q, "text_pair": p}` (and lists of them) as `inputs`, as
+transformers' pipeline does. Refusals are `{"error": "...", "code": N}`. Text generation's
+streamed answers are JSON lines, `{"index", "text"}` per piece and a summary line per prompt
+(handlers/generation.py).
 """
 
 import json
@@ -19,7 +21,7 @@ class PlainProtocol(Protocol):
             return Request(check_texts([value], spec.max_inputs), {}, self, is_list=False)
         if not isinstance(value, dict) or "inputs" not in value:
             raise RequestError(400, "JSON body must be an object with an 'inputs' key")
-        texts, is_list = _texts(value["inputs"], spec.max_inputs)
+        texts, is_list = _texts(value["inputs"], spec.max_inputs, spec.pairs)
         params = check_params({name: param for name, param in value.items() if name != "inputs"}, spec.params)
         return Request(texts, params, self, is_list)
 
@@ -38,9 +40,25 @@ class PlainProtocol(Protocol):
         return "".join(json.dumps(line) + "\n" for line in lines)
 
 
-def _texts(inputs: Any, max_inputs: int) -> tuple[list[str], bool]:
+def _texts(inputs: Any, max_inputs: int, pairs: bool) -> tuple[list, bool]:
     if isinstance(inputs, str):
         return check_texts([inputs], max_inputs), False
+    if pairs and isinstance(inputs, dict):
+        return check_pairs([inputs], max_inputs), False
+    if pairs and isinstance(inputs, list) and inputs and all(isinstance(item, dict) for item in inputs):
+        return check_pairs(inputs, max_inputs), True
     if isinstance(inputs, list):
         return check_texts(inputs, max_inputs), True
+    if pairs:
+        raise RequestError(400, "'inputs' must be a string, a {'text', 'text_pair'} object, or a list of either")
     raise RequestError(400, "'inputs' must be a string or a list of strings")
+
+
+def check_pairs(inputs: list, max_inputs: int) -> list[tuple[str, str]]:
+    """A non-empty list of at most `max_inputs` {"text": a, "text_pair": b} objects, as pairs."""
+    for position, item in enumerate(inputs):
+        if set(item) != {"text", "text_pair"}:
+            raise RequestError(400, f"'inputs'[{position}] must be an object with exactly 'text' and 'text_pair'")
+    firsts = check_texts([item["text"] for item in inputs], max_inputs)
+    seconds = check_texts([item["text_pair"] for item in inputs], max_inputs)
+    return list(zip(firsts, seconds, strict=True))

@@ -63,3 +63,16 @@ def test_pad_group_masks_padding_and_keeps_dummy_rows_unmasked_at_one_token():
     assert inputs["input_ids"].shape == inputs["attention_mask"].shape == (4, 8)
     assert inputs["input_ids"][0].tolist() == [5, 6, 7, 0, 0, 0, 0, 0]
     assert inputs["attention_mask"].sum(dim=1).tolist() == [3, 2, 1, 1]
+
+
+def test_long_buckets_take_fewer_rows_so_no_call_holds_more_than_max_tokens():
+    plan = buckets.BucketPlan((16, 256, 512, 1024, 8192), (1, 2, 4, 8), "all", max_tokens=4096)
+    assert [plan.rows_for(seq_len) for seq_len in plan.seq_lens] == [8, 8, 8, 4, 1]
+    shapes = buckets.warmup_shapes(plan)
+    assert max(batch * seq_len for batch, seq_len in shapes) == 8192  # one row of the limit, never more
+    assert (2, 8192) not in shapes and (4, 1024) in shapes and (8, 1024) not in shapes
+    groups = buckets.group_requests([900] * 9 + [5000] * 3, plan)
+    assert [(group.batch_size, group.seq_len) for group in groups] == [(4, 1024)] * 2 + [(1, 1024)] + [(1, 8192)] * 3
+    assert all((group.batch_size, group.seq_len) in shapes for group in groups)
+    static = buckets.BucketPlan((512, 8192), (1, 2, 4, 8), "none", max_tokens=4096)
+    assert buckets.expected_graphs(static) == len(buckets.warmup_shapes(static)) == 5  # 4 at 512, 1 at 8192

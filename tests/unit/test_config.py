@@ -84,14 +84,14 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
     documented = {row.split(" | ")[0].strip("| `"): row.split(" | ")[1] for row in rows}
     defaults = HandlerConfig()
     assert set(documented) == {
-        "task", "dtype", "threads", "max_inputs", "buckets.seq_lens", "buckets.batch_sizes", "buckets.overflow",
-        "buckets.pack_tokens", "buckets.histogram_every", "compile.enable", "compile.backend", "compile.mode",
+        "task", "dtype", "threads", "max_inputs", "buckets.seq_lens", "buckets.batch_sizes", "buckets.max_tokens",
+        "buckets.overflow", "buckets.pack_tokens", "buckets.histogram_every", "embedding.dimensions", "compile.enable", "compile.backend", "compile.mode",
         "compile.fullgraph", "compile.dynamic", "compile.regional", "compile.on_failure", "compile.cache_dir",
         "warmup.iterations", "warmup.verify", "warmup.tolerance", "generation.max_new_tokens",
         "generation.default_new_tokens", "generation.max_stop_strings", "generation.steps_per_call",
         "generation.max_request_seconds",
     }  # fmt: skip
-    assert documented["buckets.seq_lens"] == f"`{list(defaults.buckets.seq_lens)}`"
+    assert documented["buckets.seq_lens"] == f"`{defaults.buckets.seq_lens}`" == "`auto`"
     assert documented["compile.enable"] == "`true`" and documented["threads"] == "`auto`"
     assert documented["generation.max_new_tokens"] == f"`{defaults.generation.max_new_tokens}`"
 

@@ -30,7 +30,7 @@ def test_warmup_compiles_exactly_the_grid_and_live_traffic_compiles_nothing(tiny
     answers = answered(handler, [{"inputs": text} for text in texts])
     assert compiled_graph_count() == graphs
     assert engine.model.recompiles_after_ready == 0
-    eager = engine.on(EagerRunner(engine.model.eager)).run(handler.tokenize(texts)[1]).rows
+    eager = engine.on(EagerRunner(engine.model.eager)).run(handler.tokenize(texts).token_ids).rows
     for answer, row in zip(answers, eager, strict=True):
         expected = torch.nn.functional.normalize(row, dim=-1)
         assert torch.allclose(torch.tensor(answer["embedding"]), expected, atol=1e-5)
@@ -45,7 +45,7 @@ def test_regional_compile_warms_blocks_with_and_without_padding_and_live_traffic
     texts = ["the cat sat", "hello world " * 6, "a dog", "fast model serve token " * 3, "x"]
     answers = answered(handler, [{"inputs": text} for text in texts])
     assert compiled_graph_count() == 1 and engine.model.recompiles_after_ready == 0
-    eager = engine.on(EagerRunner(engine.model.eager)).run(handler.tokenize(texts)[1]).rows
+    eager = engine.on(EagerRunner(engine.model.eager)).run(handler.tokenize(texts).token_ids).rows
     for answer, row in zip(answers, eager, strict=True):
         assert torch.allclose(torch.tensor(answer["embedding"]), torch.nn.functional.normalize(row, dim=-1), atol=1e-5)
 
@@ -75,7 +75,7 @@ def test_bad_request_in_a_batch_gets_its_own_4xx(tiny_bert):
 
 def test_truncate_caps_long_texts_at_the_largest_bucket(tiny_bert):
     handler = ready_handler(tiny_bert)
-    assert [len(ids) for ids in handler.tokenize(["a " * 100, "the cat"])[1]] == [32, 4]
+    assert [len(ids) for ids in handler.tokenize(["a " * 100, "the cat"]).token_ids] == [32, 4]
 
 
 def test_compile_off_serves_eagerly(tiny_bert):

@@ -75,7 +75,7 @@ def test_each_text_gets_positions_from_the_first_and_a_segment_of_its_own():
 def test_each_packed_text_is_pooled_in_its_own_slot():
     segments = torch.tensor([[1, 1, 2, 2, 2, 0, 0, 0]])  # two texts, then padding: 2 slots of 8 tokens
     hidden = torch.arange(8, dtype=torch.float32).view(1, 8, 1)
-    pooled = packing.pool_per_text(hidden, segments, ("cls_token", "lasttoken", "max_tokens", "mean_tokens"))
+    pooled = packing.pool_per_text(hidden, segments, ("cls", "lasttoken", "max", "mean"))
     assert pooled.tolist() == [[[0.0, 1.0, 1.0, 0.5], [2.0, 4.0, 4.0, 3.0]]]
 
 
@@ -153,7 +153,7 @@ def test_a_bad_request_in_a_packed_batch_gets_its_own_400_and_padding_is_counted
     assert [status(context, index) for index in range(3)] == [200, 400, 200]
     assert "error" in answers[1]
     texts = ["the cat sat", "hello world", "alice walks to paris"]
-    lengths = [len(ids) for ids in handler.tokenize(texts)[1]]
+    lengths = [len(ids) for ids in handler.tokenize(texts).token_ids]
     assert handler.lengths.real_tokens - real == sum(lengths) == 15
     assert handler.lengths.padded_tokens - computed == 16  # the three texts share one 16-token row
     ratios = [value for name, value, _, _ in context.metrics.calls if name == "PaddedTokenRatio"]

@@ -52,8 +52,8 @@ def test_enough_buckets_mean_no_padding_at_all():
 
 
 def test_powers_of_two_are_capped_at_the_largest_bucket():
-    assert plan_buckets.powers_of_two(100) == (16, 32, 64, 100)
-    assert plan_buckets.powers_of_two(256) == (16, 32, 64, 128, 256)
+    assert plan_buckets.doubling(100) == (16, 32, 64, 100)
+    assert plan_buckets.doubling(256) == (16, 32, 64, 128, 256)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,55 @@
+"""Reranking: one query against documents, answered best first with the cross-encoder's scores.
+
+    {"query": q, "documents": ["d0", "d1", ...], "top_n": 2, "return_documents": false, <task parameters>}
+ -> [{"index": 1, "score": 0.93}, {"index": 0, "score": 0.12}]      ("document": "d1" too with return_documents)
+
+Each document is scored as the pair (query, document), with the score sentence-transformers'
+`CrossEncoder.predict` gives (its activation: handlers/labels.py). Ties keep the documents' order.
+"""
+
+from typing import Any
+
+from handlers.payload import RequestError, check_params, check_texts
+from handlers.protocols import Protocol, Request, RequestSpec, Served
+
+FIELDS = ("query", "documents", "top_n", "return_documents")
+
+
+class RerankProtocol(Protocol):
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, dict) and "query" in value and "documents" in value
+
+    def decode(self, value: Any, spec: RequestSpec) -> Request:
+        if not spec.pairs:
+            raise RequestError(400, "this model does not rerank: it is not a cross-encoder (text-classification)")
+        if not isinstance(value["query"], str):
+            raise RequestError(400, "'query' must be a string")
+        (query,) = check_texts([value["query"]], 1)
+        documents = value["documents"]
+        if not isinstance(documents, list):
+            raise RequestError(400, "'documents' must be a list of strings")
+        documents = check_texts(documents, spec.max_inputs)
+        top_n = value.get("top_n")
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+            raise RequestError(400, "'top_n' must be an integer >= 1 (or left out: every document)")
+        return_documents = value.get("return_documents", False)
+        if not isinstance(return_documents, bool):
+            raise RequestError(400, "'return_documents' must be true or false")
+        params = check_params({key: item for key, item in value.items() if key not in FIELDS}, spec.params)
+        meta = {"rerank": True, "top_n": top_n, "return_documents": return_documents}
+        return Request([(query, document) for document in documents], params, self, meta=meta)
+
+    def encode(self, request: Request, answers: list, served: Served) -> Any:
+        return ranked(request, [answer["score"] for answer in answers])
+
+
+def ranked(request: Request, scores: list[float]) -> list[dict]:
+    """`{index, score[, document]}` per document, best first, the first `top_n`."""
+    order = sorted(range(len(scores)), key=lambda index: -scores[index])[: request.meta["top_n"]]
+    results = []
+    for index in order:
+        result = {"index": index, "score": scores[index]}
+        if request.meta["return_documents"]:
+            result["document"] = request.texts[index][1]
+        results.append(result)
+    return results
