@@ -233,6 +233,17 @@ def _files(target: Path) -> dict:
     }
 
 
+def package_constants(program, module: torch.nn.Module, model_dir: Path, dtype: torch.dtype) -> tuple[dict, dict]:
+    """Where each constant the exported program reads comes from: the archive's safetensors
+    (`weight_sources`), or the package's own constants file, which also takes the tensors the
+    model's code makes as it runs (DeBERTa's relative positions) and export lifts into constants."""
+    names = sorted(set(program.state_dict) | set(program.constants))
+    own = weights(module)
+    lifted = {name: program.constants[name].detach().cpu().contiguous() for name in names if name not in own}
+    sources, missing = weight_sources(module, [name for name in names if name in own], model_dir, dtype)
+    return sources, missing | lifted
+
+
 def build(
     module: torch.nn.Module,
     plan: buckets.BucketPlan,
@@ -257,14 +268,10 @@ def build(
     with torch.inference_mode():
         program = torch.export.export(module, (), inputs, dynamic_shapes=dynamic_shapes, strict=False)
     exported = time.perf_counter()
-    names = sorted(set(program.state_dict) | set(program.constants))
-    unknown = sorted(set(names) - set(weights(module)))
-    if unknown:
-        raise PackageError(f"the exported model holds constants that are not its weights: {unknown[:5]}")
     torch._inductor.aoti_compile_and_package(
         program, package_path=str(target / PACKAGE_FILE), inductor_configs=inductor_options(options)
     )
-    sources, missing = weight_sources(module, names, model_dir, getattr(torch, valid_for["dtype"]))
+    sources, missing = package_constants(program, module, model_dir, getattr(torch, valid_for["dtype"]))
     save_file(missing, str(target / CONSTANTS_FILE))
     reference.save(target / REFERENCE_FILE)
     built = {

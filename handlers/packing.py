@@ -68,10 +68,9 @@ def block_mask(segments: torch.Tensor, dtype: torch.dtype, causal: bool = False)
     causality must be in it.
     """
     visible = segments[:, :, None] == segments[:, None, :]  # (rows, query, key)
-    if causal:
-        length = segments.shape[1]
-        positions = torch.arange(length, device=segments.device)
-        visible = visible & (positions[None, :, None] >= positions[None, None, :])
+    if causal:  # every operand (rows, ...): a broadcast over a size-1 batch would specialize the graph
+        order = torch.arange(segments.shape[1], device=segments.device).expand_as(segments)
+        visible = visible & (order[:, :, None] >= order[:, None, :])
     blocked = torch.zeros(visible.shape, dtype=dtype, device=segments.device)
     return blocked.masked_fill(~visible, torch.finfo(dtype).min)[:, None]
 

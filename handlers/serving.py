@@ -149,6 +149,13 @@ def bucket_plan(config: HandlerConfig, limit: int) -> buckets.BucketPlan:
     elif seq_lens[-1] > limit:
         seq_lens = tuple(length for length in seq_lens if length < limit) + (limit,)
         logger.info("Length buckets capped at the model's limit of %d tokens: %s", limit, seq_lens)
+    elif seq_lens[-1] < limit:
+        logger.warning(
+            "Texts are cut at %d tokens (buckets.seq_lens), below the model's own limit of %d: longer texts are "
+            "answered otherwise than its reference library answers them (seq_lens: auto reaches the limit)",
+            seq_lens[-1],
+            limit,
+        )
     pack = config.buckets.pack_tokens
     budget = None if pack == "off" else min(seq_lens[-1], packing.AUTO_BUDGET if pack == "auto" else pack)
     most = config.buckets.max_tokens

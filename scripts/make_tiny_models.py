@@ -52,8 +52,8 @@ BERT_SIZES = {
 def _bert_config(tokenizer, size: str = "test", **extra):
     from transformers import BertConfig
 
-    positions = 128 if size == "test" else 512
-    return BertConfig(vocab_size=len(tokenizer), max_position_embeddings=positions, **BERT_SIZES[size], **extra)
+    extra.setdefault("max_position_embeddings", 128 if size == "test" else 512)
+    return BertConfig(vocab_size=len(tokenizer), **BERT_SIZES[size], **extra)
 
 
 def _labels(names: list[str]) -> dict:
@@ -85,6 +85,110 @@ def make_embedding(folder: Path, size: str = "test") -> Path:
     (folder / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
     )
+    return folder
+
+
+def make_long_embedding(folder: Path) -> Path:
+    """The test embedder with a 512-token limit (sentence-transformers' max_seq_length) and a
+    config.json that says it was trained for shorter embeddings (Matryoshka: 16 or 32 values)."""
+    from transformers import BertModel
+
+    make_embedding(folder)
+    tokenizer = _bert_tokenizer(folder)
+    config = _bert_config(tokenizer, "test", max_position_embeddings=512, matryoshka_dimensions=[16, 32])
+    _save(BertModel(config), folder)
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    return folder
+
+
+def make_cross_encoder(folder: Path) -> Path:
+    """A reranker: a BERT sequence classifier with one label, scoring (query, passage) pairs as
+    sentence-transformers' CrossEncoder does (sigmoid of the logit)."""
+    from transformers import BertForSequenceClassification
+
+    tokenizer = _bert_tokenizer(folder)
+    tokenizer.model_max_length = 128
+    tokenizer.save_pretrained(folder)
+    # Drawn wide (std 0.5), so the documents' scores are far apart and their order is no tie.
+    config = _bert_config(tokenizer, initializer_range=0.5, **_labels(["relevance"]))
+    return _save(BertForSequenceClassification(config), folder)
+
+
+def make_decoder_embedding(folder: Path) -> Path:
+    """A Qwen3-shaped decoder embedder in sentence-transformers' own layout: last-token pooling on the
+    end-of-text token its tokenizer appends, left padding, a query instruction prompt, Normalize."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<pad>"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=special, initial_alphabet=alphabet, show_progress=False
+    )
+    backend.train_from_iterator(CORPUS * 4, trainer)
+    backend.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>", special_tokens=[(special[0], 0)])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=special[0], pad_token=special[1], padding_side="left"
+    )
+    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), head_dim=8, intermediate_size=64, max_position_embeddings=1024, **sizes
+    )
+    transformer_dir = folder / "transformer"
+    tokenizer.save_pretrained(transformer_dir)
+    _save(Qwen3Model(config), transformer_dir)
+    prompts = {"query": "Instruct: find the city\nQuery:", "document": ""}
+    modules = [Transformer(str(transformer_dir), max_seq_length=256), Pooling(32, "lasttoken"), Normalize()]
+    SentenceTransformer(modules=modules, prompts=prompts, device="cpu").save(str(folder))
+    import shutil
+
+    shutil.rmtree(transformer_dir)
+    return folder
+
+
+def make_deberta_classification(folder: Path) -> Path:
+    """DeBERTa-v2-shaped sequence classifier (relative positions, its own attention mask handling)."""
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    tokenizer = _bert_tokenizer(folder)
+    config = DebertaV2Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=128,
+        relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+        **BERT_SIZES["test"],
+        **_labels(["NEGATIVE", "NEUTRAL", "POSITIVE"]),
+    )
+    return _save(DebertaV2ForSequenceClassification(config), folder)
+
+
+def make_modernbert_embedding(folder: Path) -> Path:
+    """ModernBERT-shaped encoder (rotary positions, alternating local attention) as an embedder."""
+    from transformers import ModernBertConfig, ModernBertModel
+
+    make_embedding(folder)
+    tokenizer = _bert_tokenizer(folder)
+    config = ModernBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+        local_attention=16,
+    )
+    _save(ModernBertModel(config), folder)
     return folder
 
 
@@ -200,6 +304,27 @@ def make_text_generation(folder: Path, size: str = "test") -> Path:
     return _save(model, folder)
 
 
+def make_gpt2_generation(folder: Path) -> Path:
+    """GPT-2-shaped decoder (learned absolute positions), drawn wide like the Llama one."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = _bpe_tokenizer(folder)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=512,
+        initializer_range=0.2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    return _save(GPT2LMHeadModel(config), folder)
+
+
 MAKERS = {
     "embedding": make_embedding,
     "text-classification": make_text_classification,
@@ -208,6 +333,12 @@ MAKERS = {
     "text-classification-xlmr": make_xlmr_classification,
     "text-classification-distilbert": make_distilbert_classification,
     "text-generation": make_text_generation,
+    "embedding-long": make_long_embedding,
+    "cross-encoder": make_cross_encoder,
+    "embedding-decoder": make_decoder_embedding,
+    "text-classification-deberta": make_deberta_classification,
+    "embedding-modernbert": make_modernbert_embedding,
+    "text-generation-gpt2": make_gpt2_generation,
 }
 
 

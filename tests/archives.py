@@ -1,9 +1,15 @@
-"""The tiny archive of every task that tests/integration/conftest.py's shared TorchServe serves."""
+"""The tiny archives that tests/integration/conftest.py's shared TorchServe serves."""
 
 SMALL_GRID = {"dtype": "float32", "buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
-TASK_ARCHIVES = {  # archive name: task
+TASK_ARCHIVES = {  # archive name: task (its model: the task's tiny model)
     "embedder": "embedding",
     "classifier": "text-classification",
     "tagger": "token-classification",
     "generator": "text-generation",
+}
+AUTO_GRID = {"buckets": {"seq_lens": "auto", "batch_sizes": [1, 4]}}  # lengths up to the model's own limit
+MODEL_ARCHIVES = {  # archive name: (tiny model, task, handler settings over SMALL_GRID): the models users bring
+    "long-embedder": ("embedding-long", "embedding", AUTO_GRID),
+    "reranker": ("cross-encoder", "text-classification", AUTO_GRID),
+    "qwen-embedder": ("embedding-decoder", "embedding", AUTO_GRID),
 }

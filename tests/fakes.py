@@ -2,7 +2,7 @@
 
 import json
 
-from ts.context import Context
+from ts.context import Context, RequestProcessor
 
 from benchmarks.in_process import make_context, ready_handler, start_batch  # noqa: F401 (shared with the benchmarks)
 
@@ -43,3 +43,56 @@ class RecordingMetrics:
 
     def add_metric(self, name, value, unit, dimensions, metric_type):
         self.calls.append((name, value, {d.name: d.value for d in dimensions}, metric_type.name))
+
+
+class Frontend:
+    """New requests go in with their bodies, running ones again without; a request leaves with the
+    answer whose ts_stream_next is false, or when its client goes. A plain answer (no header) keeps
+    it too while the connection is open, as TorchServe does."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.queue: dict[str, dict | None] = {}  # request id -> body until first sent, then None
+        self.received: dict[str, list[str]] = {}
+        self.statuses: dict[str, int] = {}
+        self.finished_at: dict[str, int] = {}
+        self.calls = 0
+
+    def submit(self, request_id: str, body: dict) -> None:
+        self.queue[request_id] = body
+        self.received[request_id] = []
+
+    def cancel(self, request_id: str) -> None:
+        del self.queue[request_id]
+
+    def call(self) -> None:
+        ids = list(self.queue)
+        context = self.handler.context
+        # A resent request comes without its headers and parameters (the frontend's request encoder).
+        headers = [{} if self.queue[rid] is None else {"body": {"content-type": "application/json"}} for rid in ids]
+        context.request_processor = [RequestProcessor(properties) for properties in headers]
+        context.request_ids = dict(enumerate(ids))
+        data = [{} if self.queue[rid] is None else {"body": self.queue[rid]} for rid in ids]
+        answers = self.handler.handle(data, context)
+        self.calls += 1
+        assert len(answers) == len(ids)
+        for index, request_id in enumerate(ids):
+            if self.queue[request_id] is not None:  # the first answer sends the status
+                self.statuses[request_id] = status(context, index)
+            self.received[request_id].append(answers[index])
+            last = context.stopping_criteria[index](answers[index])
+            first = self.queue[request_id] is not None
+            assert last is not True or not first, "a first answer saying false would go out without a status line"
+            assert last is not None or (first and self.statuses[request_id] >= 400), "only refusals go plain"
+            if last is True:
+                del self.queue[request_id]
+                self.finished_at[request_id] = self.calls
+            else:
+                self.queue[request_id] = None
+
+    def run(self) -> None:
+        while self.queue:
+            self.call()
+
+    def body(self, request_id: str) -> str:
+        return "".join(self.received[request_id])

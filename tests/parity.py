@@ -1,6 +1,9 @@
-"""Comparing our answers with transformers pipelines': labels and spans exact, scores within 1e-4."""
+"""Comparing our answers with the reference libraries': labels and spans exact, scores within 1e-4."""
 
 import math
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 SCORE_TOLERANCE = 1e-4
 
@@ -19,3 +22,12 @@ def assert_same_answers(ours, reference, path="answer", tolerance=SCORE_TOLERANC
         assert ours == reference, f"{path}: {ours!r} != {reference!r}"
     else:  # numbers, numpy scalars included
         assert math.isclose(float(ours), float(reference), abs_tol=tolerance), f"{path}: {ours} != {reference}"
+
+
+def generate_alone(model_dir, prompt: str, new_tokens: int) -> str:
+    """Eager greedy `generate()` of transformers for the prompt alone: the text it adds."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    inputs = tokenizer(prompt, return_tensors="pt")
+    output = lm.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+    return tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -27,9 +27,11 @@ TENSOR_KEYS = {"name", "shape", "datatype", "data", "parameters"}
 
 
 def is_v2(value: Any) -> bool:
-    """A v2 inference request: `inputs` is a list of tensor objects, not of texts."""
+    """A v2 inference request: `inputs` is a list of tensor objects, not of texts or text pairs."""
     inputs = value.get("inputs") if isinstance(value, dict) else None
-    return isinstance(inputs, list) and bool(inputs) and all(isinstance(tensor, dict) for tensor in inputs)
+    if not (isinstance(inputs, list) and inputs and all(isinstance(tensor, dict) for tensor in inputs)):
+        return False
+    return not any({"text", "text_pair"} & set(tensor) for tensor in inputs)
 
 
 class KServeV2Protocol(Protocol):

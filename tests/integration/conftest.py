@@ -1,9 +1,10 @@
-"""One TorchServe with a tiny archive of every task, shared by the task and fuzz tests of the run."""
+"""One TorchServe with a tiny archive of every task and of the models users bring, shared by the
+task, model and fuzz tests of the run."""
 
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from archives import SMALL_GRID, TASK_ARCHIVES
+from archives import MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
 
 from scripts.build_mar import build
 from scripts.serve import TorchServe
@@ -20,12 +21,21 @@ def task_server(tmp_path_factory, tiny_models):
         # Four workers compile at once on as few as two cores: more time than one alone is given.
         config = {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **extra}}
         build(tiny_models[task], task, name, store, config)
+    for name, (model, task, settings) in MODEL_ARCHIVES.items():
+        build(
+            tiny_models[model],
+            task,
+            name,
+            store,
+            {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **settings}},
+        )
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("task_torchserve"), store)
     torchserve.start()
+    names = [*TASK_ARCHIVES, *MODEL_ARCHIVES]
     try:
         # All at once: their workers' start-ups (interpreter, imports, model load) overlap.
-        with ThreadPoolExecutor(len(TASK_ARCHIVES)) as pool:
-            list(pool.map(lambda name: torchserve.register(f"{name}.mar", 4, 100, 1), TASK_ARCHIVES))
+        with ThreadPoolExecutor(len(names)) as pool:
+            list(pool.map(lambda name: torchserve.register(f"{name}.mar", 4, 100, 1), names))
         yield torchserve
     finally:
         torchserve.stop()

@@ -27,6 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EAGER = {"handler": {"compile": {"enable": False}, "buckets": {"seq_lens": [16, 64], "batch_sizes": [1, 8]}}}
 MODELS = {"minilm": "embedding", "classifier": "text-classification", "tagger": "token-classification"}
 GENERATOR = {"generator": "text-generation"}
+# docs/tasks.md's models users bring: archive name -> (tiny model, task)
+BROUGHT = {
+    "reranker": ("cross-encoder", "text-classification"),
+    "qwen-embedder": ("embedding-decoder", "embedding"),
+    "long-embedder": ("embedding-long", "embedding"),
+}
 ANYTHING = "..."
 
 
@@ -99,10 +105,12 @@ def server(tmp_path_factory, tiny_models, minilm_dir):
         if name != "minilm":
             generation = {"generation": {"max_new_tokens": 24}} if name in GENERATOR else {}
             build(tiny_models[task], task, name, store, {"handler": {**EAGER["handler"], **generation}})
+    for name, (model, task) in BROUGHT.items():
+        build(tiny_models[model], task, name, store, EAGER)
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store)
     torchserve.start()
     try:
-        for name in (*MODELS, *GENERATOR):
+        for name in (*MODELS, *GENERATOR, *BROUGHT):
             torchserve.register(f"{name}.mar", batch_size=8, max_batch_delay=5, workers=1)
         yield torchserve
     finally:

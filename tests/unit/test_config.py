@@ -85,7 +85,8 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
     defaults = HandlerConfig()
     assert set(documented) == {
         "task", "dtype", "threads", "max_inputs", "buckets.seq_lens", "buckets.batch_sizes", "buckets.max_tokens",
-        "buckets.overflow", "buckets.pack_tokens", "buckets.histogram_every", "embedding.dimensions", "compile.enable", "compile.backend", "compile.mode",
+        "buckets.overflow", "buckets.pack_tokens", "buckets.histogram_every", "embedding.dimensions",
+        "compile.enable", "compile.backend", "compile.mode",
         "compile.fullgraph", "compile.dynamic", "compile.regional", "compile.on_failure", "compile.cache_dir",
         "warmup.iterations", "warmup.verify", "warmup.tolerance", "generation.max_new_tokens",
         "generation.default_new_tokens", "generation.max_stop_strings", "generation.steps_per_call",

@@ -5,68 +5,15 @@ import json
 
 import pytest
 import torch
-from fakes import make_context, status
+from fakes import Frontend, make_context, status
+from parity import generate_alone
 from torch._dynamo.utils import counters
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from ts.context import RequestProcessor
 
 from handlers.compiling import compiled_graph_count
 from handlers.generation import GenerationHandler, refuse_sliding_window
 
 CONFIG = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 2]}, "generation": {"max_new_tokens": 48}}
-
-
-class Frontend:
-    """New requests go in with their bodies, running ones again without; a request leaves with the
-    answer whose ts_stream_next is false, or when its client goes. A plain answer (no header) keeps
-    it too while the connection is open, as TorchServe does."""
-
-    def __init__(self, handler):
-        self.handler = handler
-        self.queue: dict[str, dict | None] = {}  # request id -> body until first sent, then None
-        self.received: dict[str, list[str]] = {}
-        self.statuses: dict[str, int] = {}
-        self.finished_at: dict[str, int] = {}
-        self.calls = 0
-
-    def submit(self, request_id: str, body: dict) -> None:
-        self.queue[request_id] = body
-        self.received[request_id] = []
-
-    def cancel(self, request_id: str) -> None:
-        del self.queue[request_id]
-
-    def call(self) -> None:
-        ids = list(self.queue)
-        context = self.handler.context
-        # A resent request comes without its headers and parameters (the frontend's request encoder).
-        headers = [{} if self.queue[rid] is None else {"body": {"content-type": "application/json"}} for rid in ids]
-        context.request_processor = [RequestProcessor(properties) for properties in headers]
-        context.request_ids = dict(enumerate(ids))
-        data = [{} if self.queue[rid] is None else {"body": self.queue[rid]} for rid in ids]
-        answers = self.handler.handle(data, context)
-        self.calls += 1
-        assert len(answers) == len(ids)
-        for index, request_id in enumerate(ids):
-            if self.queue[request_id] is not None:  # the first answer sends the status
-                self.statuses[request_id] = status(context, index)
-            self.received[request_id].append(answers[index])
-            last = context.stopping_criteria[index](answers[index])
-            first = self.queue[request_id] is not None
-            assert last is not True or not first, "a first answer saying false would go out without a status line"
-            assert last is not None or (first and self.statuses[request_id] >= 400), "only refusals go plain"
-            if last is True:
-                del self.queue[request_id]
-                self.finished_at[request_id] = self.calls
-            else:
-                self.queue[request_id] = None
-
-    def run(self) -> None:
-        while self.queue:
-            self.call()
-
-    def body(self, request_id: str) -> str:
-        return "".join(self.received[request_id])
 
 
 @pytest.fixture(scope="module")
@@ -78,15 +25,6 @@ def handler(tiny_models):
     made.initialize(make_context(tiny_models["text-generation"], yaml_config))
     made.graphs = compiled_graph_count()
     return made
-
-
-def generate_alone(model_dir, prompt: str, new_tokens: int) -> str:
-    """Eager greedy `generate()` of transformers for the prompt alone: the text it adds."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    inputs = tokenizer(prompt, return_tensors="pt")
-    output = lm.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
-    return tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def test_a_short_request_joins_a_running_long_one_and_leaves_first_with_the_same_tokens(handler, tiny_models):
