@@ -26,6 +26,7 @@ from handlers.labels import (
 from handlers.layout import Layout
 from handlers.model_runner import ModelRunner
 from handlers.payload import RequestError
+from handlers.pooling import read_json
 from handlers.protocols.kserve_v2 import KServeV2Protocol
 from handlers.protocols.plain import PlainProtocol
 from handlers.protocols.rerank import RerankProtocol
@@ -42,7 +43,10 @@ class ClassificationHandler(CompiledHandler):
     def read_task_settings(self, model_dir: Path, model_config) -> None:
         self.id2label = {int(index): label for index, label in model_config.id2label.items()}
         self.scores = SCORE_FUNCTIONS[score_function(model_config)]
-        self.rerank_scores = SCORE_FUNCTIONS[cross_encoder_activation(model_config)]
+        # sentence-transformers reads its own file only in a folder it saved (one with modules.json)
+        saved_by_st = (model_dir / "modules.json").is_file()
+        saved = read_json(model_dir / "config_sentence_transformers.json", {}) if saved_by_st else {}
+        self.rerank_scores = SCORE_FUNCTIONS[cross_encoder_activation(model_config, saved)]
         self.token_types = (getattr(model_config, "type_vocab_size", 0) or 0) > 1  # BERT's segment A / B
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:

@@ -1,11 +1,14 @@
 """Logits to labelled scores, with the rules of transformers' classification pipelines."""
 
+import logging
 from typing import Any
 
 import torch
 
 from handlers.packing import pick_per_text, starts_of_texts
 from handlers.payload import RequestError
+
+logger = logging.getLogger(__name__)
 
 # How a row of logits becomes scores: the text-classification pipeline's choice per problem type.
 SCORE_FUNCTIONS = {
@@ -81,17 +84,27 @@ CROSS_ENCODER_ACTIVATIONS = {
 SCORE_FUNCTIONS["tanh"] = torch.tanh
 
 
-def cross_encoder_activation(config) -> str:
-    """What `CrossEncoder.predict` applies to the logits: the config's `sentence_transformers.
-    activation_fn` if it names one, else sigmoid for one label and none for more."""
+def cross_encoder_activation(config, saved: dict | None = None) -> str:
+    """What `CrossEncoder.predict` applies to the logits, decided as sentence-transformers decides:
+    `config_sentence_transformers.json`'s `activation_fn` (`saved`), else `config.json`'s
+    `sentence_transformers.activation_fn` (or its pre-v4 key), else sigmoid for one label and none
+    for more. Only `torch.` classes are trusted, as CrossEncoder trusts them without remote code;
+    any other name is skipped, logged."""
     settings = getattr(config, "sentence_transformers", None) or {}
-    named = settings.get("activation_fn") or getattr(config, "sbert_ce_default_activation_function", None)
-    if named is not None:
-        if named not in CROSS_ENCODER_ACTIVATIONS:
+    for named in (
+        (saved or {}).get("activation_fn"),
+        settings.get("activation_fn"),
+        getattr(config, "sbert_ce_default_activation_function", None),
+    ):
+        if named is None:
+            continue
+        if named in CROSS_ENCODER_ACTIVATIONS:
+            return CROSS_ENCODER_ACTIVATIONS[named]
+        if named.startswith("torch."):
             raise ValueError(
-                f"config.json names the cross-encoder activation {named!r}; served: {sorted(CROSS_ENCODER_ACTIVATIONS)}"
+                f"the model names the cross-encoder activation {named!r}; served: {sorted(CROSS_ENCODER_ACTIVATIONS)}"
             )
-        return CROSS_ENCODER_ACTIVATIONS[named]
+        logger.warning("cross-encoder activation %r is not a torch class: skipped, as CrossEncoder skips it", named)
     return "sigmoid" if config.num_labels == 1 else "none"
 
 

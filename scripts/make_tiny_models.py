@@ -168,27 +168,35 @@ def make_deberta_classification(folder: Path) -> Path:
     return _save(DebertaV2ForSequenceClassification(config), folder)
 
 
-def make_modernbert_embedding(folder: Path) -> Path:
+# ModernBERT shapes: the tests' tiny one, and ModernBERT-base's with its 8192-token limit (the
+# long-context benchmark's).
+MODERNBERT_SIZES = {
+    "test": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
+    "long": {"hidden_size": 768, "num_hidden_layers": 22, "num_attention_heads": 12, "intermediate_size": 1152},
+}
+
+
+def make_modernbert_embedding(folder: Path, size: str = "test") -> Path:
     """ModernBERT-shaped encoder (rotary positions, alternating local attention) as an embedder."""
     from transformers import ModernBertConfig, ModernBertModel
 
     make_embedding(folder)
     tokenizer = _bert_tokenizer(folder)
+    limit = 128 if size == "test" else 8192
     config = ModernBertConfig(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
+        max_position_embeddings=limit,
+        **MODERNBERT_SIZES[size],
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.cls_token_id,
         eos_token_id=tokenizer.sep_token_id,
         cls_token_id=tokenizer.cls_token_id,
         sep_token_id=tokenizer.sep_token_id,
-        local_attention=16,
+        local_attention=16 if size == "test" else 128,
     )
     _save(ModernBertModel(config), folder)
+    if size == "long":  # the model's own limit, as ModernBERT-base's sentence-transformers config says
+        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": limit, "do_lower_case": False}))
     return folder
 
 

@@ -12,11 +12,18 @@ a dynamic program over the distinct (aligned) lengths, O(K * n^2).
 
 It also plans the pack budget (`buckets.pack_tokens`) for the encoder tasks, which pack a batch's
 texts into rows (handlers/packing.py): seeded batches of `--batch` texts drawn from the lengths are
-packed with each bucket up to packing.AUTO_BUDGET as the budget, and the budget with the least
-computed tokens plus model calls (each costing CALL_TOKENS tokens) wins.
+packed as the request path packs them with each bucket up to packing.AUTO_BUDGET as the budget,
+and the budget with the least cost wins. The cost of a call (scripts/plan_costs.py) is its tokens
+plus a fixed part per call; with `--measure MODEL_DIR` it is measured on the model, attention's
+part that grows with the length included, so every bucket up to the limit is a candidate budget and
+the buckets themselves are weighed by what a row of their length costs (a long-context model's
+long rows cost more than their tokens):
+
+    python scripts/plan_buckets.py --lengths lengths.txt --measure runs/tiny/embedding-long --task embedding
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -33,7 +40,11 @@ from handlers.layout import Layout  # noqa: E402
 from handlers.length_stats import read_histograms  # noqa: E402
 from handlers.packing import AUTO_BUDGET  # noqa: E402
 from handlers.serving import doubling  # noqa: E402
+from scripts import plan_costs  # noqa: E402
 from scripts.cli import HelpFormatter  # noqa: E402
+from scripts.plan_costs import Costs  # noqa: E402
+
+ASSUMED = Costs()  # a call's cost without --measure: its tokens and CALL_TOKENS per call
 
 
 def aligned(length: int, align: int, max_len: int) -> int:
@@ -49,8 +60,9 @@ def padded_tokens(histogram: dict[int, int], seq_lens: tuple[int, ...]) -> int:
     return total
 
 
-def plan(histogram: dict[int, int], k: int, max_len: int, align: int = 1) -> tuple[int, ...]:
-    """The at most `k` buckets, the last one `max_len`, that minimize padded tokens."""
+def plan(histogram: dict[int, int], k: int, max_len: int, align: int = 1, costs: Costs = ASSUMED) -> tuple[int, ...]:
+    """The at most `k` buckets, the last one `max_len`, that minimize padded tokens, each weighed by
+    what a row of its length costs (`costs.row`: its tokens, and its attention where measured)."""
     weights: dict[int, int] = {max_len: 0}
     for length, count in histogram.items():
         key = aligned(length, align, max_len)
@@ -62,13 +74,14 @@ def plan(histogram: dict[int, int], k: int, max_len: int, align: int = 1) -> tup
         prefix.append(prefix[-1] + count)
     size = len(candidates)
     # best[j]: (cost, buckets) covering candidates[0..j] with the last bucket at candidates[j].
-    best = [(candidates[j] * prefix[j + 1], (candidates[j],)) for j in range(size)]
+    cost = [costs.row(value) for value in candidates]
+    best = [(cost[j] * prefix[j + 1], (candidates[j],)) for j in range(size)]
     for _ in range(min(k, size) - 1):
         best = [
             min(
                 [best[j]]
                 + [
-                    (best[i][0] + candidates[j] * (prefix[j + 1] - prefix[i + 1]), best[i][1] + (candidates[j],))
+                    (best[i][0] + cost[j] * (prefix[j + 1] - prefix[i + 1]), best[i][1] + (candidates[j],))
                     for i in range(j)
                 ]
             )
@@ -77,35 +90,36 @@ def plan(histogram: dict[int, int], k: int, max_len: int, align: int = 1) -> tup
     return best[-1][1]
 
 
-# A model call's fixed cost in computed tokens: benchmarks/benchmark_traffic.py fits a batch's time as
-# calls x per call + tokens x per token; MiniLM's packed rows on 2 CPU cores gave 78 (docs/design.md, "Packing").
-CALL_TOKENS = 78
-
-
-def pack_cost(histogram: dict[int, int], seq_lens: tuple[int, ...], budget: int, batch: int, seed: int = 0) -> dict:
-    """Computed tokens per real token, model calls per batch, and their sum in tokens per real
+def pack_cost(
+    histogram: dict[int, int], seq_lens: tuple[int, ...], budget: int, batch: int, costs: Costs = ASSUMED, seed: int = 0
+) -> dict:
+    """Computed tokens per real token, model calls per batch, and their cost (`costs.call`) per real
     token, packing 200 seeded batches of `batch` texts drawn from the histogram with `budget`."""
     rng = random.Random(seed)
     lengths, counts = zip(*sorted(histogram.items()), strict=True)
     grid = BucketPlan(seq_lens, BucketConfig().batch_sizes, "all")
-    real = computed = calls = 0
+    real = computed = calls = cost = 0
     batches = 200
     for _ in range(batches):
         sample = [min(length, seq_lens[-1]) for length in rng.choices(lengths, counts, k=batch)]
         groups = [call.group for call in Layout(budget).calls(sample, grid)]  # as the request path packs
         real, computed, calls = real + sum(sample), computed + group_tokens(groups), calls + len(groups)
+        cost += sum(costs.call(group.batch_size, group.seq_len) for group in groups)
     return {
         "pack_tokens": budget,
         "padded_ratio": computed / real,
         "calls_per_batch": calls / batches,
-        "cost_per_real_token": (computed + calls * CALL_TOKENS) / real,
+        "cost_per_real_token": cost / real,
     }
 
 
-def plan_pack_budget(histogram: dict[int, int], seq_lens: tuple[int, ...], batch: int) -> tuple[int, list[dict]]:
-    """The cheapest budget among the buckets up to AUTO_BUDGET, and every candidate's figures."""
-    candidates = [length for length in seq_lens if length <= AUTO_BUDGET] or [seq_lens[0]]
-    rows = [pack_cost(histogram, seq_lens, budget, batch) for budget in candidates]
+def plan_pack_budget(
+    histogram: dict[int, int], seq_lens: tuple[int, ...], batch: int, costs: Costs = ASSUMED
+) -> tuple[int, list[dict]]:
+    """The cheapest budget among the buckets (up to AUTO_BUDGET unless the costs were measured, which
+    price a long row's attention), and every candidate's figures."""
+    candidates = [length for length in seq_lens if costs.measured or length <= AUTO_BUDGET] or [seq_lens[0]]
+    rows = [pack_cost(histogram, seq_lens, budget, batch, costs) for budget in candidates]
     return min(rows, key=lambda row: row["cost_per_real_token"])["pack_tokens"], rows
 
 
@@ -144,6 +158,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-len", type=int, help="the largest bucket (default: the longest length, aligned)")
     parser.add_argument("--align", type=int, default=8, help="buckets are multiples of this (or --max-len)")
     parser.add_argument("--batch", type=int, default=8, help="texts per batch, for the pack budget (batchSize)")
+    parser.add_argument("--measure", type=Path, help="a model folder: measure its call costs, attention included")
+    parser.add_argument("--task", default="embedding", help="with --measure: the task that serves the model")
     parser.add_argument("--out", type=Path, help="write the plan as JSON (build_mar.py --plan reads it)")
     args = parser.parse_args(argv)
     source = args.lengths or args.log
@@ -152,29 +168,39 @@ def main(argv=None) -> dict:
     histogram = read_lengths(source, args.model)
     if not histogram:
         parser.error(f"no lengths found in {source}")
+    costs, samples = plan_costs.measure(args.measure, args.task) if args.measure else (ASSUMED, [])
     max_len = args.max_len or aligned(max(histogram), args.align, math.inf)
-    chosen = plan(histogram, args.k, max_len, args.align)
+    chosen = plan(histogram, args.k, max_len, args.align, costs)
     rows = compare(histogram, {"planned": chosen, "powers of two (auto)": doubling(max_len)})
+    budget, packs = plan_pack_budget(histogram, chosen, args.batch, costs)
     texts = sum(histogram.values())
-    print(f"{texts} texts, lengths {min(histogram)}..{max(histogram)}, k={args.k}, align={args.align}")
-    print(f"{'plan':<14} {'padded / real':>13}  seq_lens")
-    for row in rows:
-        print(f"{row['plan']:<14} {row['padded_ratio']:>13.3f}  {row['seq_lens']}")
-    budget, packs = plan_pack_budget(histogram, chosen, args.batch)
-    print(f"pack budget for batches of {args.batch} texts: {budget} tokens")
-    print(f"{'budget':>7} {'padded / real':>13} {'calls / batch':>13} {'cost / real token':>17}")
-    for row in packs:
-        print(
-            f"{row['pack_tokens']:>7} {row['padded_ratio']:>13.3f} {row['calls_per_batch']:>13.2f} "
-            f"{row['cost_per_real_token']:>17.3f}"
-        )
     result = {"seq_lens": list(chosen), "pack_tokens": budget, "k": args.k, "align": args.align, "texts": texts}
-    result["comparison"] = rows
-    result["pack_budgets"] = packs
+    result |= {"comparison": rows, "pack_budgets": packs, "costs": dataclasses.asdict(costs), "timed": samples}
+    report(result, histogram, args.batch)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
     return result
+
+
+def report(result: dict, histogram: dict[int, int], batch: int) -> None:
+    costs = result["costs"]
+    how = "measured" if costs["measured"] else "assumed"
+    print(
+        f"{result['texts']} texts, lengths {min(histogram)}..{max(histogram)}, k={result['k']}, align={result['align']}"
+    )
+    attention = f"attention {costs['per_square']:.2e} per token x length"
+    print(f"costs ({how}): {costs['per_call']:.0f} tokens per call, {attention}")
+    print(f"{'plan':<20} {'padded / real':>13}  seq_lens")
+    for row in result["comparison"]:
+        print(f"{row['plan']:<20} {row['padded_ratio']:>13.3f}  {row['seq_lens']}")
+    print(f"pack budget for batches of {batch} texts: {result['pack_tokens']} tokens")
+    print(f"{'budget':>7} {'padded / real':>13} {'calls / batch':>13} {'cost / real token':>17}")
+    for row in result["pack_budgets"]:
+        print(
+            f"{row['pack_tokens']:>7} {row['padded_ratio']:>13.3f} {row['calls_per_batch']:>13.2f} "
+            f"{row['cost_per_real_token']:>17.3f}"
+        )
 
 
 if __name__ == "__main__":

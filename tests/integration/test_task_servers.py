@@ -137,4 +137,6 @@ def test_no_recompiles_after_ready(server):
         for line in text.splitlines()
         if line.startswith("RecompilesAfterReady{")
     }
-    assert values == {"embedder": 0.0, "classifier": 0.0, "tagger": 0.0, "generator": 0.0}
+    # Other modules may have registered more archives on the shared server: every one must be at 0.
+    assert {"embedder", "classifier", "tagger", "generator"} <= values.keys()
+    assert set(values.values()) == {0.0}, values

@@ -80,3 +80,36 @@ def test_token_classification_list_in_list_out_and_unknown_strategy(token_handle
     answers = ask(token_handler, [{"inputs": TEXTS[:2]}, {"inputs": "x", "aggregation_strategy": "first"}])
     assert len(answers[0]) == 2 and all(isinstance(entities, list) for entities in answers[0])
     assert status(token_handler.context, 1) == 400 and "none, simple" in answers[1]["error"]
+
+
+@pytest.mark.parametrize(
+    "saved, in_config, model",
+    [
+        (None, None, "cross-encoder"),  # nothing named: sigmoid for one label
+        (None, None, "text-classification"),  # ... and none for three
+        ("torch.nn.modules.activation.Tanh", "torch.nn.Sigmoid", "cross-encoder"),  # the ST file wins
+        (None, "torch.nn.Identity", "cross-encoder"),  # config.json's sentence_transformers key
+        ("mypackage.Activation", "torch.nn.Tanh", "cross-encoder"),  # an untrusted name is skipped, as there
+        ("mypackage.Activation", None, "text-classification"),
+    ],
+)
+def test_the_cross_encoder_activation_is_the_one_cross_encoder_picks(tiny_models, tmp_path, saved, in_config, model):
+    import json
+
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoConfig
+
+    folder = tmp_path / "model"
+    CrossEncoder(str(tiny_models[model]), device="cpu").save(str(folder))  # its own layout, modules.json too
+    config = json.loads((folder / "config.json").read_text())
+    if in_config:
+        config["sentence_transformers"] = {"activation_fn": in_config}
+    (folder / "config.json").write_text(json.dumps(config))
+    saved_file = json.loads((folder / "config_sentence_transformers.json").read_text())
+    saved_file["activation_fn"] = saved
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(saved_file))
+    handler = ClassificationHandler()
+    handler.read_task_settings(folder, AutoConfig.from_pretrained(folder))
+    logits = torch.tensor([[-2.0, 0.5, 3.0]])
+    assert torch.allclose(handler.rerank_scores(logits), CrossEncoder(str(folder), device="cpu").activation_fn(logits))

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from handlers.length_stats import LengthStats, read_histograms
-from scripts import build_mar, plan_buckets
+from scripts import build_mar, plan_buckets, plan_costs
 
 
 def brute_force(histogram: dict[int, int], k: int, max_len: int, allowed: list[int]) -> int:
@@ -117,3 +117,28 @@ def test_the_pack_budget_is_the_bucket_with_the_least_tokens_and_calls():
     figures = {row["pack_tokens"]: (row["padded_ratio"], row["calls_per_batch"]) for row in rows}
     assert figures == {16: (1.6, 1.0), 32: (1.6, 1.0), 64: (1.6, 1.0), 128: (1.2, 1.0), 256: (1.2, 2.0)}
     assert budget == 128
+
+
+def test_measured_attention_costs_weigh_long_rows_more_than_their_tokens():
+    histogram = {20: 50, 60: 30, 300: 10, 900: 5}
+    free = plan_costs.Costs()
+    quadratic = plan_costs.Costs(per_call=78, per_square=0.01, measured=True)
+    assert quadratic.row(1024) > 10 * free.row(1024) and quadratic.call(2, 16) > free.call(2, 16) - 1
+    seq_lens = plan_buckets.plan(histogram, 4, 1024, 8)
+    budget, rows = plan_buckets.plan_pack_budget(histogram, seq_lens, 8, free)
+    assert budget <= 256 and all(row["pack_tokens"] <= 256 for row in rows)  # assumed costs: up to AUTO_BUDGET
+    budget, rows = plan_buckets.plan_pack_budget(histogram, seq_lens, 8, quadratic)
+    assert {row["pack_tokens"] for row in rows} == set(seq_lens)  # measured: every bucket is a candidate
+    costs = {row["pack_tokens"]: row["cost_per_real_token"] for row in rows}
+    assert costs[budget] == min(costs.values()) and budget < max(seq_lens)  # a long row's attention does not pay
+
+
+def test_costs_are_fitted_from_timings_and_measured_on_the_model(tiny_models):
+    samples = [(rows, length, 0.001 + 1e-5 * rows * length * (1 + 0.002 * length)) for rows, length in
+               plan_costs.shapes(512, 4096)]  # fmt: skip
+    fitted = plan_costs.fit(samples)
+    assert fitted.measured and fitted.per_call == pytest.approx(100, rel=1e-3)
+    assert fitted.per_square == pytest.approx(0.002, rel=1e-3)
+    measured, timed = plan_costs.measure(tiny_models["embedding-long"], "embedding", repeats=1)
+    assert measured.measured and len(timed) == len(plan_costs.shapes(512, 4096)) == 12
+    assert all(seconds > 0 for _, _, seconds in timed) and measured.per_call >= 0 and measured.per_square >= 0
