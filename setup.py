@@ -4,6 +4,8 @@ setup(
     name="ts-compiled-handlers",
     version="0.1.0",
     description="TorchServe handlers that serve HuggingFace transformers compiled, bucketed and warmed",
+    license="Apache-2.0",  # as TorchServe's
+    license_files=["LICENSE"],
     # scripts: the tools behind the `hfserve` command (build, serve, plan); benchmarks: the benchmarks
     # and load tests (`hfserve benchmark`, `hfserve loadtest`) with their baseline handlers.
     packages=["handlers", "scripts", "benchmarks"],

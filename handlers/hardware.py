@@ -8,6 +8,7 @@ handlers/process_settings.py.
 import dataclasses
 import functools
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -87,9 +88,68 @@ def detect() -> Hardware:
     return Hardware("cuda", name, capability, tf32, cpu_flags)
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity), not the machine's total."""
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def usable_cores(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int:
+    """Cores this process may use: its CPU affinity, cut to its container's CPU quota (rounded down,
+    at least 1). In a pod limited to 2 CPUs on a 64-core node the affinity is 64, the quota 2."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota(cgroup_root, proc_cgroup)
+    return cores if quota is None else max(1, min(cores, math.floor(quota)))
+
+
+def cores_described(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> str:
+    """`usable_cores` and where it comes from, for the ready line."""
+    quota = cpu_quota(cgroup_root, proc_cgroup)
+    cores = usable_cores(cgroup_root, proc_cgroup)
+    return f"{cores} cores" + ("" if quota is None else f" (container CPU quota {quota:g})")
+
+
+def cpu_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> float | None:
+    """The CPU quota in cores of this process's cgroup and its ancestors (the smallest), from cgroup
+    v2's `cpu.max` or v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us`; None where there is none."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    quotas = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2's unified hierarchy: "0::/path"
+            quotas += [_v2_quota(folder) for folder in _folders(cgroup_root, path)]
+        elif "cpu" in controllers.split(","):  # v1: "N:cpu,cpuacct:/path"
+            mount = cgroup_root / controllers
+            mount = mount if mount.is_dir() else cgroup_root / "cpu"
+            quotas += [_v1_quota(folder) for folder in _folders(mount, path)]
+    found = [quota for quota in quotas if quota is not None]
+    return min(found) if found else None
+
+
+def _folders(mount: Path, path: str) -> list[Path]:
+    """The cgroup's folder and its ancestors' under `mount`; the mount itself where the path is not
+    there (a container's own cgroup namespace shows its cgroup at the root)."""
+    parts = [part for part in path.strip("/").split("/") if part]
+    folders = [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
+    return [folder for folder in folders if folder.is_dir()] or [mount]
+
+
+def _v2_quota(folder: Path) -> float | None:
+    try:
+        quota, period = (folder / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _v1_quota(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota <= 0 or period <= 0 else quota / period

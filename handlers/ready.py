@@ -2,6 +2,7 @@
 
 import logging
 
+from handlers import hardware
 from handlers.building import CACHE_SOURCES
 from handlers.engine import Engine
 from handlers.metrics import emit
@@ -31,7 +32,7 @@ def announce(context, engine: Engine, started: Started, serving: Serving, thread
     logger.info(
         "Ready in %.1fs from %s: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, "
         "lengths %s x batches %s, %d graphs, model load %.1fs, first pass over the grid %.1fs, warm-up %.1fs, "
-        "%d threads (live workers: %d), compile cache: %s",
+        "%d threads (live workers: %d, %s), compile cache: %s",
         seconds,
         source,
         HARDWARE.device_name,
@@ -49,5 +50,6 @@ def announce(context, engine: Engine, started: Started, serving: Serving, thread
         report.warmup_seconds,
         threads.threads,
         threads.workers,
+        hardware.cores_described(),
         CACHE_SOURCES[started.cache_source],
     )

@@ -63,3 +63,43 @@ def test_cpu_flags_from_cpuinfo(tmp_path, flags, native):
     assert found.native_bf16 is native
     assert found.auto_dtype == (torch.bfloat16 if native else torch.float32)
     assert hardware.read_cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def cgroups(tmp_path, proc: str, files: dict[str, str]):
+    """A fake /sys/fs/cgroup holding `files` and a /proc/self/cgroup saying `proc`."""
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (tmp_path / "proc_cgroup").write_text(proc)
+    return root, tmp_path / "proc_cgroup"
+
+
+def v1(folder: str, quota: str, period: str) -> dict[str, str]:
+    return {f"{folder}/cpu.cfs_quota_us": quota, f"{folder}/cpu.cfs_period_us": period}
+
+
+@pytest.mark.parametrize(
+    "proc, files, quota",
+    [
+        ("0::/\n", {"cpu.max": "200000 100000\n"}, 2.0),  # v2, the container's own namespace
+        ("0::/pod/c1\n", {"pod/c1/cpu.max": "max 100000\n", "pod/cpu.max": "250000 100000\n"}, 2.5),  # its parent's
+        ("0::/\n", {"cpu.max": "max 100000\n"}, None),  # v2, no limit
+        ("4:cpu,cpuacct:/c\n", v1("cpu,cpuacct/c", "150000", "100000"), 1.5),  # v1
+        ("4:cpu,cpuacct:/c\n", v1("cpu,cpuacct/c", "150000", "1e5"), None),  # unreadable: no limit known
+        ("3:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1, no limit
+        ("", {}, None),  # no cgroups at all
+    ],
+)  # fmt: skip
+def test_the_cpu_quota_is_read_from_cgroup_v1_and_v2(tmp_path, proc, files, quota):
+    root, proc_cgroup = cgroups(tmp_path, proc, files)
+    assert hardware.cpu_quota(root, proc_cgroup) == quota
+
+
+@pytest.mark.parametrize("limit, expected", [("50000", 1), ("150000", 1), ("250000", 2), ("6400000", 2)])
+def test_usable_cores_are_the_quota_rounded_down_within_the_affinity(tmp_path, monkeypatch, limit, expected):
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: set(range(2)))  # 2 cores to run on
+    root, proc_cgroup = cgroups(tmp_path, "0::/\n", {"cpu.max": f"{limit} 100000\n"})
+    assert hardware.usable_cores(root, proc_cgroup) == expected
+    assert hardware.cores_described(root, proc_cgroup).startswith(f"{expected} cores (container CPU quota ")
