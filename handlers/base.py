@@ -29,7 +29,7 @@ from handlers.length_stats import LengthStats
 from handlers.metrics import count, emit
 from handlers.model_runner import ModelRunner
 from handlers.payload import ParamCheck, boolean_param, choice_param, decode
-from handlers.protocols import Protocol, Request, RequestSpec, Served, for_route, unknown_route
+from handlers.protocols import Answered, Protocol, Request, RequestSpec, Served, for_route, unknown_route
 from handlers.protocols.kserve_v2 import KServeV2Protocol
 from handlers.protocols.plain import PlainProtocol
 from handlers.serving import HARDWARE, Serving, read_serving  # noqa: F401 (HARDWARE: detected at import)
@@ -96,7 +96,8 @@ class CompiledHandler(BaseHandler):
 
     def respond(self, accepted: Accepted, outputs: Any, served: Served) -> Any:
         """The request's body: its answers in its protocol's form."""
-        return accepted.request.protocol.encode(accepted.request, self.answer(accepted, outputs), served)
+        request = accepted.request
+        return request.protocol.encode(request, self.answer(accepted, outputs), served, accepted.tokens)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context):
@@ -107,7 +108,7 @@ class CompiledHandler(BaseHandler):
         self.traced_threads = {self.threads.threads}
         config = self.serving.config
         self.tokenize = TextTokenizer(self.tokenizer, self.engine.plan.max_seq_len, config.buckets.overflow == "reject")
-        self.spec = RequestSpec(self.param_checks(), config.max_inputs, self.adapt_body, self.PAIRS)
+        self.spec = RequestSpec(self.param_checks(), config.max_inputs, self.adapt_body, self.PAIRS, context.model_name)
         self.lengths = LengthStats(context.model_name, config.buckets.histogram_every)
         self.initialized = True
         ready.announce(context, self.engine, self.started, self.serving, self.threads, time.perf_counter() - began)
@@ -167,14 +168,21 @@ class CompiledHandler(BaseHandler):
             with batch.guard(index, "preprocess"):
                 protocols = self.protocols_for(index)
                 batch.protocols[index] = protocols[-1]  # whose error shape a refusal takes
-                decoded = self.decode(request, index, protocols)
+                try:
+                    decoded = self.decode(request, index, protocols)
+                except Answered as answered:  # answered without the model
+                    batch.answers[index] = answered.body
+                    continue
                 batch.accepted.append(Accepted(index, decoded, self.tokenized(decoded)))
         return batch
 
     def tokenized(self, request: Request) -> Tokenized:
         """The request's texts (as the task gives them to the model) tokenized, per its truncation."""
         params = request.params
-        return self.tokenize(self.model_texts(request), params.get("truncate"), params.get("truncation_direction"))
+        truncate, side = params.get("truncate"), params.get("truncation_direction")
+        if "token_ids" in request.meta:  # sent as token ids (the OpenAI embeddings body)
+            return self.tokenize.ids(request.meta["token_ids"], truncate, side)
+        return self.tokenize(self.model_texts(request), truncate, side)
 
     def model_texts(self, request: Request) -> list:
         """The texts the model reads for a request (a task may prepend a prompt)."""
@@ -190,6 +198,8 @@ class CompiledHandler(BaseHandler):
 
     def decode(self, request: dict, index: int, protocols: list[Protocol]) -> Request:
         """One request's body, decoded and checked by the first of `protocols` that takes its form."""
+        if not protocols[0].reads_body:
+            return protocols[0].decode(None, self.spec)
         value = decode(request, self.content_type(index, request))
         protocol = next((protocol for protocol in protocols if protocol.accepts(value)), protocols[-1])
         return protocol.decode(value, self.spec)

@@ -29,7 +29,7 @@ from handlers.payload import RequestError
 from handlers.pooling import read_json
 from handlers.protocols.kserve_v2 import KServeV2Protocol
 from handlers.protocols.plain import PlainProtocol
-from handlers.protocols.rerank import RerankProtocol
+from handlers.protocols.rerank import CohereRerankProtocol, RerankProtocol
 from handlers.serving import Serving
 
 
@@ -38,7 +38,7 @@ class ClassificationHandler(CompiledHandler):
 
     PARAMS = {"top_k": optional_top_k}
     PAIRS = True
-    protocols = (KServeV2Protocol(), RerankProtocol(), PlainProtocol())
+    protocols = (KServeV2Protocol(), RerankProtocol(), CohereRerankProtocol(), PlainProtocol())
 
     def read_task_settings(self, model_dir: Path, model_config) -> None:
         self.id2label = {int(index): label for index, label in model_config.id2label.items()}

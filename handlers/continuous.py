@@ -16,7 +16,8 @@ What TorchServe's frontend does with the answers (its ContinuousBatching and Res
   `true` or has no header at all: so every first answer says `true`, and a request complete at once
   (a prompt done in its first step) is closed by an empty answer on the next call. A refusal (4xx,
   5xx) is the exception: the frontend closes the connection after an error status, which would cut
-  a stream short, so a refusal is one plain answer without the header;
+  a stream short, so a refusal is one plain answer without the header (and so is an answer made
+  without the model, a `v1/models` listing, with status 200);
 - a request whose client went away is dropped silently: it stops coming, and its slots are freed on
   the next call. A request past `generation.max_request_seconds` ends with finish_reason "time".
 
@@ -26,7 +27,7 @@ A request's life is a `Phase`, moved only by `DecodeLoop._move`:
     RUNNING --an error before its first answer----------------------> REFUSED
     FINISHED --last body sent as a later answer ("false")----------------------> ENDED
     FINISHED --last body sent as its first answer ("true")--> CLOSING --""--> ENDED
-    REFUSED --one plain error answer (status, no header)----> CLOSING --""--> ENDED
+    REFUSED --one plain answer (its status, no header)------> CLOSING --""--> ENDED
     any phase --its client left (the frontend stopped sending it)--> ENDED
 
 What the loop needs of the handler is the `LoopTask` contract below; of the engine, `prefill`
@@ -45,6 +46,7 @@ import torch
 from handlers.batch import INTERNAL_ERROR, describe
 from handlers.continuation import Job
 from handlers.payload import RequestError
+from handlers.protocols import Answered
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +165,10 @@ class DecodeLoop:
             return Running([], [], deadline, Phase.FINISHED, opened=True, error=json.dumps(LOST))
         try:
             jobs = self.task.jobs_of(request, index)
+        except Answered as answered:  # answered without the model: one plain answer, as a refusal is
+            running = Running([], [], deadline, Phase.REFUSED, error=json.dumps(answered.body))
+            running.status = (200, "OK")
+            return running
         except RequestError as error:
             return self._refused(deadline, index, error)
         except Exception as error:  # anything else a body can provoke is this request's 500 alone

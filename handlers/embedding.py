@@ -19,10 +19,15 @@ from handlers.config import HandlerConfig
 from handlers.payload import RequestError, boolean_param
 from handlers.pooling import SentenceEmbedder, normalizes, pooling_modes, read_json
 from handlers.protocols import Request
+from handlers.protocols.kserve_v2 import KServeV2Protocol
+from handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
+from handlers.protocols.plain import PlainProtocol
 
 
 class EmbeddingHandler(CompiledHandler):
     """`{"inputs": "text"}` -> `{"embedding": [...]}`; a list in gets a list out."""
+
+    protocols = (KServeV2Protocol(), PlainProtocol(), EmbeddingsProtocol(), ModelsProtocol())
 
     def read_task_settings(self, model_dir: Path, model_config) -> None:
         self.normalize_default = normalizes(model_dir)

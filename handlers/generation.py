@@ -33,6 +33,10 @@ from handlers.metrics import emit
 from handlers.model_runner import ModelRunner
 from handlers.payload import RequestError, boolean_param, int_param, is_unicode_text, number_param
 from handlers.protocols import Served, for_route
+from handlers.protocols.kserve_v2 import KServeV2Protocol
+from handlers.protocols.openai import ModelsProtocol
+from handlers.protocols.openai_generation import ChatCompletionsProtocol, CompletionsProtocol
+from handlers.protocols.plain import PlainProtocol
 from handlers.sampling import Sampler
 from handlers.serving import Serving
 from handlers.slots import SlotStep
@@ -52,6 +56,14 @@ def refuse_sliding_window(model_config, continuous: bool) -> None:
 
 class GenerationHandler(CompiledHandler):
     """`{"inputs": "prompt", "max_new_tokens": 20}` -> `{"generated_text": ..., "finish_reason": ...}`."""
+
+    protocols = (
+        KServeV2Protocol(),
+        PlainProtocol(),
+        CompletionsProtocol(),
+        ChatCompletionsProtocol(),
+        ModelsProtocol(),
+    )
 
     # -- configuration and model ------------------------------------------------------------
     def initialize(self, context):
@@ -211,9 +223,9 @@ class GenerationHandler(CompiledHandler):
         """A request's final answer: its protocol's body, or the end of its stream."""
         request, results = accepted.request, [job.result() for job in jobs]
         if not request.params.get("stream", False):
-            return request.protocol.encode(request, results, served)
+            return request.protocol.encode(request, results, served, accepted.tokens)
         pieces = [(job.position, job.continuation.pending()) for job in jobs]
-        return request.protocol.stream_end(request, pieces, results)
+        return request.protocol.stream_end(request, pieces, results, accepted.tokens)
 
     # -- the decode loop's contract (handlers/continuous.py) ----------------------------------
     def jobs_of(self, request: dict, index: int) -> list[Job]:

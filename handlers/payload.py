@@ -128,19 +128,19 @@ def is_unicode_text(text: str) -> bool:
     return True
 
 
-def check_texts(inputs: list, max_inputs: int) -> list[str]:
-    """A non-empty list of at most `max_inputs` non-blank strings."""
+def check_texts(inputs: list, max_inputs: int, name: str = "inputs") -> list[str]:
+    """A non-empty list of at most `max_inputs` non-blank strings (`name`: the field, for messages)."""
     if not inputs:
-        raise RequestError(400, "'inputs' is an empty list: send at least one text")
+        raise RequestError(400, f"'{name}' is an empty list: send at least one text")
     if len(inputs) > max_inputs:
-        raise RequestError(413, f"'inputs' has {len(inputs)} texts; at most {max_inputs} per request")
+        raise RequestError(413, f"'{name}' has {len(inputs)} texts; at most {max_inputs} per request")
     for position, text in enumerate(inputs):
         if not isinstance(text, str):
-            raise RequestError(400, f"'inputs'[{position}] is not a string")
+            raise RequestError(400, f"'{name}'[{position}] is not a string")
         if not text.strip():
-            raise RequestError(400, f"'inputs'[{position}] is empty")
+            raise RequestError(400, f"'{name}'[{position}] is empty")
         if not is_unicode_text(text):
-            raise RequestError(400, f"'inputs'[{position}] holds a lone surrogate (U+D800-U+DFFF), not Unicode text")
+            raise RequestError(400, f"'{name}'[{position}] holds a lone surrogate (U+D800-U+DFFF), not Unicode text")
     return list(inputs)
 
 

@@ -36,6 +36,7 @@ class TextTokenizer:
                 self.by_side[side] = copy.deepcopy(tokenizer)
                 self.by_side[side].truncation_side = side
         self.default_side = tokenizer.truncation_side
+        self.vocabulary = len(tokenizer)
 
     def __call__(self, texts: list, truncate: bool | None = None, side: str | None = None) -> Tokenized:
         reject = self.reject if truncate is None else not truncate
@@ -47,6 +48,24 @@ class TextTokenizer:
         else:
             encodings = tokenizer(texts, truncation=True, max_length=cut).encodings
         token_ids = [encoding.ids for encoding in encodings]
+        self._check_lengths(token_ids)
+        pairs = bool(texts) and isinstance(texts[0], tuple)
+        return Tokenized(encodings, token_ids, [encoding.type_ids for encoding in encodings] if pairs else None)
+
+    def ids(self, token_ids: list[list[int]], truncate: bool | None = None, side: str | None = None) -> Tokenized:
+        """Token ids a client sent, taken as the model's input as they are (no special tokens added):
+        each id must be in the vocabulary; a list over the limit is cut or refused as a text is."""
+        for position, ids in enumerate(token_ids):
+            if not all(0 <= token < self.vocabulary for token in ids):
+                top = self.vocabulary - 1
+                raise RequestError(400, f"'input'[{position}] holds a token id outside the vocabulary (0 to {top})")
+        if not (self.reject if truncate is None else not truncate):
+            left = (side or self.default_side) == "left"
+            token_ids = [ids[-self.limit :] if left else ids[: self.limit] for ids in token_ids]
+        self._check_lengths(token_ids)
+        return Tokenized([], [list(ids) for ids in token_ids])
+
+    def _check_lengths(self, token_ids: list[list[int]]) -> None:
         for position, ids in enumerate(token_ids):
             if not ids:
                 raise RequestError(400, f"text {position} makes no tokens")
@@ -56,5 +75,3 @@ class TextTokenizer:
                     f"text {position} is longer than {self.limit} tokens; shorten it, or send truncate: true "
                     "(or build with overflow: truncate)",
                 )
-        pairs = bool(texts) and isinstance(texts[0], tuple)
-        return Tokenized(encodings, token_ids, [encoding.type_ids for encoding in encodings] if pairs else None)

@@ -284,12 +284,21 @@ def _bpe_tokenizer(folder: Path):
     return tokenizer
 
 
+# A plain chat template: each message as "role: content" on its own line, then "assistant:".
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
 def make_text_generation(folder: Path, size: str = "test") -> Path:
     """Llama-like decoder. Weights are drawn wide (std 0.2, output layer x4) so greedy choices are rarely near-ties."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = _bpe_tokenizer(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE  # chat bodies (and OpenAI's chat endpoint) need one
+    tokenizer.save_pretrained(folder)
     hidden, layers, heads, kv_heads, intermediate = SIZES[size]
     config = LlamaConfig(
         vocab_size=len(tokenizer),

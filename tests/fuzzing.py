@@ -58,9 +58,11 @@ class Case:
     body: bytes
     content_type: str
     v2: bool = False  # sent to /v2/models/<name>/infer instead of /predictions/<name>
+    route: str = ""  # sent to /predictions/<name>/1.0/<route> (OpenAI's paths)
 
     def __str__(self) -> str:
-        return f"{self.kind} ({self.content_type or 'no content type'}{', v2' if self.v2 else ''}): {self.body[:300]!r}"
+        where = ", v2" if self.v2 else (f", {self.route}" if self.route else "")
+        return f"{self.kind} ({self.content_type or 'no content type'}{where}): {self.body[:300]!r}"
 
 
 def random_text(rng: random.Random, longest: int = 40) -> str:
@@ -131,6 +133,37 @@ def v2_envelope(rng: random.Random, task: str) -> dict:
     return envelope
 
 
+# Each task's OpenAI-style path and a well-formed body for it (token classification has none: a 404).
+OPENAI_ROUTES = {
+    "embedding": ["v1/embeddings", "v1/models"],
+    "text-classification": ["v1/rerank", "rerank"],
+    "token-classification": ["v1/embeddings"],
+    "text-generation": ["v1/completions", "v1/chat/completions", "v1/models"],
+}
+OPENAI_FIELDS = [
+    "model", "input", "prompt", "messages", "encoding_format", "dimensions", "max_tokens", "temperature", "top_p",
+    "seed", "stop", "stream", "stream_options", "n", "logprobs", "tools", "query", "documents", "top_n",
+    "return_documents", "user",
+]  # fmt: skip
+
+
+def openai_body(rng: random.Random, route: str, name: str) -> dict:
+    body = {"model": rng.choice([name, name, "gpt-4", None, 5])}
+    if route == "v1/embeddings":
+        body["input"] = rng.choice(["hello world", ["a", "b"], [101, 7592, 102], [[101, 102], [7592]], [], [-1]])
+        body["encoding_format"] = rng.choice(["float", "base64", "bits", None])
+    elif route == "v1/completions":
+        body.update(prompt=rng.choice(["the cat", ["a", "b"], [1, 2], ""]), max_tokens=rng.choice([1, 4, 0, 10**6]))
+    elif route == "v1/chat/completions":
+        content = rng.choice(["hi", [{"type": "text", "text": "hi"}], [{"type": "image_url"}], None])
+        body.update(messages=[{"role": rng.choice(["user", "developer", "tool"]), "content": content}], max_tokens=3)
+    elif route.endswith("rerank"):
+        body.update(query=rng.choice(["q", "", 1]), documents=rng.choice([["a", "b"], [], "a", ["", 2]]))
+    for field in rng.sample(OPENAI_FIELDS, rng.randint(0, 3)):
+        body[field] = rng.choice(ODD_VALUES + [random_json(rng), True, 2, {"include_usage": True}])
+    return body
+
+
 def _bad_params(rng: random.Random, task: str) -> dict:
     body = valid_body(rng, task)
     for name in rng.sample(PARAMS[task], min(len(PARAMS[task]), rng.randint(1, 2))):
@@ -165,20 +198,27 @@ def _body(rng: random.Random, task: str, kind: str) -> tuple[bytes, bool]:
         return b'{"inputs": "x", "seed": ' + b"9" * rng.choice([4301, 20_000]) + b"}", False
     if kind == "v2":
         return dumps(v2_envelope(rng, task)), True
+    if kind == "openai":
+        return b"", False  # made by hostile_cases, which knows the path
     return dumps(valid_body(rng, task)), rng.random() < 0.2  # "valid": a well-formed body, any content type
 
 
-KINDS = ["bytes", "json", "mutated", "unicode", "params", "deep", "number", "v2", "valid"]
+KINDS = ["bytes", "json", "mutated", "unicode", "params", "deep", "number", "v2", "openai", "openai", "valid"]
 
 
-def hostile_cases(task: str, seed: int, count: int):
-    """`count` generated cases for `task`, the same for the same seed."""
+def hostile_cases(task: str, seed: int, count: int, name: str = "model"):
+    """`count` generated cases for `task` (served as `name`), the same for the same seed."""
     rng = random.Random(f"{task}-{seed}")
     for _ in range(count):
         kind = rng.choice(KINDS)
         body, v2 = _body(rng, task, kind)
+        route = ""
+        if kind == "openai":
+            route = rng.choice(OPENAI_ROUTES[task])
+            openai = openai_body(rng, route, name)
+            body = rng.choice([dumps(openai), dumps(openai), mutate(rng, dumps(openai))])
         content_type = "application/json" if rng.random() < 0.6 else rng.choice(CONTENT_TYPES)
-        yield Case(kind, body, content_type, v2)
+        yield Case(kind, body, content_type, v2, route)
 
 
 def torchserve_request(case: Case) -> dict:

@@ -23,6 +23,7 @@ class RequestSpec:
     max_inputs: int
     adapt: Callable[[Any], Any] = lambda value: value
     pairs: bool = False  # the task takes text pairs (a cross-encoder: query and passage)
+    model_name: str = ""  # the archive's name, as registered (the OpenAI bodies name it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +47,21 @@ class Served:
     model_version: str | None
 
 
+class Answered(Exception):
+    """Raised by `decode` for a request its protocol answers alone, without the model (a listing
+    of the served model): `body` is the whole answer."""
+
+    def __init__(self, body: Any):
+        super().__init__("answered without the model")
+        self.body = body
+
+
 class Protocol:
     """One way of talking to the handler. Subclasses set `routes` and implement `decode` and `encode`."""
 
     routes: tuple[str, ...] = ("",)  # the `url_path` values it serves
     content_type = "application/json"
+    reads_body = True  # False: answered whatever the body (a GET without one)
 
     def accepts(self, value: Any) -> bool:
         """Whether a body decoded from JSON or text (`payload.decode`) is this protocol's."""
@@ -59,8 +70,8 @@ class Protocol:
     def decode(self, value: Any, spec: RequestSpec) -> Request:
         raise NotImplementedError
 
-    def encode(self, request: Request, answers: list, served: Served) -> Any:
-        """The body for the task's answers, one per text of `request`."""
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
+        """The body for the task's answers, one per text of `request` (`prompt_tokens`: its usage)."""
         raise NotImplementedError
 
     def error(self, error: RequestError) -> Any:
@@ -74,7 +85,7 @@ class Protocol:
         """What to send of new text (`(text index, piece)` per prompt) while the request generates."""
         raise RequestError(400, "this protocol does not stream")
 
-    def stream_end(self, request: Request, pieces: list[tuple[int, str]], results: list[dict]) -> str:
+    def stream_end(self, request: Request, pieces: list[tuple[int, str]], results: list[dict], prompt_tokens=0) -> str:
         """The stream's last message: the pieces not yet sent, then each prompt's result."""
         raise RequestError(400, "this protocol does not stream")
 

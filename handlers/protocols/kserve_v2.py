@@ -44,7 +44,7 @@ class KServeV2Protocol(Protocol):
         texts, params, request_id = parse(value, spec.params, spec.max_inputs)
         return Request(texts, params, self, meta={"id": request_id})
 
-    def encode(self, request: Request, answers: list, served: Served) -> Any:
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         return response(answers, served.model_name, served.model_version, request.meta["id"])
 
 

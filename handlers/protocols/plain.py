@@ -25,13 +25,13 @@ class PlainProtocol(Protocol):
         params = check_params({name: param for name, param in value.items() if name != "inputs"}, spec.params)
         return Request(texts, params, self, is_list)
 
-    def encode(self, request: Request, answers: list, served: Served) -> Any:
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         return answers if request.is_list else answers[0]
 
     def stream_pieces(self, request: Request, pieces: list[tuple[int, str]]) -> str:
         return "".join(json.dumps({"index": index, "text": piece}) + "\n" for index, piece in pieces if piece)
 
-    def stream_end(self, request: Request, pieces: list[tuple[int, str]], results: list[dict]) -> str:
+    def stream_end(self, request: Request, pieces: list[tuple[int, str]], results: list[dict], prompt_tokens=0) -> str:
         lines = []
         for (index, piece), result in zip(pieces, results, strict=True):
             if piece:

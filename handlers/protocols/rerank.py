@@ -5,21 +5,29 @@
 
 Each document is scored as the pair (query, document), with the score sentence-transformers'
 `CrossEncoder.predict` gives (its activation: handlers/labels.py). Ties keep the documents' order.
+Served on the model's own path and at `rerank` (TEI's path), and at `v1/rerank` in the body
+Cohere and Jina answer with, `{"model", "results": [{"index", "relevance_score", "document":
+{"text"}}], "usage"}`, refusals in OpenAI's error shape (handlers/protocols/openai.py).
 """
 
 from typing import Any
 
 from handlers.payload import RequestError, check_params, check_texts
 from handlers.protocols import Protocol, Request, RequestSpec, Served
+from handlers.protocols.openai import OpenAIProtocol
 
 FIELDS = ("query", "documents", "top_n", "return_documents")
 
 
 class RerankProtocol(Protocol):
+    routes = ("", "rerank")
+
     def accepts(self, value: Any) -> bool:
         return isinstance(value, dict) and "query" in value and "documents" in value
 
     def decode(self, value: Any, spec: RequestSpec) -> Request:
+        if not isinstance(value, dict) or "query" not in value or "documents" not in value:
+            raise RequestError(400, "the body must be a JSON object with 'query' and 'documents'")
         if not spec.pairs:
             raise RequestError(400, "this model does not rerank: it is not a cross-encoder (text-classification)")
         if not isinstance(value["query"], str):
@@ -39,7 +47,7 @@ class RerankProtocol(Protocol):
         meta = {"rerank": True, "top_n": top_n, "return_documents": return_documents}
         return Request([(query, document) for document in documents], params, self, meta=meta)
 
-    def encode(self, request: Request, answers: list, served: Served) -> Any:
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         return ranked(request, [answer["score"] for answer in answers])
 
 
@@ -53,3 +61,28 @@ def ranked(request: Request, scores: list[float]) -> list[dict]:
             result["document"] = request.texts[index][1]
         results.append(result)
     return results
+
+
+class CohereRerankProtocol(RerankProtocol):
+    """`POST v1/rerank`: the same body, answered in Cohere's and Jina's shape."""
+
+    routes = ("v1/rerank",)
+    error = OpenAIProtocol.error
+
+    def accepts(self, value: Any) -> bool:
+        return True
+
+    def decode(self, value: Any, spec: RequestSpec) -> Request:
+        value = OpenAIProtocol.body_object(value, spec)
+        return super().decode({key: item for key, item in value.items() if key != "model"}, spec)
+
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
+        results = [
+            {
+                "index": one["index"],
+                "relevance_score": one["score"],
+                **({"document": {"text": one["document"]}} if "document" in one else {}),
+            }
+            for one in ranked(request, [answer["score"] for answer in answers])
+        ]
+        return {"model": served.model_name, "results": results, "usage": {"total_tokens": prompt_tokens}}

@@ -1,16 +1,18 @@
 """Text generation in process: parity with `model.generate()`, streaming, sampling, stop strings, errors."""
 
+import copy
 import json
-import shutil
 
 import pytest
 import torch
 from fakes import RecordingSocket, decoded, ready_handler, start_batch, status
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from handlers.chat import chat_prompt
 from handlers.compiling import compiled_graph_count
 from handlers.continuation import Continuation
 from handlers.generation import GenerationHandler
+from handlers.payload import RequestError
 from handlers.sampling import Sampler
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
@@ -144,23 +146,15 @@ def test_sampler_top_k_one_is_greedy_and_top_p_keeps_the_nucleus():
 
 
 def test_chat_messages_need_a_chat_template(handler):
-    answers = ask(handler, [{"messages": [{"role": "user", "content": "hello"}]}, {"inputs": "a", "max_new_tokens": 2}])
-    assert status(handler.context, 0) == 400 and "no chat template" in answers[0]["error"]
-    assert answers[1]["generated_tokens"] == 2
+    tokenizer = copy.deepcopy(handler.tokenizer)
+    tokenizer.chat_template = None
+    with pytest.raises(RequestError, match="no chat template") as refused:
+        chat_prompt(tokenizer, [{"role": "user", "content": "hello"}])
+    assert refused.value.code == 400
 
 
-def test_chat_messages_become_the_templates_prompt(tiny_models, tmp_path):
-    folder = tmp_path / "chat"
-    shutil.copytree(tiny_models["text-generation"], folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant:{% endif %}"
-    )
-    tokenizer.save_pretrained(folder)
-    chat = ready_handler(
-        GenerationHandler, folder, buckets=GRID, generation={"max_new_tokens": 16}, compile={"enable": False}
-    )
+def test_chat_messages_become_the_templates_prompt(handler):
+    chat = handler  # the tiny model's template: "role: content" lines, then "assistant:"
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat"}]
     prompt = "system: be brief\nuser: the cat\nassistant:"
     answers = ask(
