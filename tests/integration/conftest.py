@@ -4,7 +4,9 @@ task, model and fuzz tests of the run."""
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 from archives import MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from scripts.build_mar import build
 from scripts.serve import TorchServe
@@ -39,3 +41,18 @@ def task_server(tmp_path_factory, tiny_models):
         yield torchserve
     finally:
         torchserve.stop()
+
+
+@pytest.fixture(scope="session")
+def generate(tiny_models):
+    """`generate(prompt, n)`: the text transformers' greedy `generate()` gives the tiny generator's prompt alone."""
+    folder = tiny_models["text-generation"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def run(prompt: str, max_new_tokens: int) -> str:
+        inputs = tokenizer(prompt, return_tensors="pt")
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+    return run

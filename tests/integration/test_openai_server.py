@@ -8,7 +8,7 @@ import pytest
 import requests
 import torch
 from sentence_transformers import CrossEncoder, SentenceTransformer
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.integration
 
@@ -86,20 +86,6 @@ def test_an_unknown_model_and_a_bad_parameter_get_openais_error_shape(server):
     assert (bodies[0]["code"], bodies[0]["type"]) == ("model_not_found", "not_found_error")
     assert [body["param"] for body in bodies] == ["model", "encoding_format", "logprobs"]
     assert "gpt-4" not in bodies[0]["message"]  # nothing a request sends is echoed back
-
-
-@pytest.fixture(scope="module")
-def generate(tiny_models):
-    folder = tiny_models["text-generation"]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-    def run(prompt: str, max_new_tokens: int) -> str:
-        inputs = tokenizer(prompt, return_tensors="pt")
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-
-    return run
 
 
 def test_a_completion_equals_generate(server, generate):

@@ -256,7 +256,8 @@ def test_one_ready_line_per_worker_says_what_it_runs(server):
     assert len(compiled) == len(packaged) == 1
     grid = r"dtype float32, compiled=True mode=default .*lengths \[8, 32\] x batches \[1, 4\], {} graphs, "
     grid += r"model load [\d.]+s, "
-    timings = r"first pass over the grid [\d.]+s, warm-up [\d.]+s, \d+ threads \(live workers: 1\), compile cache: "
+    timings = r"first pass over the grid [\d.]+s, warm-up [\d.]+s, \d+ threads \(live workers: 1, \d+ cores.*\), "
+    timings += "compile cache: "
     assert re.search(r"Ready in [\d.]+s from compiled: cpu, .*" + grid.format(1) + timings, compiled[0])
     aot_package = r"Ready in [\d.]+s from aot package: cpu, .*" + grid.format(0) + timings + "not needed"
     assert re.search(aot_package, packaged[0])

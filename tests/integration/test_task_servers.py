@@ -7,9 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import torch
 from parity import assert_same_answers
-from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+from transformers import pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -56,20 +55,6 @@ def test_classification_answers_kserve_v2_like_its_own_json(server):
     assert (scores["name"], scores["datatype"], scores["shape"]) == ("score", "FP32", [3, 2])
     assert labels["data"] == [item["label"] for answer in expected for item in answer]
     assert scores["data"] == pytest.approx([item["score"] for answer in expected for item in answer])
-
-
-@pytest.fixture(scope="module")
-def generate(tiny_models):
-    folder = tiny_models["text-generation"]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-    def run(prompt: str, max_new_tokens: int) -> str:
-        inputs = tokenizer(prompt, return_tensors="pt")
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-
-    return run
 
 
 def test_generation_of_a_mixed_batch_equals_generate_alone(server, generate):
