@@ -14,9 +14,9 @@ import time
 import pytest
 import requests
 
-from scripts.build_mar import build
-from scripts.kserve_layout import write_layout
-from scripts.serve import DEFAULT_PORTS, TorchServe, free_ports
+from ts_compiled_handlers.scripts.build_mar import build
+from ts_compiled_handlers.scripts.kserve_layout import write_layout
+from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TorchServe, free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ GRID = {"dtype": "float32", "buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 
 
 def on_loopback(config: str, ports: dict[str, int], layout) -> str:
     """The profile with this test's addresses and the layout's paths instead of the pod's."""
-    config = config.replace("0.0.0.0:8085", f"127.0.0.1:{ports['INFERENCE_PORT']}")
+    config = config.replace("0.0.0.0:8080", f"127.0.0.1:{ports['INFERENCE_PORT']}")
     config = config.replace("127.0.0.1:8081", f"127.0.0.1:{ports['MANAGEMENT_PORT']}")
     config = config.replace("0.0.0.0:8082", f"127.0.0.1:{ports['METRICS_PORT']}")
     config = config.replace("port=7070", f"port={ports['GRPC_INFERENCE_PORT']}")
