@@ -9,6 +9,7 @@ byte-level BPE trained on a small corpus for the Llama-like generator. Nothing i
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 WORDS = (
@@ -37,7 +38,9 @@ def _bert_tokenizer(folder: Path):
     letters = list("abcdefghijklmnopqrstuvwxyz")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *SUBWORDS, *letters, *("##" + c for c in letters)]
     vocab = list(dict.fromkeys(vocab))  # "a" is a word and a letter: ids must stay contiguous
-    tokenizer = BertTokenizerFast(vocab={token: index for index, token in enumerate(vocab)})
+    with tempfile.TemporaryDirectory() as source:  # a vocabulary file: read alike by transformers 4 and 5
+        (Path(source) / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        tokenizer = BertTokenizerFast.from_pretrained(source)
     tokenizer.save_pretrained(folder)
     return tokenizer
 
@@ -118,8 +121,12 @@ def make_decoder_embedding(folder: Path) -> Path:
     """A Qwen3-shaped decoder embedder in sentence-transformers' own layout: last-token pooling on the
     end-of-text token its tokenizer appends, left padding, a query instruction prompt, Normalize."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules import Normalize, Transformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    try:  # sentence-transformers 6 (transformers 5)
+        from sentence_transformers.base.modules import Normalize, Transformer
+        from sentence_transformers.sentence_transformer.modules import Pooling
+    except ImportError:  # 5, the one that goes with transformers 4 (scripts/check_floors.sh)
+        from sentence_transformers.models import Normalize, Pooling, Transformer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
 
