@@ -1,23 +1,34 @@
 from setuptools import setup
 
+PACKAGE = "ts_compiled_handlers"
+
 setup(
     name="ts-compiled-handlers",
     version="0.1.0",
     description="TorchServe handlers that serve HuggingFace transformers compiled, bucketed and warmed",
     license="Apache-2.0",  # as TorchServe's
     license_files=["LICENSE"],
-    # scripts: the tools behind the `hfserve` command (build, serve, plan); benchmarks: the benchmarks
-    # and load tests (`hfserve benchmark`, `hfserve loadtest`) with their baseline handlers.
-    packages=["handlers", "scripts", "benchmarks"],
-    package_data={"handlers": ["metrics.yaml"]},
-    entry_points={"console_scripts": ["hfserve = scripts.cli:main"]},
+    # One import package of its own name, laid out as the repository is: handlers/ is the package
+    # (what a .mar carries), scripts/ the tools behind the `hfserve` command (build, serve, plan),
+    # benchmarks/ the benchmarks and load tests (`hfserve benchmark`, `hfserve loadtest`).
+    packages=[PACKAGE, f"{PACKAGE}.protocols", f"{PACKAGE}.scripts", f"{PACKAGE}.benchmarks"],
+    package_dir={
+        PACKAGE: "handlers",
+        f"{PACKAGE}.protocols": "handlers/protocols",
+        f"{PACKAGE}.scripts": "scripts",
+        f"{PACKAGE}.benchmarks": "benchmarks",
+    },
+    package_data={PACKAGE: ["metrics.yaml", "config.properties"]},
+    entry_points={"console_scripts": [f"hfserve = {PACKAGE}.scripts.cli:main"]},
     python_requires=">=3.10",
-    # torch>=2.6 is met by the pinned CPU build the install script puts in first.
+    # The floors are the lowest releases whose tests all pass (scripts/check_floors.sh, the tries
+    # in docs/contributing.md#version-floors); torch 2.13 is the only torch that could be tried.
+    # The install script puts the pinned CPU build of torch in first.
     install_requires=[
-        "torch>=2.6",
+        "torch>=2.13",
         "torchserve>=0.12",
         "torch-model-archiver>=0.12",
-        "transformers>=4.50",
+        "transformers>=5.22",
         "packaging",
         "safetensors",
         "pyyaml",

@@ -23,7 +23,6 @@ import argparse
 import functools
 import itertools
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,20 +30,17 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import measure  # noqa: E402
-from benchmarks.in_process import ready_handler  # noqa: E402
-from handlers import config as handler_config  # noqa: E402
-from handlers import packing  # noqa: E402
-from handlers.classification import ClassificationHandler  # noqa: E402
-from handlers.embedding import EmbeddingHandler  # noqa: E402
-from handlers.hardware import DTYPES  # noqa: E402
-from handlers.model_runner import EagerRunner  # noqa: E402
-from handlers.token_classification import TokenClassificationHandler  # noqa: E402
-from scripts.cli import HelpFormatter  # noqa: E402
-from scripts.make_tiny_models import make  # noqa: E402
+from ts_compiled_handlers import config as handler_config
+from ts_compiled_handlers import packing
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.in_process import ready_handler
+from ts_compiled_handlers.classification import ClassificationHandler
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.hardware import DTYPES
+from ts_compiled_handlers.model_runner import EagerRunner
+from ts_compiled_handlers.scripts.cli import HelpFormatter
+from ts_compiled_handlers.scripts.make_tiny_models import make
+from ts_compiled_handlers.token_classification import TokenClassificationHandler
 
 TINY = {
     "tiny-embedding": ("embedding", EmbeddingHandler),
@@ -195,7 +191,7 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per bucket and contender")
     parser.add_argument("--iterations", type=int, default=50, help="timed calls per bucket and contender")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny embedding model, 2x2 grid, 10 calls")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark.json", help="where the JSON goes")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark.json", help="where the JSON goes")
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.seq_lens, args.batch_sizes = ["tiny-embedding"], [16, 32], [1, 4]

@@ -19,22 +19,18 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import measure  # noqa: E402
-from benchmarks.benchmark import compare  # noqa: E402
-from benchmarks.in_process import make_context, ready_handler  # noqa: E402
-from handlers import aot_package, aot_start, building  # noqa: E402
-from handlers.embedding import EmbeddingHandler  # noqa: E402
-from handlers.model_runner import EagerRunner  # noqa: E402
-from scripts.cli import HelpFormatter  # noqa: E402
-from scripts.make_tiny_models import make_embedding  # noqa: E402
+from ts_compiled_handlers import aot_package, aot_start, building
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.benchmark import compare
+from ts_compiled_handlers.benchmarks.in_process import make_context, ready_handler
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.model_runner import EagerRunner
+from ts_compiled_handlers.scripts.cli import HelpFormatter
+from ts_compiled_handlers.scripts.make_tiny_models import make_embedding
 
 QUICK_GRID = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
 
@@ -139,7 +135,7 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny model, 2x2 grid, few iterations")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark_aot.json")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_aot.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.model, args.warmup, args.iterations = "tiny", 1, 3

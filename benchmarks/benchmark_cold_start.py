@@ -31,23 +31,19 @@ import datetime
 import json
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import measure  # noqa: E402
-from benchmarks.soak import soak  # noqa: E402
-from handlers.compile_cache import ROOT_ENV  # noqa: E402
-from handlers.process_settings import INDUCTOR_CACHE_ENV  # noqa: E402
-from scripts import build_mar  # noqa: E402
-from scripts.make_tiny_models import make_embedding  # noqa: E402
-from scripts.serve import TorchServe  # noqa: E402
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.soak import soak
+from ts_compiled_handlers.compile_cache import ROOT_ENV
+from ts_compiled_handlers.process_settings import INDUCTOR_CACHE_ENV
+from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.scripts.make_tiny_models import make_embedding
+from ts_compiled_handlers.scripts.serve import TorchServe
 
 CONTENDERS = {"cold": None, "cache": "cache", "aot": "aot"}  # name: --precompile
 TARGETS = {  # (contender, measure): (most seconds, or most ratio to cold)
@@ -205,7 +201,7 @@ def parse_args(argv):
     parser.add_argument("--repeat", type=int, default=1, help="rounds over all contenders")
     parser.add_argument("--restarts", type=int, default=0, help="kill -9 and scale-up measurements per contender")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny model, 2x2 grid, float32")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "cold_start.json")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "cold_start.json")
     return parser.parse_args(argv)
 
 

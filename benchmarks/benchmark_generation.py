@@ -12,19 +12,15 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.in_process import make_context, start_batch  # noqa: E402
-from handlers.generation import GenerationHandler  # noqa: E402
-from scripts.make_tiny_models import make  # noqa: E402
+from ts_compiled_handlers.benchmarks.in_process import make_context, start_batch
+from ts_compiled_handlers.generation import GenerationHandler
+from ts_compiled_handlers.scripts.make_tiny_models import make
 
 PROMPT = "alice walks to paris and bob runs to london with carol"
 BATCHES = (1, 8)
@@ -68,7 +64,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark_generation.json")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_generation.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as temp:
         folder = make(Path(temp), ["text-generation"], generation_size="bench")["text-generation"]

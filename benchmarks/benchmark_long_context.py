@@ -12,19 +12,15 @@ the largest call.
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import measure  # noqa: E402
-from benchmarks.in_process import ready_handler  # noqa: E402
-from handlers import buckets  # noqa: E402
-from handlers.embedding import EmbeddingHandler  # noqa: E402
-from scripts.make_tiny_models import make_modernbert_embedding  # noqa: E402
+from ts_compiled_handlers import buckets
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.in_process import ready_handler
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.scripts.make_tiny_models import make_modernbert_embedding
 
 
 def grid_tokens(plan: buckets.BucketPlan) -> tuple[int, int]:
@@ -36,7 +32,7 @@ def grid_tokens(plan: buckets.BucketPlan) -> tuple[int, int]:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32", help="the handler's dtype")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark_long_context.json", help="JSON output")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_long_context.json", help="JSON output")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as temp:
         folder = make_modernbert_embedding(Path(temp) / "modernbert-long", "long")

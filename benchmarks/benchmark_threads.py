@@ -15,21 +15,17 @@ import argparse
 import copy
 import functools
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import measure  # noqa: E402
-from benchmarks.in_process import ready_handler  # noqa: E402
-from handlers import process_settings  # noqa: E402
-from handlers.compiling import CompiledModel  # noqa: E402
-from handlers.embedding import EmbeddingHandler  # noqa: E402
-from handlers.hardware import usable_cores  # noqa: E402
-from scripts.cli import HelpFormatter  # noqa: E402
-from scripts.make_tiny_models import make  # noqa: E402
+from ts_compiled_handlers import process_settings
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.in_process import ready_handler
+from ts_compiled_handlers.compiling import CompiledModel
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.hardware import usable_cores
+from ts_compiled_handlers.scripts.cli import HelpFormatter
+from ts_compiled_handlers.scripts.make_tiny_models import make
 
 
 def baked_twin(handler):
@@ -82,7 +78,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per bucket and contender")
     parser.add_argument("--iterations", type=int, default=30, help="timed calls per bucket and contender")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny embedding model, 2x2 grid, 5 calls")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark_threads.json", help="the JSON")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_threads.json", help="the JSON")
     args = parser.parse_args(argv)
     grid = {"seq_lens": [16, 32, 64, 128, 256], "batch_sizes": [1, 8]}
     with tempfile.TemporaryDirectory() as scratch:

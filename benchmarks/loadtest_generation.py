@@ -20,7 +20,6 @@ Prints a table, writes runs/loadtest_generation.json.
 import argparse
 import json
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -29,15 +28,12 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import measure  # noqa: E402
-from handlers.config import GenerationConfig  # noqa: E402
-from scripts import build_mar  # noqa: E402
-from scripts.cli import HelpFormatter  # noqa: E402
-from scripts.make_tiny_models import make  # noqa: E402
-from scripts.serve import TorchServe  # noqa: E402
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.config import GenerationConfig
+from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.scripts.cli import HelpFormatter
+from ts_compiled_handlers.scripts.make_tiny_models import make
+from ts_compiled_handlers.scripts.serve import TorchServe
 
 WORDS = "the cat sat on the mat and the dog ran to paris with alice bob carol".split()
 TARGET_TOKENS_RATIO = 1.5  # continuous / batches, median generated tokens/s
@@ -123,7 +119,7 @@ def main(argv=None) -> dict:
     default = GenerationConfig().steps_per_call
     parser.add_argument("--steps", nargs="+", type=int, default=[default], help="decode steps per call")
     parser.add_argument("--quick", action="store_true", help="CI smoke: 2 clients x 3 s, 1 round, test-size model")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "loadtest_generation.json")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "loadtest_generation.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.clients, args.duration, args.rounds = 2, 3.0, 1

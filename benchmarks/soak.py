@@ -30,14 +30,11 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import measure  # noqa: E402
-from benchmarks.loadtest import MAX_CLIENTS, MAX_DURATION, default_model  # noqa: E402
-from benchmarks.traffic import texts_of_lengths, traffic_lengths  # noqa: E402
-from scripts import build_mar  # noqa: E402
-from scripts.serve import TorchServe  # noqa: E402
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.loadtest import MAX_CLIENTS, MAX_DURATION, default_model
+from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
+from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.scripts.serve import TorchServe
 
 # (body, content type): each must get its own 4xx while the valid requests around it get 200.
 INVALID_REQUESTS = [
@@ -222,7 +219,7 @@ def parse_args(argv):
     parser.add_argument("--kill-after", type=float, help="kill -9 the worker this many seconds into the run")
     parser.add_argument("--max-rss-growth", type=float, default=0.2, help="allowed RSS growth, as a fraction")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 4 clients x 5 s")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "soak.json")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "soak.json")
     args = parser.parse_args(argv)
     if not (1 <= args.clients <= MAX_CLIENTS and 0 < args.duration <= MAX_DURATION and args.invalid_every >= 0):
         parser.error(f"--clients must be 1..{MAX_CLIENTS}, --duration 0..{MAX_DURATION} s, --invalid-every >= 0")

@@ -25,9 +25,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export._tree_utils import reorder_kwargs
 
-from handlers import buckets, compile_cache
-from handlers.layout import Layout
-from handlers.model_runner import NOT_SERVED, ModelRunner
+from ts_compiled_handlers import buckets, compile_cache
+from ts_compiled_handlers.layout import Layout
+from ts_compiled_handlers.model_runner import NOT_SERVED, ModelRunner
 
 logger = logging.getLogger(__name__)
 

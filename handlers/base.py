@@ -20,20 +20,20 @@ from typing import Any
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers import buckets, building, ready
-from handlers.batch import Accepted, Batch, split_until_isolated
-from handlers.config import HandlerConfig
-from handlers.engine import Engine
-from handlers.layout import Call, Layout
-from handlers.length_stats import LengthStats
-from handlers.metrics import count, emit
-from handlers.model_runner import ModelRunner
-from handlers.payload import ParamCheck, boolean_param, choice_param, decode
-from handlers.protocols import Answered, Protocol, Request, RequestSpec, Served, for_route, unknown_route
-from handlers.protocols.kserve_v2 import KServeV2Protocol
-from handlers.protocols.plain import PlainProtocol
-from handlers.serving import HARDWARE, Serving, read_serving  # noqa: F401 (HARDWARE: detected at import)
-from handlers.tokenizing import SIDES, TextTokenizer, Tokenized
+from ts_compiled_handlers import buckets, building, ready
+from ts_compiled_handlers.batch import Accepted, Batch, split_until_isolated
+from ts_compiled_handlers.config import HandlerConfig
+from ts_compiled_handlers.engine import Engine
+from ts_compiled_handlers.layout import Call, Layout
+from ts_compiled_handlers.length_stats import LengthStats
+from ts_compiled_handlers.metrics import count, emit
+from ts_compiled_handlers.model_runner import ModelRunner
+from ts_compiled_handlers.payload import ParamCheck, boolean_param, choice_param, decode
+from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served, for_route, unknown_route
+from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
+from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.serving import HARDWARE, Serving, read_serving  # noqa: F401 (HARDWARE: detected at import)
+from ts_compiled_handlers.tokenizing import SIDES, TextTokenizer, Tokenized
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 from tokenizers import Encoding
 
-from handlers.metrics import count
-from handlers.payload import RequestError
-from handlers.protocols import Protocol, Request
-from handlers.tokenizing import Tokenized
+from ts_compiled_handlers.metrics import count
+from ts_compiled_handlers.payload import RequestError
+from ts_compiled_handlers.protocols import Protocol, Request
+from ts_compiled_handlers.tokenizing import Tokenized
 
 logger = logging.getLogger(__name__)
 

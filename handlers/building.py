@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from handlers import aot_start, compile_cache, hardware, packing, process_settings, warmup
-from handlers.compiling import CompiledModel
-from handlers.engine import Engine
-from handlers.layout import Layout
-from handlers.model_runner import EagerRunner
-from handlers.serving import HARDWARE, Serving, Started, Task
+from ts_compiled_handlers import aot_start, compile_cache, hardware, packing, process_settings, warmup
+from ts_compiled_handlers.compiling import CompiledModel
+from ts_compiled_handlers.engine import Engine
+from ts_compiled_handlers.layout import Layout
+from ts_compiled_handlers.model_runner import EagerRunner
+from ts_compiled_handlers.serving import HARDWARE, Serving, Started, Task
 
 logger = logging.getLogger(__name__)
 

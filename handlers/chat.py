@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from handlers.payload import RequestError, is_unicode_text
+from ts_compiled_handlers.payload import RequestError, is_unicode_text
 
 ROLES = ("system", "user", "assistant")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from handlers.base import CompiledHandler
-from handlers.batch import Accepted
-from handlers.engine import Engine
-from handlers.labels import (
+from ts_compiled_handlers.base import CompiledHandler
+from ts_compiled_handlers.batch import Accepted
+from ts_compiled_handlers.engine import Engine
+from ts_compiled_handlers.labels import (
     SCORE_FUNCTIONS,
     SequenceLogits,
     cross_encoder_activation,
@@ -23,14 +23,14 @@ from handlers.labels import (
     score_function,
     top_labels,
 )
-from handlers.layout import Layout
-from handlers.model_runner import ModelRunner
-from handlers.payload import RequestError
-from handlers.pooling import read_json
-from handlers.protocols.kserve_v2 import KServeV2Protocol
-from handlers.protocols.plain import PlainProtocol
-from handlers.protocols.rerank import CohereRerankProtocol, RerankProtocol
-from handlers.serving import Serving
+from ts_compiled_handlers.layout import Layout
+from ts_compiled_handlers.model_runner import ModelRunner
+from ts_compiled_handlers.payload import RequestError
+from ts_compiled_handlers.pooling import read_json
+from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
+from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.protocols.rerank import CohereRerankProtocol, RerankProtocol
+from ts_compiled_handlers.serving import Serving
 
 
 class ClassificationHandler(CompiledHandler):

@@ -29,8 +29,8 @@ from typing import Iterator
 
 import torch
 
-from handlers import process_settings
-from handlers.hardware import read_cpu_flags
+from ts_compiled_handlers import package_files, process_settings
+from ts_compiled_handlers.hardware import read_cpu_flags
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +71,11 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def handlers_digest(package: Path = Path(__file__).parent) -> str:
-    """This package's source, subpackages included: how it marks shapes and builds graphs decides
-    what gets compiled. Each file's path is hashed with its bytes, so a moved file changes it too."""
+def handlers_digest(package: Path = package_files.PACKAGE) -> str:
+    """This package's serving source, subpackages included: how it marks shapes and builds graphs
+    decides what gets compiled. Each file's path is hashed with its bytes, so a moved file changes it too."""
     digest = hashlib.sha256()
-    sources = sorted(path.relative_to(package) for path in package.rglob("*.py") if "__pycache__" not in path.parts)
-    for source in sources:
+    for source in package_files.serving_files(package):
         digest.update(source.as_posix().encode() + b"\0" + (package / source).read_bytes())
     return digest.hexdigest()
 

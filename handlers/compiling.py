@@ -19,9 +19,9 @@ from typing import Callable
 
 import torch
 
-from handlers import buckets, process_settings
-from handlers.config import CompileConfig
-from handlers.model_runner import NOT_SERVED, ModelRunner
+from ts_compiled_handlers import buckets, process_settings
+from ts_compiled_handlers.config import CompileConfig
+from ts_compiled_handlers.model_runner import NOT_SERVED, ModelRunner
 
 logger = logging.getLogger(__name__)
 

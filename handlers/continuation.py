@@ -8,7 +8,7 @@ could still become a stop string, so a client never receives text that is later 
 import dataclasses
 from typing import Any
 
-from handlers.sampling import Sampler
+from ts_compiled_handlers.sampling import Sampler
 
 REPLACEMENT = "\ufffd"  # what a decoder shows for an incomplete multi-byte character
 

@@ -43,10 +43,10 @@ from typing import Protocol
 
 import torch
 
-from handlers.batch import INTERNAL_ERROR, describe
-from handlers.continuation import Job
-from handlers.payload import RequestError
-from handlers.protocols import Answered
+from ts_compiled_handlers.batch import INTERNAL_ERROR, describe
+from ts_compiled_handlers.continuation import Job
+from ts_compiled_handlers.payload import RequestError
+from ts_compiled_handlers.protocols import Answered
 
 logger = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ import dataclasses
 
 import torch
 
-from handlers import buckets
-from handlers.decoding import CachePool, GroupDecoder, left_pad
-from handlers.engine import Outputs
-from handlers.layout import Call, Layout
-from handlers.model_runner import ModelRunner
+from ts_compiled_handlers import buckets
+from ts_compiled_handlers.decoding import CachePool, GroupDecoder, left_pad
+from ts_compiled_handlers.engine import Outputs
+from ts_compiled_handlers.layout import Call, Layout
+from ts_compiled_handlers.model_runner import ModelRunner
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from transformers import StaticCache
 
-from handlers.slots import SlotCache
+from ts_compiled_handlers.slots import SlotCache
 
 
 class DecodeStep(torch.nn.Module):

@@ -13,15 +13,15 @@ from typing import Any
 
 import torch
 
-from handlers.base import CompiledHandler
-from handlers.batch import Accepted
-from handlers.config import HandlerConfig
-from handlers.payload import RequestError, boolean_param
-from handlers.pooling import SentenceEmbedder, normalizes, pooling_modes, read_json
-from handlers.protocols import Request
-from handlers.protocols.kserve_v2 import KServeV2Protocol
-from handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
-from handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.base import CompiledHandler
+from ts_compiled_handlers.batch import Accepted
+from ts_compiled_handlers.config import HandlerConfig
+from ts_compiled_handlers.payload import RequestError, boolean_param
+from ts_compiled_handlers.pooling import SentenceEmbedder, normalizes, pooling_modes, read_json
+from ts_compiled_handlers.protocols import Request
+from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
+from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
+from ts_compiled_handlers.protocols.plain import PlainProtocol
 
 
 class EmbeddingHandler(CompiledHandler):

@@ -12,9 +12,9 @@ import dataclasses
 
 import torch
 
-from handlers import buckets
-from handlers.layout import BatchIds, Call, Layout, call_inputs, text_rows
-from handlers.model_runner import ModelRunner
+from ts_compiled_handlers import buckets
+from ts_compiled_handlers.layout import BatchIds, Call, Layout, call_inputs, text_rows
+from ts_compiled_handlers.model_runner import ModelRunner
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,27 +19,27 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from ts.handler_utils.utils import send_intermediate_predict_response
 
-from handlers import buckets, decoding
-from handlers.base import CompiledHandler, model_version
-from handlers.batch import Accepted, Batch, split_until_isolated
-from handlers.chat import messages_to_inputs
-from handlers.config import HandlerConfig
-from handlers.continuation import Continuation, Job
-from handlers.continuous import DecodeLoop
-from handlers.decoder_engine import DecoderEngine
-from handlers.decoding import CachePool, DecodeStep
-from handlers.layout import Call, Layout
-from handlers.metrics import emit
-from handlers.model_runner import ModelRunner
-from handlers.payload import RequestError, boolean_param, int_param, is_unicode_text, number_param
-from handlers.protocols import Served, for_route
-from handlers.protocols.kserve_v2 import KServeV2Protocol
-from handlers.protocols.openai import ModelsProtocol
-from handlers.protocols.openai_generation import ChatCompletionsProtocol, CompletionsProtocol
-from handlers.protocols.plain import PlainProtocol
-from handlers.sampling import Sampler
-from handlers.serving import Serving
-from handlers.slots import SlotStep
+from ts_compiled_handlers import buckets, decoding
+from ts_compiled_handlers.base import CompiledHandler, model_version
+from ts_compiled_handlers.batch import Accepted, Batch, split_until_isolated
+from ts_compiled_handlers.chat import messages_to_inputs
+from ts_compiled_handlers.config import HandlerConfig
+from ts_compiled_handlers.continuation import Continuation, Job
+from ts_compiled_handlers.continuous import DecodeLoop
+from ts_compiled_handlers.decoder_engine import DecoderEngine
+from ts_compiled_handlers.decoding import CachePool, DecodeStep
+from ts_compiled_handlers.layout import Call, Layout
+from ts_compiled_handlers.metrics import emit
+from ts_compiled_handlers.model_runner import ModelRunner
+from ts_compiled_handlers.payload import RequestError, boolean_param, int_param, is_unicode_text, number_param
+from ts_compiled_handlers.protocols import Served, for_route
+from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
+from ts_compiled_handlers.protocols.openai import ModelsProtocol
+from ts_compiled_handlers.protocols.openai_generation import ChatCompletionsProtocol, CompletionsProtocol
+from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.sampling import Sampler
+from ts_compiled_handlers.serving import Serving
+from ts_compiled_handlers.slots import SlotStep
 
 MAX_STOP_LENGTH = 64
 AUTO_PROMPT_TOKENS = 256  # the largest prompt bucket of `seq_lens: auto` (see adapt_plan)

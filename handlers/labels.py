@@ -5,8 +5,8 @@ from typing import Any
 
 import torch
 
-from handlers.packing import pick_per_text, starts_of_texts
-from handlers.payload import RequestError
+from ts_compiled_handlers.packing import pick_per_text, starts_of_texts
+from ts_compiled_handlers.payload import RequestError
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import itertools
 
 import torch
 
-from handlers import buckets, packing
+from ts_compiled_handlers import buckets, packing
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ classification) keep their per-token outputs.
 
 import torch
 
-from handlers import buckets
+from ts_compiled_handlers import buckets
 
 # The budget of `pack_tokens: auto` (capped at the largest length bucket): longer rows kept paying
 # up to MiniLM's limit of 256 (docs/performance.md, "Packing"); longer ones were not measured.

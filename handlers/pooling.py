@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from handlers.packing import pool_per_text
+from ts_compiled_handlers.packing import pool_per_text
 
 # sentence-transformers' poolings as its Pooling config names them (`pooling_mode`, 6.x), and the
 # older boolean flags for them, in the order it concatenates them.

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from handlers import hardware
-from handlers.worker_threads import LiveWorkers
+from ts_compiled_handlers import hardware
+from ts_compiled_handlers.worker_threads import LiveWorkers
 
 logger = logging.getLogger(__name__)
 

@@ -2,12 +2,12 @@
 
 import logging
 
-from handlers import hardware
-from handlers.building import CACHE_SOURCES
-from handlers.engine import Engine
-from handlers.metrics import emit
-from handlers.process_settings import ThreadShare
-from handlers.serving import HARDWARE, Serving, Started
+from ts_compiled_handlers import hardware
+from ts_compiled_handlers.building import CACHE_SOURCES
+from ts_compiled_handlers.engine import Engine
+from ts_compiled_handlers.metrics import emit
+from ts_compiled_handlers.process_settings import ThreadShare
+from ts_compiled_handlers.serving import HARDWARE, Serving, Started
 
 logger = logging.getLogger(__name__)
 

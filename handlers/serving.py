@@ -13,11 +13,11 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from handlers import buckets, compile_cache, hardware, packing, process_settings, warmup
-from handlers.config import CompileConfig, HandlerConfig, parse
-from handlers.engine import Engine
-from handlers.layout import Layout
-from handlers.model_runner import ModelRunner
+from ts_compiled_handlers import buckets, compile_cache, hardware, packing, process_settings, warmup
+from ts_compiled_handlers.config import CompileConfig, HandlerConfig, parse
+from ts_compiled_handlers.engine import Engine
+from ts_compiled_handlers.layout import Layout
+from ts_compiled_handlers.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import torch
 
-from handlers.base import CompiledHandler
-from handlers.batch import Accepted
-from handlers.entities import AGGREGATIONS, entities_for
-from handlers.labels import TokenLogits
-from handlers.payload import choice_param
+from ts_compiled_handlers.base import CompiledHandler
+from ts_compiled_handlers.batch import Accepted
+from ts_compiled_handlers.entities import AGGREGATIONS, entities_for
+from ts_compiled_handlers.labels import TokenLogits
+from ts_compiled_handlers.payload import choice_param
 
 
 class TokenClassificationHandler(CompiledHandler):

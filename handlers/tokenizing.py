@@ -6,7 +6,7 @@ import dataclasses
 
 from tokenizers import Encoding
 
-from handlers.payload import RequestError
+from ts_compiled_handlers.payload import RequestError
 
 SIDES = ("right", "left")
 

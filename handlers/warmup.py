@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from handlers import buckets
-from handlers.compiling import compiled_graph_count
+from ts_compiled_handlers import buckets
+from ts_compiled_handlers.compiling import compiled_graph_count
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Build a self-contained .mar: model files, tokenizer, our `handlers` package, model-config.yaml.
+"""Build a self-contained .mar: model files, tokenizer, our package's serving code, model-config.yaml.
 
     hfserve build --model DIR --task embedding --model-name minilm [--config extra.yaml] [--plan plan.json]
                   [--precompile [aot|cache]] [--version 2.0] [--export-path DIR] [--force] [--handler my_handler.py]
@@ -6,7 +6,7 @@
 The archive registers on any TorchServe whose Python has torch and transformers. Model folders
 without safetensors weights, or whose config asks for remote code, are refused.
 
-`--precompile` compiles at build time in a fresh process set up like a worker (scripts/precompile.py)
+`--precompile` compiles at build time in a fresh process set up like a worker (precompile.py here)
 and packs the result into the archive with a manifest of what it is valid for; workers on a matching
 host load it instead of compiling. `aot` (the default where the task exports: every task but
 generation) is an AOTInductor package, which a worker loads without dynamo; `cache` is inductor's
@@ -29,15 +29,11 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from handlers import aot_package, buckets  # noqa: E402
-from handlers.config import TASKS, ConfigError, parse  # noqa: E402
-from handlers.serving import task_plan  # noqa: E402
-from scripts import hub  # noqa: E402
-from scripts.cli import HelpFormatter, UserError  # noqa: E402
-from scripts.precompile import handler_class  # noqa: E402
+from ts_compiled_handlers import aot_package, buckets, package_files
+from ts_compiled_handlers.config import TASKS, ConfigError, parse
+from ts_compiled_handlers.scripts import hub, precompile
+from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
+from ts_compiled_handlers.serving import task_plan
 
 HANDLER_FILES = {
     "embedding": "embedding.py",
@@ -134,7 +130,8 @@ def estimated_compile_seconds(config: dict, model_dir: Path) -> float:
     options = handler.compile
     if not options.enable:
         return 0.0
-    plan = task_plan(handler_class(f"handlers/{HANDLER_FILES[handler.task]}")(), handler, Path(model_dir))
+    handler_class = precompile.handler_class(f"{package_files.NAME}/{HANDLER_FILES[handler.task]}")
+    plan = task_plan(handler_class(), handler, Path(model_dir))
     layers = json.loads((Path(model_dir) / "config.json").read_text()).get("num_hidden_layers", 12)
     # Regional graphs of length groups come twice, with and without an attention mask (see
     # warmup.padding_variants); packed rows always carry one. The estimate takes the larger.
@@ -180,8 +177,7 @@ def run_precompile(staging: Path, handler: Path, kind: str) -> dict:
     with tempfile.TemporaryDirectory() as temp:
         result = Path(temp) / "result.json"
         relative = str(handler.relative_to(staging))
-        script = str(ROOT / "scripts" / "precompile.py")
-        command = [sys.executable, script, str(staging), str(result), relative, kind]
+        command = [sys.executable, "-m", precompile.__name__, str(staging), str(result), relative, kind]
         subprocess.run(command, check=True, cwd=temp)
         return json.loads(result.read_text())
 
@@ -199,27 +195,30 @@ def serving_files(model_dir: Path) -> list[Path]:
 
 
 def stage(model_dir: Path, config: dict, staging: Path) -> list[Path]:
-    """Model files and our handlers package side by side, as they will sit in the archive root;
-    returns what of `model_dir` was left out."""
+    """Model files and our package's serving files side by side, as they will sit in the archive
+    root; returns what of `model_dir` was left out."""
     kept = serving_files(model_dir)
     for path in kept:
         target = staging / path.relative_to(model_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    shutil.copytree(ROOT / "handlers", staging / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+    for path in package_files.serving_files():
+        (staging / package_files.NAME / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(package_files.PACKAGE / path, staging / package_files.NAME / path)
     write_model_config(config, staging)
     every = [path for path in model_dir.rglob("*") if path.is_file() and ".git" not in path.parts]
     return sorted(set(every) - set(kept))
 
 
 def describe_archive(archive_path: Path, left_out: list[Path], model_dir: Path) -> str:
-    """The archive's size and contents (the handlers package in one line), and what was left out."""
+    """The archive's size and contents (our package in one line), and what was left out."""
+    ours = f"{package_files.NAME}/"
     with zipfile.ZipFile(archive_path) as mar:
         entries = [(info.filename, info.file_size) for info in mar.infolist() if not info.is_dir()]
-    code = [(name, size) for name, size in entries if name.startswith("handlers/")]
+    code = [(name, size) for name, size in entries if name.startswith(ours)]
     lines = [f"{archive_path} ({archive_path.stat().st_size / 1e6:.1f} MB):"]
-    lines += [f"  {size / 1e6:9.3f} MB  {name}" for name, size in entries if not name.startswith("handlers/")]
-    lines.append(f"  {sum(size for _, size in code) / 1e6:9.3f} MB  handlers/ ({len(code)} files: our handler package)")
+    lines += [f"  {size / 1e6:9.3f} MB  {name}" for name, size in entries if not name.startswith(ours)]
+    lines.append(f"  {sum(size for _, size in code) / 1e6:9.3f} MB  {ours} ({len(code)} files: our handler package)")
     if left_out:
         names = ", ".join(str(path.relative_to(model_dir)) for path in left_out[:12])
         more = f" and {len(left_out) - 12} more" if len(left_out) > 12 else ""
@@ -268,7 +267,7 @@ def build(
     with tempfile.TemporaryDirectory() as temp:
         staging = Path(temp)
         left_out = stage(model_dir, config, staging)
-        handler = staging / "handlers" / HANDLER_FILES[task]
+        handler = staging / package_files.NAME / HANDLER_FILES[task]
         if handler_file is not None:
             handler = staging / Path(handler_file).name
             shutil.copy2(handler_file, handler)
@@ -311,7 +310,7 @@ def main(argv=None) -> Path:
         help="compile now and pack it into the .mar: an AOT package (auto: every task but generation) or the cache",
     )
     parser.add_argument("--version", default="1.0", help="model version (register several, then set-default)")
-    parser.add_argument("--export-path", type=Path, default=ROOT / "model_store", help="where the .mar goes")
+    parser.add_argument("--export-path", type=Path, default=Path("model_store"), help="where the .mar goes")
     parser.add_argument("--force", action="store_true", help="overwrite an existing NAME.mar in --export-path")
     parser.add_argument(
         "--handler", type=Path, help="your subclass of the task's handler (one class in its own file) to serve instead"
@@ -352,6 +351,6 @@ def read_config(path: Path) -> dict:
 
 
 if __name__ == "__main__":
-    from scripts.cli import main as hfserve
+    from ts_compiled_handlers.scripts.cli import main as hfserve
 
     hfserve(["build", *sys.argv[1:]])

@@ -1,17 +1,19 @@
 """`hfserve`: the one command for what a user does with these handlers.
 
-    hfserve build --model DIR --task embedding --model-name minilm   # -> model_store/minilm.mar
-    hfserve start                      # TorchServe on loopback with config.properties, runs/server
+    hfserve init                       # ./config.properties (secure defaults, to edit) and ./model_store/
+    hfserve build --model DIR --task embedding --model-name minilm   # -> ./model_store/minilm.mar
+    hfserve start                      # TorchServe on loopback with ./config.properties (or ours), ./runs/server
     hfserve register minilm.mar        # returns when the worker is warm
     hfserve list | describe NAME | scale NAME --workers N | set-default NAME VERSION | unregister NAME
     hfserve stop
     hfserve plan --log runs/server/logs/model_log.log --model minilm   # length buckets for your traffic
     hfserve benchmark | loadtest       # compiled vs eager per bucket; ours vs stock TorchServe handlers
 
-`hfserve COMMAND --help` shows each command's flags with their defaults. Bad input (an unknown
-command, a missing archive, a busy port, a config file that does not parse, no server) gets one
-line on stderr and exit status 1 or 2, never a traceback; so does any other failure, whose
-traceback `HFSERVE_TRACEBACK=1` shows.
+Every path is relative to the folder it runs in, which may be any folder: nothing is written
+into the installed package. `hfserve COMMAND --help` shows each command's flags with their
+defaults. Bad input (an unknown command, a missing archive, a busy port, a config file that does
+not parse, no server) gets one line on stderr and exit status 1 or 2, never a traceback; so does
+any other failure, whose traceback `HFSERVE_TRACEBACK=1` shows.
 """
 
 import argparse
@@ -22,10 +24,13 @@ import sys
 import requests
 import yaml
 
-# command: (module, its own subcommand or None, what it does)
+from ts_compiled_handlers import package_files
+
+# command: (module of this package, its own subcommand or None, what it does)
 COMMANDS = {
-    "build": ("scripts.build_mar", None, "build a .mar archive from a model folder"),
-    "start": ("scripts.serve", "start", "start TorchServe on loopback with the repository's config.properties"),
+    "init": ("scripts.serve", "init", "write the secure config.properties and a model_store/ here, to edit"),
+    "build": ("scripts.build_mar", None, "build a .mar archive from a model folder (into ./model_store)"),
+    "start": ("scripts.serve", "start", "start TorchServe on loopback with ./config.properties (or ours)"),
     "stop": ("scripts.serve", "stop", "stop the server that start launched"),
     "register": ("scripts.serve", "register", "register an archive of the model store; returns when warm"),
     "list": ("scripts.serve", "list", "the registered models"),
@@ -79,7 +84,7 @@ def main(argv=None) -> None:
     sys.argv[0] = f"hfserve {args.command}" if subcommand is None else "hfserve"  # argparse's usage line
     forwarded = ([subcommand] if subcommand else []) + args.args
     try:
-        importlib.import_module(module_name).main(forwarded)
+        importlib.import_module(f"{package_files.NAME}.{module_name}").main(forwarded)
     except Exception as error:
         if os.environ.get("HFSERVE_TRACEBACK"):  # the whole chain, user errors included
             raise

@@ -6,16 +6,12 @@ summary and our metrics as TorchServe's Prometheus endpoint shows them.
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from handlers.metrics import COUNTERS, GAUGES  # noqa: E402
-from scripts.build_mar import build  # noqa: E402
-from scripts.serve import TorchServe  # noqa: E402
+from ts_compiled_handlers.metrics import COUNTERS, GAUGES
+from ts_compiled_handlers.scripts.build_mar import build
+from ts_compiled_handlers.scripts.serve import TorchServe
 
 SENTENCES = [
     "TorchServe serves PyTorch models over HTTP.",
@@ -46,10 +42,10 @@ def show(label: str, answer, millis: float) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "demo", help="server working directory")
+    parser.add_argument("--workdir", type=Path, default=Path("runs") / "demo", help="server working directory")
     parser.add_argument("--requests", type=int, default=20, help="timed single-sentence requests after the first")
     args = parser.parse_args(argv)
-    store = ROOT / "model_store"
+    store = Path("model_store")
     print("building model_store/minilm.mar ...")
     build(minilm_dir(), "embedding", "minilm", store)
     server = TorchServe.on_free_ports(args.workdir, store)

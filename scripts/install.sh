@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Create or reuse the virtual environment, install torch first (a plain `torch` would pull a
-# multi-GB CUDA build where a CPU one is wanted), then this package with its test extra, and make
-# sure Java 17+ is there for TorchServe.
+# multi-GB CUDA build where a CPU one is wanted), then this package, and make sure Java 17+ is
+# there for TorchServe.
 #
+#   INSTALL          dev (default): this checkout, editable, with the test extra and the manifest
+#                    checker's models (what the tests run in); wheel: a wheel built from this
+#                    checkout, installed as a user would (not editable, no extras): what the
+#                    Dockerfile runs, and what tests/integration/test_wheel_install.py runs too
+#   DIST             with INSTALL=wheel: where the wheel is built (default dist)
 #   TORCH_SPEC       which torch to install first (default torch==2.13.0: the CPU build this
 #                    project is tested with); e.g. torch==2.13.0 with TORCH_INDEX_URL for a CUDA build
 #   TORCH_INDEX_URL  the package index to take torch from (default: pip's own configuration);
@@ -11,6 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
+INSTALL="${INSTALL:-dev}"
+DIST="${DIST:-dist}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
 
@@ -37,8 +44,14 @@ if [ -n "$TORCH_INDEX_URL" ]; then
 else
   "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
 fi
-"$VENV/bin/python" -m pip install -q -e ".[test]"
-# The KServe and Kubernetes API models, read as source by scripts/validate_manifests.py; without
-# their (heavy, server-side) dependencies, which the check does not need.
-"$VENV/bin/python" -m pip install -q --no-deps kserve==0.21.0 kubernetes==37.0.2
+if [ "$INSTALL" = wheel ]; then
+  rm -rf build "$DIST"/ts_compiled_handlers-*.whl   # setuptools' build/ would carry files since removed
+  "$VENV/bin/python" -m pip wheel -q --no-deps --wheel-dir "$DIST" .
+  "$VENV/bin/python" -m pip install -q "$DIST"/ts_compiled_handlers-*.whl
+else
+  "$VENV/bin/python" -m pip install -q -e ".[test]"
+  # The KServe and Kubernetes API models, read as source by scripts/validate_manifests.py; without
+  # their (heavy, server-side) dependencies, which the check does not need.
+  "$VENV/bin/python" -m pip install -q --no-deps kserve==0.21.0 kubernetes==37.0.2
+fi
 echo "environment ready: $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'), java $(java_major))"

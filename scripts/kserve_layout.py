@@ -5,7 +5,7 @@
 writes
     runs/kserve/config/config.properties   deploy/kserve/config.properties (the Kubernetes profile)
                                            with model_snapshot listing the archives
-    runs/kserve/config/metrics.yaml        handlers/metrics.yaml (our gauges and counters)
+    runs/kserve/config/metrics.yaml        the package's metrics.yaml (our gauges and counters)
     runs/kserve/config/ready.py            deploy/kserve/ready.py (the readiness probe)
     runs/kserve/model-store/<name>.mar     the archives, packed compile cache and all
 to be copied to the volume (deploy/kserve/storage.yaml says how). Each model's name and version
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-PROFILE = ROOT / "deploy" / "kserve" / "config.properties"
+from ts_compiled_handlers import package_files
+
+PROFILE = Path("deploy") / "kserve" / "config.properties"  # run from the repository's root
 
 
 def archive_entry(mar: Path, batch_size: int, max_batch_delay: int, workers: int) -> tuple[str, str, dict]:
@@ -49,17 +50,19 @@ def model_snapshot(entries: list[tuple[str, str, dict]]) -> dict:
     return {"name": "startup.cfg", "modelCount": len(entries), "models": models}
 
 
-def render(snapshot: dict) -> str:
-    return string.Template(PROFILE.read_text()).substitute(MODEL_SNAPSHOT=json.dumps(snapshot, separators=(",", ":")))
+def render(snapshot: dict, profile: Path = PROFILE) -> str:
+    return string.Template(profile.read_text()).substitute(MODEL_SNAPSHOT=json.dumps(snapshot, separators=(",", ":")))
 
 
-def write_layout(archives: list[Path], out: Path, batch_size: int, max_batch_delay: int, workers: int) -> Path:
+def write_layout(
+    archives: list[Path], out: Path, batch_size: int, max_batch_delay: int, workers: int, profile: Path = PROFILE
+) -> Path:
     entries = [archive_entry(mar, batch_size, max_batch_delay, workers) for mar in archives]
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / "model-store").mkdir(parents=True, exist_ok=True)
-    (out / "config" / "config.properties").write_text(render(model_snapshot(entries)))
-    shutil.copy2(ROOT / "handlers" / "metrics.yaml", out / "config" / "metrics.yaml")
-    shutil.copy2(PROFILE.parent / "ready.py", out / "config" / "ready.py")
+    (out / "config" / "config.properties").write_text(render(model_snapshot(entries), profile))
+    shutil.copy2(package_files.PACKAGE / "metrics.yaml", out / "config" / "metrics.yaml")
+    shutil.copy2(profile.parent / "ready.py", out / "config" / "ready.py")
     for mar in archives:
         shutil.copy2(mar, out / "model-store" / mar.name)
     return out
@@ -68,15 +71,16 @@ def write_layout(archives: list[Path], out: Path, batch_size: int, max_batch_del
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("archives", type=Path, nargs="+", help=".mar files built by build_mar.py")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "kserve", help="the layout's root")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "kserve", help="the layout's root")
     parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size, every model")
     parser.add_argument("--max-batch-delay", type=int, default=5, help="ms to wait to fill a batch")
     parser.add_argument("--workers", type=int, default=1, help="workers per model in each pod")
+    parser.add_argument("--profile", type=Path, default=PROFILE, help="the Kubernetes config.properties template")
     args = parser.parse_args(argv)
     missing = [str(mar) for mar in args.archives if not mar.is_file()]
     if missing:
         parser.exit(2, f"kserve_layout: no such archive: {', '.join(missing)}\n")
-    out = write_layout(args.archives, args.out, args.batch_size, args.max_batch_delay, args.workers)
+    out = write_layout(args.archives, args.out, args.batch_size, args.max_batch_delay, args.workers, args.profile)
     print(out)
     return out
 

@@ -27,22 +27,18 @@ import dataclasses
 import json
 import math
 import random
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from handlers.buckets import BucketPlan, seq_bucket  # noqa: E402
-from handlers.buckets import padded_tokens as group_tokens  # noqa: E402
-from handlers.config import BucketConfig  # noqa: E402
-from handlers.layout import Layout  # noqa: E402
-from handlers.length_stats import read_histograms  # noqa: E402
-from handlers.packing import AUTO_BUDGET  # noqa: E402
-from handlers.serving import doubling  # noqa: E402
-from scripts import plan_costs  # noqa: E402
-from scripts.cli import HelpFormatter  # noqa: E402
-from scripts.plan_costs import Costs  # noqa: E402
+from ts_compiled_handlers.buckets import BucketPlan, seq_bucket
+from ts_compiled_handlers.buckets import padded_tokens as group_tokens
+from ts_compiled_handlers.config import BucketConfig
+from ts_compiled_handlers.layout import Layout
+from ts_compiled_handlers.length_stats import read_histograms
+from ts_compiled_handlers.packing import AUTO_BUDGET
+from ts_compiled_handlers.scripts import plan_costs
+from ts_compiled_handlers.scripts.cli import HelpFormatter
+from ts_compiled_handlers.scripts.plan_costs import Costs
+from ts_compiled_handlers.serving import doubling
 
 ASSUMED = Costs()  # a call's cost without --measure: its tokens and CALL_TOKENS per call
 

@@ -1,9 +1,10 @@
 """Compile a staged archive's model in a fresh process set up like a worker: an AOT package or a cache.
 
-    python scripts/precompile.py STAGING_DIR RESULT.json HANDLER_FILE KIND   # KIND: aot | cache
+    python -m ts_compiled_handlers.scripts.precompile STAGING_DIR RESULT.json HANDLER_FILE KIND   # KIND: aot | cache
 
-`build_mar.py --precompile` runs this as a subprocess: a new interpreter imports the staged
-`handlers` package (the code the archive will serve) and reads the same model-config.yaml.
+`build_mar.py --precompile` runs this as a subprocess: a new interpreter imports the archive's
+handler (the package's serving files are staged as copies of this installed package's, so the
+digest in the manifest is that of the served code) and reads the same model-config.yaml.
 - aot: loads the model as `initialize` does, exports and compiles it with AOTInductor into
   STAGING_DIR/aot_package/, then runs the handler's own `initialize`, which must serve from that
   package (its warm-up and its check against the recorded eager answers), as a worker on this host
@@ -47,7 +48,7 @@ class ProgressBar:
 def handler_class(handler_file: str):
     """The handler class the archive serves, from the staged copy of the package (see `main`)."""
     module = importlib.import_module(".".join(Path(handler_file).with_suffix("").parts))
-    from handlers.base import CompiledHandler
+    from ts_compiled_handlers.base import CompiledHandler
 
     classes = [
         value
@@ -70,7 +71,7 @@ def worker_context(staging: Path, config: dict):
 
 def precompile_cache(staging: Path, handler_file: str) -> dict:
     """Initialize the handler against an empty host cache and pack what it compiled."""
-    from handlers import compile_cache
+    from ts_compiled_handlers import compile_cache
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
     handler = handler_class(handler_file)()
@@ -90,7 +91,7 @@ def precompile_cache(staging: Path, handler_file: str) -> dict:
 def precompile_package(staging: Path, handler_file: str) -> dict:
     """Build the AOT package, then start a handler from it as a worker would: it must serve from it;
     then run the whole grid and the full compiled-vs-eager check through it (a worker runs less)."""
-    from handlers import aot_start, building
+    from ts_compiled_handlers import aot_start, building
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
     context = worker_context(staging, config)
@@ -119,8 +120,8 @@ PRECOMPILERS = {"aot": precompile_package, "cache": precompile_cache}
 def main(argv=None) -> None:
     staging, result, handler_file, kind = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="precompile: %(levelname)s %(name)s: %(message)s")
-    # The archive's own copy of `handlers` comes first, before anything imports the package: the
-    # manifest carries a digest of the code that compiled it, which must be the served code.
+    # The archive's root is importable, as TorchServe makes a worker's model folder: a user's
+    # handler file sits there. Our package's modules there are copies of the installed ones.
     sys.path.insert(0, staging)
     with tempfile.TemporaryDirectory() as root:
         os.environ["COMPILED_HANDLERS_CACHE_DIR"] = root  # an empty host cache: nothing is reused

@@ -1,6 +1,7 @@
 """Start and stop TorchServe with our config.properties, and manage its models with its tokens.
 
-    hfserve start                      # loopback ports 8080-8082 (or --inference-port ...), model_store/
+    hfserve init                       # ./config.properties, ./metrics.yaml, ./model_store/: ours, to edit
+    hfserve start                      # loopback ports 8080-8082 (or --inference-port ...), ./model_store
     hfserve register minilm.mar --batch-size 8 --max-batch-delay 5 --workers 1
     hfserve list                       # registered models
     hfserve describe minilm            # versions, workers (pid, status), batch settings, queue
@@ -13,7 +14,9 @@
 
 Each server gets its own working directory (key_file.json, ports.json, logs, TMPDIR with
 TorchServe's pid file), so tests can run several side by side and stop exactly the one they
-started; every command but `start` finds the server by `--workdir` (default runs/server).
+started; every command but `start` finds the server by `--workdir` (default runs/server under the
+current folder). `start` takes `--ts-config`, else ./config.properties where there is one, else the
+package's own secure config; the copy it runs is in the working directory.
 """
 
 import argparse
@@ -28,10 +31,11 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from ts_compiled_handlers import package_files
+from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 
-from scripts.cli import HelpFormatter, UserError  # noqa: E402
+TEMPLATE = package_files.PACKAGE / "config.properties"  # the secure defaults `hfserve init` writes
+METRICS = package_files.PACKAGE / "metrics.yaml"  # our metrics, declared for TorchServe
 
 DEFAULT_PORTS = {  # the repository's config.properties: TorchServe's usual ports
     "INFERENCE_PORT": 8080,
@@ -77,16 +81,45 @@ def with_settings(text: str, settings: dict[str, str]) -> str:
 
 
 def render_config(model_store: Path, ports: dict[str, int], base: Path | None = None) -> str:
-    """The repository's config.properties (or `base`) for a server run from another folder: absolute
-    paths, `ports`; every other setting kept."""
+    """`base` (default: the package's secure config) for a server run from another folder: absolute
+    paths, `ports`; its metrics_config where that file exists beside it, else ours; every other
+    setting kept."""
+    base = base or TEMPLATE
     store = model_store.resolve()
+    declared = base.parent / (read_setting(base.read_text(), "metrics_config") or "metrics.yaml")
     settings = {
         **port_settings(ports),
         "model_store": str(store),
         "allowed_urls": f"file://{store}/.*",
-        "metrics_config": str(ROOT / "handlers" / "metrics.yaml"),
+        "metrics_config": str((declared if declared.is_file() else METRICS).resolve()),
     }
-    return with_settings((base or ROOT / "config.properties").read_text(), settings)
+    return with_settings(base.read_text(), settings)
+
+
+def read_setting(text: str, key: str) -> str | None:
+    """The value of `key` in a config.properties text (None where it is not set)."""
+    values = [line.split("=", 1)[1].strip() for line in text.splitlines() if line.split("=", 1)[0].strip() == key]
+    return values[-1] if values else None
+
+
+def init(folder: Path, force: bool = False, bind: str = "127.0.0.1", store: str = "model_store") -> list[Path]:
+    """Our secure config.properties and metrics.yaml in `folder`, and an empty model store there:
+    what a plain `torchserve --start --ts-config config.properties` run there reads. `bind` moves
+    the inference and metrics APIs (a container's published ports); management stays on loopback."""
+    written = [folder / "config.properties", folder / "metrics.yaml"]
+    existing = [str(path) for path in written if path.exists()]
+    if existing and not force:
+        raise UserError(f"{', '.join(existing)} exists; pass --force to overwrite")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", store):
+        raise UserError(f"--model-store {store!r}: a folder name in {folder}, letters, digits, _ . - only")
+    text = TEMPLATE.read_text()
+    settings = {"model_store": store, "allowed_urls": f"{store}/[A-Za-z0-9_.-]+[.]mar"}
+    for api in ("inference", "metrics"):
+        settings[f"{api}_address"] = read_setting(text, f"{api}_address").replace("127.0.0.1", bind)
+    (folder / store).mkdir(parents=True, exist_ok=True)
+    written[0].write_text(with_settings(text, settings))
+    written[1].write_text(METRICS.read_text())
+    return [*written, folder / store]
 
 
 # A worker's log lines that say why its initialize failed: our handler's policy line, exceptions.
@@ -106,6 +139,8 @@ REGISTERED = re.compile(r'Model "(?P<name>[^"]+)" Version: (?P<version>\S+) regi
 
 class TorchServe:
     """One TorchServe process tree, its working directory and its API tokens."""
+
+    bin_dir = Path(sys.executable).parent  # the environment whose torchserve runs (its Python runs the workers)
 
     def __init__(self, workdir: Path, model_store: Path, ports: dict[str, int] | None = None, env=None):
         self.workdir = Path(workdir).resolve()
@@ -130,7 +165,7 @@ class TorchServe:
     def run(self, *args: str) -> None:
         """`torchserve ARGS` in the working directory, as a user would type it there."""
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
-        command = [str(Path(sys.executable).parent / "torchserve"), *args]
+        command = [str(self.bin_dir / "torchserve"), *args]
         subprocess.run(command, cwd=self.workdir, env=self.env, check=True, stdout=subprocess.DEVNULL)
 
     def wait_until_ready(self, names: list[str], timeout: float = 600) -> None:
@@ -265,7 +300,7 @@ class TorchServe:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    workdir = ROOT / "runs" / "server"
+    workdir = Path("runs") / "server"
     parser.add_argument("--workdir", type=Path, default=workdir, help="the server's working directory")
     common = argparse.ArgumentParser(add_help=False)  # --workdir after the command too (the newer spelling)
     text = f"the server's working directory (default: {workdir})"
@@ -276,11 +311,18 @@ def parse_args(argv):
         return commands.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
 
     start = command("start", "start TorchServe on loopback with a copy of config.properties (absolute paths, ports)")
-    start.add_argument("--model-store", type=Path, default=ROOT / "model_store", help="folder of .mar archives")
-    start.add_argument("--ts-config", type=Path, default=ROOT / "config.properties", help="the config to start from")
+    start.add_argument("--model-store", type=Path, default=Path("model_store"), help="folder of .mar archives")
+    start.add_argument(
+        "--ts-config", type=Path, help="the config to start from (default: ./config.properties, else the package's)"
+    )
     for key, port in DEFAULT_PORTS.items():
         start.add_argument(f"--{key.lower().replace('_', '-')}", type=int, default=port, help="loopback port")
     command("stop", "stop the server of --workdir")
+    init_command = command("init", "write config.properties, metrics.yaml and model_store/ into a folder, to edit")
+    init_command.add_argument("folder", nargs="?", type=Path, default=Path("."), help="where they go")
+    init_command.add_argument("--force", action="store_true", help="overwrite config.properties and metrics.yaml")
+    init_command.add_argument("--bind", default="127.0.0.1", help="the inference and metrics APIs' address")
+    init_command.add_argument("--model-store", dest="store", default="model_store", help="the model store's folder")
     register = command("register", "register an archive of the model store; returns when its workers are warm")
     register.add_argument("archive", help="a .mar file in the model store")
     register.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size")
@@ -312,10 +354,12 @@ def start(args) -> TorchServe:
         if busy(port):
             option = "--" + key.lower().replace("_", "-")
             raise UserError(f"port {port} ({option}) is in use: stop what holds it, or pass {option} with a free port")
-    if not args.ts_config.is_file():
-        raise UserError(f"no config file {args.ts_config}")
+    config = args.ts_config or (Path("config.properties") if Path("config.properties").is_file() else TEMPLATE)
+    if not config.is_file():
+        raise UserError(f"no config file {config}")
     server = TorchServe(args.workdir, args.model_store, ports)
-    server.start(base_config=args.ts_config)
+    server.start(base_config=config)
+    print(f"started with a copy of {config} (absolute paths, these ports): {server.workdir / 'config.properties'}")
     print(f"TorchServe on {server.inference_url}; tokens in {server.key_file()}")
     return server
 
@@ -335,6 +379,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.command == "start":
         start(args)
+        return
+    if args.command == "init":
+        print("wrote " + ", ".join(str(path) for path in init(args.folder, args.force, args.bind, args.store)))
         return
     if not (args.workdir / "ports.json").is_file():
         raise UserError(f"no server was started from {args.workdir}; run hfserve start (or pass its --workdir)")
@@ -359,6 +406,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from scripts.cli import main as cli_main
+    from ts_compiled_handlers.scripts.cli import main as cli_main
 
     cli_main(sys.argv[1:])

@@ -1,14 +1,9 @@
 """Shared fixtures: the tiny random-weight models of every task, MiniLM, and one compile cache."""
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def pytest_addoption(parser):
@@ -39,7 +34,7 @@ def compile_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Every task's random-weight test model, made once per run by scripts/make_tiny_models.py."""
-    from scripts.make_tiny_models import make
+    from ts_compiled_handlers.scripts.make_tiny_models import make
 
     return make(tmp_path_factory.mktemp("tiny-models"))
 

@@ -4,7 +4,7 @@ import json
 
 from ts.context import Context, RequestProcessor
 
-from benchmarks.in_process import make_context, ready_handler, start_batch  # noqa: F401 (shared with the benchmarks)
+from ts_compiled_handlers.benchmarks.in_process import make_context, ready_handler, start_batch  # noqa: F401 (shared with the benchmarks)
 
 
 def status(context: Context, index: int) -> int:

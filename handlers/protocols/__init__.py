@@ -11,7 +11,7 @@ the task's per-text answers into the protocol's body, and a refusal into its err
 import dataclasses
 from typing import Any, Callable
 
-from handlers.payload import ParamCheck, RequestError
+from ts_compiled_handlers.payload import ParamCheck, RequestError
 
 
 @dataclasses.dataclass(frozen=True)

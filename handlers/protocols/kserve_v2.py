@@ -19,8 +19,8 @@ import json
 import math
 from typing import Any
 
-from handlers.payload import ParamCheck, RequestError, check_params, check_texts, is_unicode_text
-from handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.payload import ParamCheck, RequestError, check_params, check_texts, is_unicode_text
+from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
 
 REQUEST_KEYS = {"id", "inputs", "parameters", "outputs"}
 TENSOR_KEYS = {"name", "shape", "datatype", "data", "parameters"}

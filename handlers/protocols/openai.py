@@ -15,8 +15,8 @@ import re
 import struct
 from typing import Any
 
-from handlers.payload import RequestError, check_params, check_texts
-from handlers.protocols import Answered, Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.payload import RequestError, check_params, check_texts
+from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served
 
 ERROR_TYPES = {404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
 PARAM_NAMED = re.compile(r"'([A-Za-z_]+)'")

@@ -15,9 +15,9 @@ import time
 import uuid
 from typing import Any
 
-from handlers.payload import RequestError, check_params, check_texts
-from handlers.protocols import Request, RequestSpec, Served
-from handlers.protocols.openai import OpenAIProtocol, refuse_unserved
+from ts_compiled_handlers.payload import RequestError, check_params, check_texts
+from ts_compiled_handlers.protocols import Request, RequestSpec, Served
+from ts_compiled_handlers.protocols.openai import OpenAIProtocol, refuse_unserved
 
 # OpenAI fields that are served only at their neutral value (anything else: a 400 naming them).
 NEUTRAL = {

@@ -10,8 +10,8 @@ streamed answers are JSON lines, `{"index", "text"}` per piece and a summary lin
 import json
 from typing import Any
 
-from handlers.payload import RequestError, check_params, check_texts
-from handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.payload import RequestError, check_params, check_texts
+from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
 
 
 class PlainProtocol(Protocol):

@@ -12,9 +12,9 @@ Cohere and Jina answer with, `{"model", "results": [{"index", "relevance_score",
 
 from typing import Any
 
-from handlers.payload import RequestError, check_params, check_texts
-from handlers.protocols import Protocol, Request, RequestSpec, Served
-from handlers.protocols.openai import OpenAIProtocol
+from ts_compiled_handlers.payload import RequestError, check_params, check_texts
+from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.protocols.openai import OpenAIProtocol
 
 FIELDS = ("query", "documents", "top_n", "return_documents")
 

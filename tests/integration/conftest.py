@@ -8,8 +8,8 @@ import torch
 from archives import MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from scripts.build_mar import build
-from scripts.serve import TorchServe
+from ts_compiled_handlers.scripts.build_mar import build
+from ts_compiled_handlers.scripts.serve import TorchServe
 
 STARTUP_SECONDS = 600
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from benchmarks import benchmark, benchmark_aot, loadtest
-from scripts import plan_buckets
+from ts_compiled_handlers.benchmarks import benchmark, benchmark_aot, loadtest
+from ts_compiled_handlers.scripts import plan_buckets
 
 pytestmark = pytest.mark.integration
 

@@ -1,21 +1,30 @@
-"""The MiniLM archive through a real TorchServe (Java), started the way the README's plain path does:
+"""The MiniLM archive through a real TorchServe (Java), installed and started as a user would who
+installs the wheel (not editable, in a fresh venv: scripts/install.sh with INSTALL=wheel, the
+Dockerfile's steps) and works in an empty folder:
 
+    hfserve init                                   # config.properties, metrics.yaml, model_store/
+    hfserve build --model MINILM --model-name minilm [--config ...]
     torchserve --start --ncs --ts-config config.properties --model-store model_store --models minilm=minilm.mar
 
-from a folder laid out like the repository (its config.properties as it is, model_store/,
-handlers/metrics.yaml), with the ports moved only if TorchServe's usual ones are busy.
+(the README's plain path: the config as `init` wrote it, the ports moved only if TorchServe's usual
+ones are busy), and then with `hfserve start` and `hfserve register`. Nothing may be written into
+the installed package, and the wheel holds nothing but the package.
 """
 
+import json
+import os
 import re
-import shutil
+import subprocess
+import tempfile
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 
-from scripts.build_mar import build
-from scripts.serve import DEFAULT_PORTS, TorchServe, busy, free_ports, port_settings, with_settings
+from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TorchServe, busy, free_ports, port_settings, with_settings
 
 pytestmark = pytest.mark.integration
 
@@ -31,20 +40,62 @@ BATCHING = {"batchSize": 8, "maxBatchDelay": 20}
 MODELS = [("minilm32", {**BATCHING, "handler": {"dtype": "float32"}}, 0.9999), ("minilm", BATCHING, 0.999)]
 
 
+class WheelInstall:
+    """A fresh venv with the package installed from a wheel of this checkout, and its commands."""
+
+    def __init__(self, root: Path):
+        self.venv, self.dist = root / "venv", root / "dist"
+        env = {**os.environ, "INSTALL": "wheel", "VENV": str(self.venv), "DIST": str(self.dist)}
+        subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], env=env, check=True, capture_output=True)
+        self.env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        self.env["PATH"] = f"{self.venv / 'bin'}:{self.env['PATH']}"
+        self.site_packages = Path(self.python("-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+
+    def python(self, *args: str, cwd: Path | None = None) -> str:
+        return self.run(str(self.venv / "bin" / "python"), *args, cwd=cwd)
+
+    def hfserve(self, *args: str, cwd: Path) -> str:
+        return self.run("hfserve", *args, cwd=cwd)
+
+    def run(self, *command: str, cwd: Path | None = None) -> str:
+        # Files, not pipes: `hfserve start` leaves TorchServe running, which holds what it inherits.
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            done = subprocess.run(command, cwd=cwd, env=self.env, stdout=out, stderr=err, text=True, timeout=900)
+            out.seek(0), err.seek(0)
+            assert done.returncode == 0, f"{command}: {err.read()[-3000:]}"
+            return out.read()
+
+    def files(self) -> set[str]:
+        """Everything in site-packages but bytecode caches (an import may write those)."""
+        paths = self.site_packages.rglob("*")
+        return {str(path) for path in paths if "__pycache__" not in path.parts and not path.is_dir()}
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, minilm_dir):
-    root = tmp_path_factory.mktemp("repo_layout")
+def wheel(tmp_path_factory) -> WheelInstall:
+    return WheelInstall(tmp_path_factory.mktemp("wheel_install"))
+
+
+@pytest.fixture(scope="module")
+def installed_files(wheel) -> set[str]:
+    """site-packages before any command ran from the wheel."""
+    return wheel.files()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, minilm_dir, wheel, installed_files):
+    root = tmp_path_factory.mktemp("empty_folder")
+    wheel.hfserve("init", cwd=root)
     for name, extra, _ in MODELS:
-        build(minilm_dir, "embedding", name, root / "model_store", extra)
-    (root / "handlers").mkdir()
-    shutil.copy(ROOT / "handlers" / "metrics.yaml", root / "handlers")
-    config = (ROOT / "config.properties").read_text()
+        (root / f"{name}.yaml").write_text(json.dumps(extra))  # JSON is YAML
+        wheel.hfserve("build", "--model", str(minilm_dir), "--model-name", name, "--config", f"{name}.yaml", cwd=root)
     ports = DEFAULT_PORTS
     if any(busy(port) for port in ports.values()):
         ports = dict(zip(DEFAULT_PORTS, free_ports(len(DEFAULT_PORTS)), strict=True))
-        config = with_settings(config, port_settings(ports))
-    (root / "config.properties").write_text(config)
-    torchserve = TorchServe(root, root / "model_store", ports)
+        config = root / "config.properties"
+        config.write_text(with_settings(config.read_text(), port_settings(ports)))
+    torchserve = TorchServe(root, root / "model_store", ports, env=wheel.env)
+    torchserve.bin_dir = wheel.venv / "bin"
     models = [f"{name}={name}.mar" for name, _, _ in MODELS]
     torchserve.run(
         "--start", "--ncs", "--ts-config", "config.properties", "--model-store", "model_store", "--models", *models
@@ -134,3 +185,38 @@ def test_custom_metrics_on_the_prometheus_endpoint(server):
     assert metric_values(text, "RecompilesAfterReady") == {"minilm": 0.0, "minilm32": 0.0}
     for model in ("minilm", "minilm32"):  # served from packed rows
         assert re.search(rf'^BucketRequests{{ModelName="{model}".*Bucket="packed \d+x\d+"', text, re.MULTILINE)
+
+
+def test_the_wheel_installs_one_package_of_its_own_name(wheel):
+    (built,) = wheel.dist.glob("ts_compiled_handlers-*.whl")
+    with zipfile.ZipFile(built) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    distribution, version = built.name.split("-")[:2]
+    assert tops == {"ts_compiled_handlers", f"{distribution}-{version}.dist-info"}
+    listed = wheel.python("-m", "pip", "show", "-f", "ts-compiled-handlers")
+    assert "Location: " + str(wheel.site_packages) in listed and "License: Apache-2.0" in listed
+    assert "ts_compiled_handlers/scripts/cli.py" in listed and "ts_compiled_handlers/config.properties" in listed
+    assert "Editable project location" not in listed
+
+
+def test_hfserve_start_and_register_serve_minilm_from_the_folder_and_write_nothing_into_the_package(
+    server, wheel, installed_files, reference
+):
+    folder = server.workdir  # where init and build ran: config.properties, model_store/minilm.mar
+    flags = [f"--{key.lower().replace('_', '-')}" for key in DEFAULT_PORTS]
+    ports = [f"{flag}={port}" for flag, port in zip(flags, free_ports(len(flags)), strict=True)]
+    wheel.hfserve("start", *ports, cwd=folder)
+    try:
+        wheel.hfserve("register", "minilm32.mar", cwd=folder)
+        assert "minilm32" in wheel.hfserve("list", cwd=folder)
+        started = TorchServe.attach(folder / "runs" / "server")
+        answer = started.predict("minilm32", {"inputs": TEXTS[1]})
+        assert min(cosines([answer.json()], reference(TEXTS[1:2]))) >= 0.9999
+        assert (folder / "runs" / "server" / "key_file.json").is_file()  # the tokens stay in the folder
+        copy = (folder / "runs" / "server" / "config.properties").read_text()
+        assert "disable_token_authorization=false" in copy and str(folder / "metrics.yaml") in copy
+        unauthorized = requests.post(f"{started.inference_url}/predictions/minilm32", json={"inputs": "x"}, timeout=30)
+        assert unauthorized.status_code == 400 and "token" in unauthorized.text.lower()  # TorchServe: 400 without one
+    finally:
+        wheel.hfserve("stop", cwd=folder)
+    assert wheel.files() == installed_files

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.build_mar import build
-from scripts.serve import TorchServe
+from ts_compiled_handlers.scripts.build_mar import build
+from ts_compiled_handlers.scripts.serve import TorchServe
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,9 @@ import pytest
 import requests
 import torch
 
-from benchmarks.soak import INVALID_REQUESTS, soak
-from scripts.build_mar import build
-from scripts.serve import RegistrationError, TorchServe
+from ts_compiled_handlers.benchmarks.soak import INVALID_REQUESTS, soak
+from ts_compiled_handlers.scripts.build_mar import build
+from ts_compiled_handlers.scripts.serve import RegistrationError, TorchServe
 
 pytestmark = pytest.mark.integration
 

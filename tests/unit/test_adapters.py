@@ -10,10 +10,10 @@ import torch
 from fakes import decoded, ready_handler, status
 from ts.context import RequestProcessor
 
-from handlers.batch import Batch
-from handlers.embedding import EmbeddingHandler
-from handlers.payload import RequestError, check_texts
-from handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.batch import Batch
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.payload import RequestError, check_texts
+from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
 
 EAGER = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}, "compile": {"enable": False}}
 PACKAGE = Path(__file__).parents[2] / "handlers"

@@ -13,12 +13,12 @@ import pytest
 import torch
 from fakes import make_context, ready_handler
 
-from handlers import aot_package, aot_start, building, compile_cache
-from handlers.classification import ClassificationHandler
-from handlers.compiling import compiled_graph_count
-from handlers.embedding import EmbeddingHandler
-from handlers.model_runner import EagerRunner
-from handlers.token_classification import TokenClassificationHandler
+from ts_compiled_handlers import aot_package, aot_start, building, compile_cache
+from ts_compiled_handlers.classification import ClassificationHandler
+from ts_compiled_handlers.compiling import compiled_graph_count
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.model_runner import EagerRunner
+from ts_compiled_handlers.token_classification import TokenClassificationHandler
 
 GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
 HANDLERS = {
@@ -114,7 +114,7 @@ def test_an_aot_start_imports_neither_dynamo_nor_the_transformers_model(packaged
     script = f"""
 import json, sys
 from fakes import make_context
-from handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.embedding import EmbeddingHandler
 handler = EmbeddingHandler()
 handler.initialize(make_context({str(packaged["embedding"])!r}, {{"handler": {{"dtype": "float32", **{GRID!r}}}}}))
 heavy = ("torch._dynamo", "torch._inductor.compile_fx", "transformers.modeling_utils")
@@ -126,7 +126,7 @@ print(json.dumps({{"source": handler.model_source, "imported": [name for name in
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}"},
+        env={**os.environ, "PYTHONPATH": str(tests)},  # the tests' helpers (fakes); the package is installed
     )
     assert json.loads(result.stdout.splitlines()[-1]) == {"source": "aot package", "imported": []}
 

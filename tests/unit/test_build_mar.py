@@ -7,9 +7,9 @@ import zipfile
 import pytest
 import yaml
 
-from handlers.config import TASKS
-from scripts import build_mar
-from scripts.build_mar import HANDLER_FILES, BuildError, build, check_model_dir
+from ts_compiled_handlers.config import TASKS
+from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.scripts.build_mar import HANDLER_FILES, BuildError, build, check_model_dir
 
 
 def test_refuses_a_model_without_safetensors(tmp_path):
@@ -37,7 +37,12 @@ def test_archive_is_self_contained(tiny_bert, tmp_path):
         names = set(mar.namelist())
         config = yaml.safe_load(mar.read("model-config.yaml"))
         manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))
-    assert {"embedding.py", "handlers/base.py", "handlers/metrics.yaml", "model.safetensors"} <= names
+    assert {
+        "embedding.py",
+        "ts_compiled_handlers/base.py",
+        "ts_compiled_handlers/metrics.yaml",
+        "model.safetensors",
+    } <= names
     assert {"tokenizer.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json"} <= names
     assert config["handler"] == {"task": "embedding", "dtype": "float32"}
     assert manifest["model"]["handler"] == "embedding.py"
@@ -80,7 +85,7 @@ def test_a_grid_too_large_for_the_users_startup_timeout_is_warned_about(tiny_ber
 
 
 def test_the_precompile_progress_bar_walks_the_grid():
-    from scripts.precompile import ProgressBar
+    from ts_compiled_handlers.scripts.precompile import ProgressBar
 
     stream = io.StringIO()  # not a terminal: one line per step
     bar = ProgressBar(width=10, stream=stream)
@@ -110,7 +115,7 @@ def test_only_what_serving_reads_goes_into_the_archive(tiny_bert, tmp_path, caps
     (snapshot / "modules.json").write_text(json.dumps(modules + [{"path": "2_Normalize", "type": "x.Normalize"}]))
     archive = build(snapshot, "embedding", "tiny", tmp_path / "store", {"handler": {"dtype": "float32"}})
     with zipfile.ZipFile(archive) as mar:
-        model_files = {name for name in mar.namelist() if not name.startswith(("handlers/", "MAR-INF/"))}
+        model_files = {name for name in mar.namelist() if not name.startswith(("ts_compiled_handlers/", "MAR-INF/"))}
     assert model_files == {
         "config.json",
         "model.safetensors",
@@ -123,5 +128,16 @@ def test_only_what_serving_reads_goes_into_the_archive(tiny_bert, tmp_path, caps
         "embedding.py",
     }
     printed = capsys.readouterr().out
-    assert f"{archive} (" in printed and "model.safetensors" in printed and "handlers/ (" in printed
+    assert f"{archive} (" in printed and "model.safetensors" in printed and "ts_compiled_handlers/ (" in printed
     assert all(name in printed for name in leftovers)
+
+
+def test_the_archive_carries_exactly_the_package_serving_files(tiny_bert, tmp_path):
+    from ts_compiled_handlers import package_files
+
+    archive = build(tiny_bert, "embedding", "tiny", tmp_path, {"handler": {"dtype": "float32"}})
+    with zipfile.ZipFile(archive) as mar:
+        ours = {name for name in mar.namelist() if name.startswith("ts_compiled_handlers/")}
+    expected = {f"ts_compiled_handlers/{path.as_posix()}" for path in package_files.serving_files()}
+    assert ours == expected and "ts_compiled_handlers/protocols/openai.py" in ours
+    assert not any("/scripts/" in name or "/benchmarks/" in name or name.endswith(".pyc") for name in ours)

@@ -25,7 +25,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) ->
 def test_help_lists_every_command_and_each_command_shows_its_defaults():
     result = hfserve("--help")
     assert result.returncode == 0
-    for command in ("build", "start", "stop", "register", "list", "describe", "scale", "unregister", "plan"):
+    for command in ("init", "build", "start", "stop", "register", "list", "describe", "scale", "unregister", "plan"):
         assert f"\n  {command} " in result.stdout, command
     assert "(default: 8080)" in hfserve("start", "--help").stdout
     assert "(default: 1.0)" in hfserve("build", "--help").stdout
@@ -86,3 +86,38 @@ def test_any_other_failure_is_one_line_too(tiny_bert, tmp_path):
         "build", "--model", str(tiny_bert), "--model-name", "x", "--plan", str(plan), "--export-path", str(tmp_path)
     )
     assert_one_line_error(result, "JSONDecodeError")
+
+
+def test_init_writes_the_secure_config_metrics_and_a_model_store_and_keeps_edits(tmp_path):
+    result = hfserve("init", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config = (tmp_path / "config.properties").read_text()
+    assert "disable_token_authorization=false" in config and "0.0.0.0" not in config
+    assert "metrics_config=metrics.yaml" in config and (tmp_path / "metrics.yaml").is_file()
+    assert (tmp_path / "model_store").is_dir()
+    (tmp_path / "config.properties").write_text(config + "job_queue_size=7\n")
+    assert_one_line_error(hfserve("init", cwd=tmp_path), "pass --force to overwrite")
+    assert (tmp_path / "config.properties").read_text().endswith("job_queue_size=7\n")
+
+
+def test_the_repository_config_is_what_init_writes_but_for_where_the_metrics_file_is(tmp_path):
+    assert hfserve("init", cwd=tmp_path).returncode == 0
+    root = Path(__file__).resolve().parents[2]
+    written = (tmp_path / "config.properties").read_text()
+    assert (root / "config.properties").read_text() == written.replace(
+        "metrics_config=metrics.yaml", "metrics_config=handlers/metrics.yaml"
+    )
+
+
+def test_start_runs_a_copy_of_the_folder_config_with_its_metrics_file_else_the_package_ones(tmp_path):
+    from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, METRICS, TEMPLATE, render_config
+
+    assert hfserve("init", cwd=tmp_path).returncode == 0
+    rendered = render_config(tmp_path / "model_store", DEFAULT_PORTS, tmp_path / "config.properties")
+    assert f"metrics_config={tmp_path / 'metrics.yaml'}" in rendered
+    assert f"model_store={tmp_path / 'model_store'}" in rendered
+    (tmp_path / "metrics.yaml").unlink()
+    rendered = render_config(tmp_path / "model_store", DEFAULT_PORTS, tmp_path / "config.properties")
+    assert f"metrics_config={METRICS}" in rendered
+    assert f"metrics_config={METRICS}" in render_config(tmp_path / "model_store", DEFAULT_PORTS)  # TEMPLATE's
+    assert TEMPLATE.parent == METRICS.parent

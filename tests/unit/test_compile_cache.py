@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from handlers import compile_cache, process_settings
-from handlers.compile_cache import HostCache, PackedCacheError
+from ts_compiled_handlers import compile_cache, process_settings
+from ts_compiled_handlers.compile_cache import HostCache, PackedCacheError
 
 VALID_FOR = {"format": 1, "torch": "2.13.0", "dtype": "bfloat16", "buckets": {"seq_lens": [16]}}
 

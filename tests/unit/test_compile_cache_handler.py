@@ -8,8 +8,8 @@ import pytest
 from fakes import answered, ready_handler
 from torch._dynamo.utils import counters
 
-from handlers import compile_cache
-from handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers import compile_cache
+from ts_compiled_handlers.embedding import EmbeddingHandler
 
 GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from handlers.compiling import block_dynamic_dims, repeated_blocks
+from ts_compiled_handlers.compiling import block_dynamic_dims, repeated_blocks
 
 
 def test_the_repeated_block_is_the_longest_list_of_one_class():

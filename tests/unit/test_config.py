@@ -1,6 +1,6 @@
 import pytest
 
-from handlers.config import BucketConfig, ConfigError, HandlerConfig, parse
+from ts_compiled_handlers.config import BucketConfig, ConfigError, HandlerConfig, parse
 
 
 def test_defaults_without_a_handler_section():
@@ -70,7 +70,7 @@ def test_config_is_frozen():
 
 def test_the_configuration_page_holds_exactly_the_generated_table():
     """Keys and defaults come from handlers/config.py: a changed default without a docs update fails."""
-    from scripts import config_table
+    from ts_compiled_handlers.scripts import config_table
 
     page = config_table.PAGE.read_text()
     generated = page.split(config_table.BEGIN + "\n", 1)[1].split(config_table.END, 1)[0]
@@ -78,7 +78,7 @@ def test_the_configuration_page_holds_exactly_the_generated_table():
 
 
 def test_the_table_has_every_handler_key_with_its_dataclass_default():
-    from scripts import config_table
+    from ts_compiled_handlers.scripts import config_table
 
     rows = config_table.configuration_table().splitlines()[2:]
     documented = {row.split(" | ")[0].strip("| `"): row.split(" | ")[1] for row in rows}

@@ -5,10 +5,10 @@ import pytest
 import torch
 from fakes import answered, status
 
-from handlers import buckets, layout
-from handlers.compiling import compiled_graph_count
-from handlers.embedding import EmbeddingHandler
-from handlers.model_runner import EagerRunner
+from ts_compiled_handlers import buckets, layout
+from ts_compiled_handlers.compiling import compiled_graph_count
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.model_runner import EagerRunner
 
 GRID = {"seq_lens": [8, 16, 32], "batch_sizes": [1, 2, 4]}
 

@@ -8,12 +8,12 @@ import torch
 from fakes import RecordingSocket, decoded, ready_handler, start_batch, status
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from handlers.chat import chat_prompt
-from handlers.compiling import compiled_graph_count
-from handlers.continuation import Continuation
-from handlers.generation import GenerationHandler
-from handlers.payload import RequestError
-from handlers.sampling import Sampler
+from ts_compiled_handlers.chat import chat_prompt
+from ts_compiled_handlers.compiling import compiled_graph_count
+from ts_compiled_handlers.continuation import Continuation
+from ts_compiled_handlers.generation import GenerationHandler
+from ts_compiled_handlers.payload import RequestError
+from ts_compiled_handlers.sampling import Sampler
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 # "the dog sat" is left out: its greedy path has a near-tie (top-2 logit gap 1.5e-3) on this random model.

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from handlers import hardware
+from ts_compiled_handlers import hardware
 
 
 @pytest.fixture

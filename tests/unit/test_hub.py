@@ -21,8 +21,9 @@ def cache_with(model_dir: Path, cache: Path, repo_id: str) -> Path:
 
 
 def hfserve_build(model: str, tmp_path: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "scripts.cli", "build", "--model", model, "--model-name", "hub"]
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "ts_compiled_handlers.scripts.cli", "build", "--model", model, "--model-name"]
+    command += ["hub"]
     command += ["--export-path", str(tmp_path / "store"), *extra]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
 

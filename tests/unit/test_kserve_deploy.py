@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts.build_mar import build
-from scripts.kserve_layout import write_layout
-from scripts.validate_manifests import validate, validate_file
+from ts_compiled_handlers.scripts.build_mar import build
+from ts_compiled_handlers.scripts.kserve_layout import write_layout
+from ts_compiled_handlers.scripts.validate_manifests import validate, validate_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kserve"
@@ -66,9 +66,11 @@ def test_the_kubernetes_profile_differs_from_the_default_only_where_it_says_why(
 
 def test_the_layout_holds_the_archive_the_profile_and_a_snapshot_of_the_models(tiny_bert, tmp_path):
     mar = build(tiny_bert, "embedding", "tiny", tmp_path / "store", {"responseTimeout": 45}, version="3.0")
-    out = write_layout([mar], tmp_path / "layout", batch_size=4, max_batch_delay=10, workers=2)
+    out = write_layout([mar], tmp_path / "layout", 4, 10, 2, DEPLOY / "config.properties")
     assert (out / "model-store" / "tiny.mar").read_bytes() == mar.read_bytes()
-    assert (out / "config" / "metrics.yaml").read_text() == (ROOT / "handlers" / "metrics.yaml").read_text()
+    assert (out / "config" / "metrics.yaml").read_text() == (
+        ROOT / "handlers" / "metrics.yaml"
+    ).read_text()  # the package's
     assert (out / "config" / "ready.py").read_text() == (DEPLOY / "ready.py").read_text()
     rendered = (out / "config" / "config.properties").read_text()
     assert "${" not in rendered
@@ -88,4 +90,4 @@ def test_the_layout_holds_the_archive_the_profile_and_a_snapshot_of_the_models(t
         }
     }
     with zipfile.ZipFile(out / "model-store" / "tiny.mar") as archive:
-        assert "handlers/protocols/kserve_v2.py" in archive.namelist()
+        assert "ts_compiled_handlers/protocols/kserve_v2.py" in archive.namelist()

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from handlers.payload import RequestError, boolean_param, int_param
-from handlers.protocols import kserve_v2
+from ts_compiled_handlers.payload import RequestError, boolean_param, int_param
+from ts_compiled_handlers.protocols import kserve_v2
 
 PARAMS = {"normalize": boolean_param, "top_k": int_param(1, 5)}
 

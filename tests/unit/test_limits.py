@@ -3,8 +3,8 @@
 import pytest
 from transformers import BertConfig, XLMRobertaConfig
 
-from handlers import serving
-from handlers.config import parse
+from ts_compiled_handlers import serving
+from ts_compiled_handlers.config import parse
 
 
 class Tokenizer:

@@ -1,6 +1,6 @@
 import pytest
 
-from benchmarks.loadtest import Outcome, gauge, ratios, summarize_outcomes, worker_checks
+from ts_compiled_handlers.benchmarks.loadtest import Outcome, gauge, ratios, summarize_outcomes, worker_checks
 
 METRICS = """# HELP RecompilesAfterReady Torchserve prometheus gauge metric with unit: Count
 # TYPE RecompilesAfterReady gauge

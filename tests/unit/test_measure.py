@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from benchmarks import measure
+from ts_compiled_handlers.benchmarks import measure
 
 
 def test_percentile_is_nearest_rank():

@@ -6,8 +6,8 @@ import torch
 import yaml
 from fakes import RecordingMetrics
 
-from handlers import metrics
-from handlers.buckets import Group
+from ts_compiled_handlers import metrics
+from ts_compiled_handlers.buckets import Group
 
 DECLARED = yaml.safe_load((Path(metrics.__file__).parent / "metrics.yaml").read_text())["model_metrics"]
 
@@ -31,12 +31,12 @@ class Context:
 
 
 def test_texts_are_counted_per_bucket_of_each_group():
-    from handlers.base import CompiledHandler
-    from handlers.buckets import BucketPlan
-    from handlers.engine import Engine
-    from handlers.layout import Call, Layout
-    from handlers.length_stats import LengthStats
-    from handlers.model_runner import EagerRunner
+    from ts_compiled_handlers.base import CompiledHandler
+    from ts_compiled_handlers.buckets import BucketPlan
+    from ts_compiled_handlers.engine import Engine
+    from ts_compiled_handlers.layout import Call, Layout
+    from ts_compiled_handlers.length_stats import LengthStats
+    from ts_compiled_handlers.model_runner import EagerRunner
 
     handler = CompiledHandler()
     handler.context, handler.lengths, handler.initialized = Context(), LengthStats("m"), True

@@ -1,8 +1,8 @@
 import pytest
 
-from handlers.payload import RequestError, boolean_param, decode
-from handlers.protocols import RequestSpec
-from handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.payload import RequestError, boolean_param, decode
+from ts_compiled_handlers.protocols import RequestSpec
+from ts_compiled_handlers.protocols.plain import PlainProtocol
 
 PARAMS = {"normalize": boolean_param}
 

@@ -1,5 +1,6 @@
-"""Every script and benchmark imports (a renamed function or constant breaks the command line, not
-only its tests), and nothing outside tests/ leans on the tests' helpers."""
+"""Every script and benchmark imports as a module of the installed package (a renamed function or
+constant breaks the command line, not only its tests), nothing outside tests/ leans on the tests'
+helpers, and nothing puts a folder on sys.path."""
 
 import importlib
 import re
@@ -14,7 +15,7 @@ TEST_HELPERS = sorted(path.stem for path in (ROOT / "tests").glob("*.py"))
 
 @pytest.mark.parametrize("path", [path for path in COMMANDS if path.stem != "__init__"], ids=lambda path: path.name)
 def test_the_script_imports(path):
-    module = importlib.import_module(f"{path.parent.name}.{path.stem}")
+    module = importlib.import_module(f"ts_compiled_handlers.{path.parent.name}.{path.stem}")
     if 'if __name__ == "__main__":' in path.read_text():  # a command, not a library of the others
         assert callable(getattr(module, "main", None)), f"{path.name} has no main()"
 
@@ -22,7 +23,16 @@ def test_the_script_imports(path):
 def test_nothing_outside_tests_imports_from_tests():
     helpers = "|".join(["tests", *TEST_HELPERS])
     importing = re.compile(rf"^\s*(from|import) ({helpers})\b|sys\.path.*[\"']tests[\"']", re.MULTILINE)
-    sources = [path for path in ROOT.rglob("*.py") if not path.relative_to(ROOT).parts[0].startswith((".", "tests"))]
+    folders = ("handlers", "scripts", "benchmarks", "deploy")  # the project's code; not venvs under runs/
+    sources = [ROOT / "setup.py", *(path for folder in folders for path in (ROOT / folder).rglob("*.py"))]
     assert len(sources) > 40
     offenders = [str(path.relative_to(ROOT)) for path in sources if importing.search(path.read_text())]
     assert offenders == []
+
+
+def test_only_the_precompiler_puts_a_folder_on_sys_path():
+    """The package is imported by its name; the precompiler alone makes an archive's root
+    importable, as TorchServe does a worker's model folder, for a user's handler file there."""
+    sources = [path for folder in ("handlers", "scripts", "benchmarks") for path in (ROOT / folder).rglob("*.py")]
+    offenders = [str(path.relative_to(ROOT)) for path in sources if "sys.path.insert" in path.read_text()]
+    assert offenders == ["scripts/precompile.py"]

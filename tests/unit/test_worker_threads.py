@@ -11,16 +11,15 @@ from pathlib import Path
 import torch
 from fakes import answered, ready_handler
 
-from handlers import hardware, process_settings, worker_threads
-from handlers.compiling import compiled_graph_count
-from handlers.embedding import EmbeddingHandler
-from handlers.process_settings import ThreadShare
-from handlers.worker_threads import LiveWorkers
+from ts_compiled_handlers import hardware, process_settings, worker_threads
+from ts_compiled_handlers.compiling import compiled_graph_count
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.process_settings import ThreadShare
+from ts_compiled_handlers.worker_threads import LiveWorkers
 
 HOLDER = """
 import sys, time
-sys.path.insert(0, {root!r})
-from handlers.worker_threads import LiveWorkers
+from ts_compiled_handlers.worker_threads import LiveWorkers
 entry = LiveWorkers(sys.argv[1])  # kept: its open file holds the lock
 print("registered", flush=True)
 time.sleep(120)
@@ -28,8 +27,7 @@ time.sleep(120)
 
 
 def start_worker(model_dir) -> subprocess.Popen:
-    code = HOLDER.format(root=str(Path(worker_threads.__file__).parents[1]))
-    process = subprocess.Popen([sys.executable, "-c", code, str(model_dir)], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(model_dir)], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "registered"
     return process
 
