@@ -1,3 +1,4 @@
+# syntax=docker/dockerfile:1
 # TorchServe with these handlers, on TorchServe's own image conventions: a non-root user
 # `model-server`, its home /home/model-server holding config.properties and tmp/, the model store
 # /home/model-server/model-store as a volume, TorchServe's ports. The install steps are
@@ -15,8 +16,9 @@
 # default) starts TorchServe in the foreground with this config; any other command runs as given
 # (KServe's TorchServe runtime passes `torchserve --start ...`, see deploy/kserve/).
 #
+# Debian 12 (bookworm): the release tested, whose openjdk-17-jre-headless the install script takes.
 # TORCH_SPEC and TORCH_INDEX_URL pick the torch build (default: the CPU build the project is tested with).
-FROM python:3.11-slim
+FROM python:3.11-slim-bookworm
 
 ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu

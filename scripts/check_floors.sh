@@ -9,9 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-runs/floors-venv}"
 pins="$(mktemp)"
+trap 'rm -f "$pins"' EXIT
 sed -n 's/^ *"\(torch\|transformers\)>=\([0-9.]*\)".*/\1==\2/p' setup.py > "$pins"
 [ "$(wc -l < "$pins")" -eq 2 ] || { echo "no torch and transformers floors found in setup.py" >&2; exit 1; }
 echo "floors: $(tr '\n' ' ' < "$pins")"
 PIP_CONSTRAINT="$pins" TORCH_SPEC="$(grep '^torch==' "$pins")" VENV="$VENV" bash scripts/install.sh
 "$VENV/bin/python" -c "import torch, transformers; print('installed: torch', torch.__version__, 'transformers', transformers.__version__)"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "${@:-tests/unit}"
+"$VENV/bin/pytest" -q -p no:cacheprovider "${@:-tests/unit}"

@@ -6,7 +6,7 @@
 #   INSTALL          dev (default): this checkout, editable, with the test extra and the manifest
 #                    checker's models (what the tests run in); wheel: a wheel built from this
 #                    checkout, installed as a user would (not editable, no extras): what the
-#                    Dockerfile runs, and what tests/integration/test_wheel_install.py runs too
+#                    Dockerfile runs, and what tests/integration/test_embedding_server.py runs too
 #   DIST             with INSTALL=wheel: where the wheel is built (default dist)
 #   TORCH_SPEC       which torch to install first (default torch==2.13.0: the CPU build this
 #                    project is tested with); e.g. torch==2.13.0 with TORCH_INDEX_URL for a CUDA build
@@ -47,7 +47,9 @@ fi
 if [ "$INSTALL" = wheel ]; then
   rm -rf build "$DIST"/ts_compiled_handlers-*.whl   # setuptools' build/ would carry files since removed
   "$VENV/bin/python" -m pip wheel -q --no-deps --wheel-dir "$DIST" .
-  "$VENV/bin/python" -m pip install -q "$DIST"/ts_compiled_handlers-*.whl
+  "$VENV/bin/python" -m pip install -q "$DIST"/ts_compiled_handlers-*.whl   # with its dependencies
+  # the same version number over an earlier install: pip would keep the old files
+  "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$DIST"/ts_compiled_handlers-*.whl
 else
   "$VENV/bin/python" -m pip install -q -e ".[test]"
   # The KServe and Kubernetes API models, read as source by scripts/validate_manifests.py; without

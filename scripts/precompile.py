@@ -46,7 +46,8 @@ class ProgressBar:
 
 
 def handler_class(handler_file: str):
-    """The handler class the archive serves, from the staged copy of the package (see `main`)."""
+    """The handler class the archive serves: a module of the installed package (the staged files
+    are copies of it) or a user's handler file at the archive's root (see `main`)."""
     module = importlib.import_module(".".join(Path(handler_file).with_suffix("").parts))
     from ts_compiled_handlers.base import CompiledHandler
 

@@ -311,7 +311,9 @@ def parse_args(argv):
         return commands.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
 
     start = command("start", "start TorchServe on loopback with a copy of config.properties (absolute paths, ports)")
-    start.add_argument("--model-store", type=Path, default=Path("model_store"), help="folder of .mar archives")
+    start.add_argument(
+        "--model-store", type=Path, help="folder of .mar archives (default: the config's model_store, or ./model_store)"
+    )
     start.add_argument(
         "--ts-config", type=Path, help="the config to start from (default: ./config.properties, else the package's)"
     )
@@ -357,11 +359,18 @@ def start(args) -> TorchServe:
     config = args.ts_config or (Path("config.properties") if Path("config.properties").is_file() else TEMPLATE)
     if not config.is_file():
         raise UserError(f"no config file {config}")
-    server = TorchServe(args.workdir, args.model_store, ports)
+    server = TorchServe(args.workdir, args.model_store or model_store_of(config), ports)
     server.start(base_config=config)
     print(f"started with a copy of {config} (absolute paths, these ports): {server.workdir / 'config.properties'}")
     print(f"TorchServe on {server.inference_url}; tokens in {server.key_file()}")
     return server
+
+
+def model_store_of(config: Path) -> Path:
+    """The model store a config names, relative to its folder (where `hfserve init` made it);
+    ./model_store for the package's own config."""
+    named = read_setting(config.read_text(), "model_store") if config != TEMPLATE else None
+    return config.parent / named if named else Path("model_store")
 
 
 def busy(port: int) -> bool:

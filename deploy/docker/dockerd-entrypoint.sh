@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# The image's entry point, with TorchServe's image convention: `serve` (the default command) starts
-# TorchServe with the home folder's config.properties and model store; any other command runs as
+# The image's entry point, with TorchServe's image convention: `serve` (the default command, also
+# taken when the arguments start with a flag) starts TorchServe with the home folder's
+# config.properties and model store, the arguments after it passed on; any other command runs as
 # given, so KServe's TorchServe runtime can pass its own `torchserve --start ...`. TorchServe runs
-# in the foreground in place of this script: the container lives as long as it does and gets its
-# signals.
+# in the foreground, and a SIGTERM or SIGINT to the container (docker stop, a pod's termination)
+# stops it with `torchserve --stop`, so the frontend shuts its workers down instead of being killed.
 set -euo pipefail
 HOME_DIR="${MODEL_SERVER_HOME:-/home/model-server}"
-if [ "${1:-serve}" = serve ]; then
-  shift || true
+if [ $# -eq 0 ] || [ "$1" = serve ] || [[ "$1" == -* ]]; then
+  [ "${1:-}" = serve ] && shift
   set -- torchserve --start --ncs --ts-config "$HOME_DIR/config.properties" --model-store "$HOME_DIR/model-store" "$@"
 fi
-if [ "$1" = torchserve ] && [[ " $* " == *" --start "* ]] && [[ " $* " != *" --foreground "* ]]; then
-  set -- "$@" --foreground
+if [ "$1" != torchserve ] || [[ " $* " != *" --start "* ]]; then
+  exec "$@"
 fi
-exec "$@"
+[[ " $* " == *" --foreground "* ]] || set -- "$@" --foreground
+"$@" &
+server=$!
+trap 'torchserve --stop || kill -TERM "$server"' TERM INT
+# `wait` returns early when a trapped signal arrives: wait again for TorchServe itself to end.
+wait "$server" || true
+wait "$server"

@@ -1,10 +1,11 @@
 """One TorchServe with a tiny archive of every task and of the models users bring, shared by the
-task, model and fuzz tests of the run."""
+task, model and fuzz tests of the run; and the wheel install, started as soon as it is needed."""
 
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+import wheel_install as wheel_install_module
 from archives import MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -12,6 +13,25 @@ from ts_compiled_handlers.scripts.build_mar import build
 from ts_compiled_handlers.scripts.serve import TorchServe
 
 STARTUP_SECONDS = 600
+WHEEL_INSTALL: list = []  # the background wheel install of the run, if a selected test needs one
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Start the wheel install (tests/wheel_install.py) once the tests are chosen, if one of them
+    uses it: its pip runs beside the tests before it."""
+    if any("wheel_install" in getattr(item, "fixturenames", ()) for item in items):
+        WHEEL_INSTALL.append(wheel_install_module.start())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for install in WHEEL_INSTALL:
+        install.remove()
+
+
+@pytest.fixture(scope="session")
+def wheel_install():
+    """The wheel install started at collection (ready() waits for it)."""
+    return WHEEL_INSTALL[0]
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,7 @@ the installed package, and the wheel holds nothing but the package.
 """
 
 import json
-import os
 import re
-import subprocess
-import tempfile
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+from wheel_install import WheelInstall
 
 from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TorchServe, busy, free_ports, port_settings, with_settings
 
@@ -40,40 +38,9 @@ BATCHING = {"batchSize": 8, "maxBatchDelay": 20}
 MODELS = [("minilm32", {**BATCHING, "handler": {"dtype": "float32"}}, 0.9999), ("minilm", BATCHING, 0.999)]
 
 
-class WheelInstall:
-    """A fresh venv with the package installed from a wheel of this checkout, and its commands."""
-
-    def __init__(self, root: Path):
-        self.venv, self.dist = root / "venv", root / "dist"
-        env = {**os.environ, "INSTALL": "wheel", "VENV": str(self.venv), "DIST": str(self.dist)}
-        subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], env=env, check=True, capture_output=True)
-        self.env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        self.env["PATH"] = f"{self.venv / 'bin'}:{self.env['PATH']}"
-        self.site_packages = Path(self.python("-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
-
-    def python(self, *args: str, cwd: Path | None = None) -> str:
-        return self.run(str(self.venv / "bin" / "python"), *args, cwd=cwd)
-
-    def hfserve(self, *args: str, cwd: Path) -> str:
-        return self.run("hfserve", *args, cwd=cwd)
-
-    def run(self, *command: str, cwd: Path | None = None) -> str:
-        # Files, not pipes: `hfserve start` leaves TorchServe running, which holds what it inherits.
-        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-            done = subprocess.run(command, cwd=cwd, env=self.env, stdout=out, stderr=err, text=True, timeout=900)
-            out.seek(0), err.seek(0)
-            assert done.returncode == 0, f"{command}: {err.read()[-3000:]}"
-            return out.read()
-
-    def files(self) -> set[str]:
-        """Everything in site-packages but bytecode caches (an import may write those)."""
-        paths = self.site_packages.rglob("*")
-        return {str(path) for path in paths if "__pycache__" not in path.parts and not path.is_dir()}
-
-
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> WheelInstall:
-    return WheelInstall(tmp_path_factory.mktemp("wheel_install"))
+def wheel(wheel_install) -> WheelInstall:
+    return wheel_install.ready()
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ def test_archive_is_self_contained(tiny_bert, tmp_path):
 @pytest.mark.parametrize("task", TASKS)
 def test_every_task_has_a_handler_file_with_exactly_one_class(task):
     """TorchServe refuses a handler module that defines more than one class."""
-    module = importlib.import_module(f"handlers.{HANDLER_FILES[task].removesuffix('.py')}")
+    module = importlib.import_module(f"ts_compiled_handlers.{HANDLER_FILES[task].removesuffix('.py')}")
     classes = [obj for obj in vars(module).values() if inspect.isclass(obj) and obj.__module__ == module.__name__]
     assert len(classes) == 1, classes
 

@@ -121,3 +121,11 @@ def test_start_runs_a_copy_of_the_folder_config_with_its_metrics_file_else_the_p
     assert f"metrics_config={METRICS}" in rendered
     assert f"metrics_config={METRICS}" in render_config(tmp_path / "model_store", DEFAULT_PORTS)  # TEMPLATE's
     assert TEMPLATE.parent == METRICS.parent
+
+
+def test_start_serves_the_model_store_its_config_names(tmp_path):
+    from ts_compiled_handlers.scripts.serve import TEMPLATE, model_store_of
+
+    assert hfserve("init", "--model-store", "archives", cwd=tmp_path).returncode == 0
+    assert model_store_of(tmp_path / "config.properties") == tmp_path / "archives"
+    assert model_store_of(TEMPLATE) == Path("model_store")  # the package's own config: ./model_store

@@ -3,7 +3,9 @@ Dockerfile's steps, which must be the install script the tests run (no Docker da
 
 import os
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,11 @@ def entrypoint(tmp_path: Path, *args: str) -> list[str]:
         ),
         (("torchserve", "--start", "--foreground"), "--start --foreground"),
         (("torchserve", "--version"), "--version"),
+        (
+            ("--models", "m=m.mar"),
+            "--start --ncs --ts-config /home/ms/config.properties --model-store /home/ms/model-store "
+            "--models m=m.mar --foreground",
+        ),
     ],
 )
 def test_the_entry_point_runs_torchserve_in_the_foreground(tmp_path, args, expected):
@@ -60,5 +67,28 @@ def test_the_dockerfile_installs_with_the_tested_script_as_a_non_root_user_on_to
     assert 'ENTRYPOINT ["/usr/local/bin/dockerd-entrypoint.sh"]' in steps and 'CMD ["serve"]' in steps
     # the user's steps come after the install, whose script the wheel test runs too
     assert recipe.index("scripts/install.sh") < recipe.index("USER model-server")
-    wheel_test = (ROOT / "tests" / "integration" / "test_embedding_server.py").read_text()
+    wheel_test = (ROOT / "tests" / "wheel_install.py").read_text()  # the fixture of test_embedding_server.py
     assert '"INSTALL": "wheel"' in wheel_test and '"scripts" / "install.sh"' in wheel_test
+
+
+def test_a_sigterm_to_the_container_stops_torchserve_through_its_own_stop(tmp_path):
+    stand_in = tmp_path / "bin" / "torchserve"
+    stand_in.parent.mkdir()
+    stand_in.write_text(  # --start runs until killed; --stop says so and kills it
+        f'#!/bin/sh\nif [ "$1" = --stop ]; then echo stopped > {tmp_path}/stop; kill $(cat {tmp_path}/pid); exit 0\n'
+        "fi\n"
+        f"echo $$ > {tmp_path}/pid\nexec sleep 60\n"
+    )
+    stand_in.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stand_in.parent}:{os.environ['PATH']}", "MODEL_SERVER_HOME": str(tmp_path)}
+    container = subprocess.Popen(["bash", str(ENTRYPOINT)], env=env)
+    try:
+        for _ in range(100):
+            if (tmp_path / "pid").is_file():
+                break
+            time.sleep(0.1)
+        container.send_signal(signal.SIGTERM)
+        container.wait(timeout=20)
+    finally:
+        container.kill()
+    assert (tmp_path / "stop").read_text() == "stopped\n"

@@ -1,6 +1,6 @@
 """Every script and benchmark imports as a module of the installed package (a renamed function or
 constant breaks the command line, not only its tests), nothing outside tests/ leans on the tests'
-helpers, and nothing puts a folder on sys.path."""
+helpers, and nothing but the precompiler puts a folder on sys.path."""
 
 import importlib
 import re
