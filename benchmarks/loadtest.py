@@ -1,8 +1,9 @@
 """Load test through a real TorchServe: ours against the stock transformers handler, same traffic.
 
-Every contender is the same model behind the same TorchServe settings (1 worker, `--batch-size`,
-`--max-batch-delay`), registered in turn on one server (loopback, token auth) with an empty
-inductor cache (or `--inductor-cache DIR`), then driven by `--clients` concurrent clients for `--duration` seconds. Each
+Every contender is the same model behind the same TorchServe settings (1 worker, each archive's
+request batches, 8 after 5 ms, unless `--batch-size`, `--max-batch-delay` say otherwise),
+registered in turn on one server (loopback, token auth) with an empty inductor cache (or
+`--inductor-cache DIR`), then driven by `--clients` concurrent clients for `--duration` seconds. Each
 client sends the next text of one seeded stream (token lengths lognormal, median 30, sigma 0.8,
 clipped to 5..`--max-length`) as a text/plain body, which every contender accepts.
 
@@ -265,7 +266,10 @@ def worker_checks(rows: list[dict]) -> list[dict]:
 
 
 def print_report(rows: list[dict], checks: list[dict], machine: str, args) -> None:
-    print(f"{machine}; {args.clients} clients x {args.duration:g} s per contender, batch {args.batch_size}")
+    print(
+        f"{machine}; {args.clients} clients x {args.duration:g} s per contender, "
+        f"batch {args.batch_size or 'of each archive'}"
+    )
     print(
         f"{'contender':<22}{'req/s':>8}{'steady':>8}{'tok/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
         f"{'ok':>7}{'err':>5}{'lost':>5}{'first s':>9}{'recomp':>7}{'pad':>6}{'cos':>9}"
@@ -320,8 +324,10 @@ def parse_args(argv):
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), help="who serves")
     parser.add_argument("--clients", type=int, default=16, help=f"concurrent clients (at most {MAX_CLIENTS})")
     parser.add_argument("--duration", type=float, default=60, help=f"seconds per contender (at most {MAX_DURATION})")
-    parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size, every contender")
-    parser.add_argument("--max-batch-delay", type=int, default=10, help="TorchServe max_batch_delay in ms")
+    parser.add_argument(
+        "--batch-size", type=int, help="TorchServe batch size, every contender (default: each archive's own)"
+    )
+    parser.add_argument("--max-batch-delay", type=int, help="TorchServe max_batch_delay in ms (default: the archive's)")
     parser.add_argument("--max-length", type=int, default=256, help="longest request; the stock handler pads to it")
     parser.add_argument("--seed", type=int, default=0, help="seed of the traffic")
     parser.add_argument("--workers", nargs="+", type=int, default=[1], help="workers per contender: each in turn")

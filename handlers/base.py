@@ -7,8 +7,10 @@ TorchServe's shape, each step overridable the way TorchServe's docs teach:
 - inference: the engine runs the accepted requests' texts (handlers/engine.py);
 - postprocess: per request, the task makes one answer per text (`answer`) and the protocol the body.
 Every request runs inside its own failure boundary (handlers/batch.py), and each answer is encoded
-as JSON once, at the end. A task handler subclasses `CompiledHandler` with the module to compile
-(`build_model`), its request parameters (`PARAMS`) and its answers (`answer`).
+as JSON once, at the end. Under `asyncCommunication: true` the same steps run per request as it
+arrives, the model calls scheduled by tokens (handlers/async_handle.py, handlers/scheduler.py).
+A task handler subclasses `CompiledHandler` with the module to compile (`build_model`), its
+request parameters (`PARAMS`) and its answers (`answer`).
 """
 
 import json
@@ -20,18 +22,19 @@ from typing import Any
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from ts_compiled_handlers import buckets, building, ready
+from ts_compiled_handlers import async_handle, buckets, building, ready
 from ts_compiled_handlers.batch import Accepted, Batch, split_until_isolated
 from ts_compiled_handlers.config import HandlerConfig
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.layout import Call, Layout
 from ts_compiled_handlers.length_stats import LengthStats
-from ts_compiled_handlers.metrics import count, emit
+from ts_compiled_handlers.metrics import count, emit, observe
 from ts_compiled_handlers.model_runner import ModelRunner
 from ts_compiled_handlers.payload import ParamCheck, boolean_param, choice_param, decode
 from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served, for_route, unknown_route
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.scheduler import CallReport, TokenScheduler
 from ts_compiled_handlers.serving import HARDWARE, Serving, read_serving  # noqa: F401 (HARDWARE: detected at import)
 from ts_compiled_handlers.tokenizing import SIDES, TextTokenizer, Tokenized
 
@@ -55,6 +58,7 @@ class CompiledHandler(BaseHandler):
     protocols = (KServeV2Protocol(), PlainProtocol())
     # Called as warmup_progress(done, total) after each shape of the warm-up grid (the build's bar).
     warmup_progress = None
+    scheduler: TokenScheduler | None = None  # set at initialize under asyncCommunication
 
     # -- task hooks (handlers/serving.py's Task contract, and the answers) ---------------------
     def build_model(self, model_dir: Path) -> torch.nn.Module:
@@ -110,6 +114,7 @@ class CompiledHandler(BaseHandler):
         self.tokenize = TextTokenizer(self.tokenizer, self.engine.plan.max_seq_len, config.buckets.overflow == "reject")
         self.spec = RequestSpec(self.param_checks(), config.max_inputs, self.adapt_body, self.PAIRS, context.model_name)
         self.lengths = LengthStats(context.model_name, config.buckets.histogram_every)
+        self.scheduler = self.token_scheduler(context) if config.asynchronous else None
         self.initialized = True
         ready.announce(context, self.engine, self.started, self.serving, self.threads, time.perf_counter() - began)
 
@@ -134,8 +139,32 @@ class CompiledHandler(BaseHandler):
     def config(self):
         return self.serving.config
 
+    def token_scheduler(self, context) -> TokenScheduler:
+        """The scheduler of `asyncCommunication: true`: calls of what waits, in a thread of their own."""
+        settings = self.config.scheduler
+
+        def call(requests: list[Accepted]) -> list[list[torch.Tensor]]:
+            self.follow_worker_count()  # in the model's thread: a re-trace never overlaps a call
+            rows = self.run_requests(requests, context)
+            emit(context, "RecompilesAfterReady", self.engine.model.recompiles_after_ready, "Count")
+            return rows
+
+        def report(made: CallReport) -> None:  # in units that fit Prometheus' default buckets (5 m .. 10)
+            observe(context, "CallKilotokens", made.tokens / 1000, "Kilotokens")
+            for seconds in made.waited:
+                observe(context, "SchedulerQueueTime", round(seconds, 6), "Seconds")
+
+        def split(error: BaseException) -> None:
+            count(context, "BatchSplits", type(error).__name__, 1)
+
+        budget = call_tokens(self.engine.plan) if settings.call_tokens == "auto" else settings.call_tokens
+        return TokenScheduler(call, budget, settings.max_queue, report, split)
+
     def handle(self, data, context):
-        """Answers for a batch, one per request in order; a request's failure is its own answer."""
+        """Answers for a batch, one per request in order; a request's failure is its own answer.
+        Under `asyncCommunication: true`, a coroutine TorchServe awaits (handlers/async_handle.py)."""
+        if self.scheduler is not None:
+            return async_handle.handle(self, data, context)
         self.context = context
         self.follow_worker_count()
         try:
@@ -220,16 +249,21 @@ class CompiledHandler(BaseHandler):
         """The engine over the accepted requests' texts; a failing call is split until it is isolated."""
 
         def run(requests: list[Accepted]) -> None:
-            token_ids = [ids for request in requests for ids in request.token_ids]
-            outputs = self.engine.run(token_ids, type_ids=type_ids_of(requests))
-            self.record_traffic(outputs.lengths, outputs.calls)
-            position = 0
-            for request in requests:
-                data.outputs[request.index] = outputs.rows[position : position + len(request.token_ids)]
-                position += len(request.token_ids)
+            for request, rows in zip(requests, self.run_requests(requests, self.context), strict=True):
+                data.outputs[request.index] = rows
 
         split_until_isolated(data, data.accepted, run)
         return data
+
+    def run_requests(self, requests: list[Accepted], context) -> list[list[torch.Tensor]]:
+        """The engine over the requests' texts in one go: each request's output rows, in order."""
+        outputs = self.engine.run([ids for request in requests for ids in request.token_ids], type_ids_of(requests))
+        self.record_traffic(outputs.lengths, outputs.calls, context)
+        rows, position = [], 0
+        for request in requests:
+            rows.append(outputs.rows[position : position + len(request.token_ids)])
+            position += len(request.token_ids)
+        return rows
 
     def postprocess(self, data: Batch) -> list[Any]:
         """Each served request's answer, in its protocol's form."""
@@ -244,17 +278,18 @@ class CompiledHandler(BaseHandler):
     def as_text(answer: Any) -> str:
         return answer if isinstance(answer, str) else json.dumps(answer, allow_nan=False)
 
-    def record_traffic(self, lengths: list[int], calls: list[Call]) -> None:
+    def record_traffic(self, lengths: list[int], calls: list[Call], context=None) -> None:
         """Count live traffic's lengths, padding (pack tails included) and texts per shape; export
         the padded-token ratio since ready."""
         if not (self.initialized and self.engine.model.ready):  # warm-up and re-tracing are not traffic
             return
+        context = context or self.context
         self.lengths.record(lengths, buckets.padded_tokens([call.group for call in calls]))
-        emit(self.context, "PaddedTokenRatio", round(self.lengths.padded_ratio, 4), "Ratio")
+        emit(context, "PaddedTokenRatio", round(self.lengths.padded_ratio, 4), "Ratio")
         prefix = "packed " if self.engine.layout.packed else ""
         for call in calls:
             shape = f"{prefix}{call.group.batch_size}x{call.group.seq_len}"
-            count(self.context, "BucketRequests", shape, len(call.texts))
+            count(context, "BucketRequests", shape, len(call.texts))
 
 
 def type_ids_of(requests: list[Accepted]) -> list[list[int]] | None:
@@ -266,6 +301,13 @@ def type_ids_of(requests: list[Accepted]) -> list[list[int]] | None:
         for request in requests
         for types in request.tokenized.type_ids or [[0] * len(ids) for ids in request.token_ids]
     ]
+
+
+def call_tokens(plan: buckets.BucketPlan) -> int:
+    """`scheduler.call_tokens: auto`: the most rows of the longest row a call makes (a pack
+    budget's, else the largest length bucket's), as `buckets.max_tokens` allows."""
+    row = plan.pack_tokens or plan.max_seq_len
+    return plan.rows_for(row) * row
 
 
 def model_version(context) -> str | None:

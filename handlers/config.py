@@ -297,6 +297,29 @@ class GenerationConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """encoder tasks under `asyncCommunication: true` (handlers/scheduler.py)."""
+
+    call_tokens: str | int = _option(
+        _auto_or_positive,
+        "auto",
+        meaning="with `asyncCommunication: true` (encoder tasks): the most tokens of waiting requests one model "
+        "call takes (the oldest request always goes); "
+        "`auto` = the largest batch bucket x the pack budget (length groups: x the largest length bucket), "
+        "within `buckets.max_tokens`; `hfserve plan` plans the grid it follows",
+        why="one call of the warmed grid's largest rows: every shape it makes is warmed, and a call is never "
+        "longer than a full request batch was",
+    )
+    max_queue: int = _option(
+        _positive_int,
+        100,
+        meaning="with `asyncCommunication: true`: requests a worker holds (queued or in a call); one more is "
+        "answered 503 at once",
+        why="TorchServe's own `job_queue_size` default: a backlog is refused, never grown without bound",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class HandlerConfig:
     task: str = _option(
         _choice(*TASKS),
@@ -330,8 +353,11 @@ class HandlerConfig:
     warmup: WarmupConfig = _section(WarmupConfig)
     embedding: EmbeddingConfig = _section(EmbeddingConfig)
     generation: GenerationConfig = _section(GenerationConfig)
-    # Not a `handler:` key: TorchServe's minWorkers, used to share the cores between workers.
+    scheduler: SchedulerConfig = _section(SchedulerConfig)
+    # Not `handler:` keys: TorchServe's minWorkers, used to share the cores between workers, and its
+    # asyncCommunication, which hands requests to the worker as they come (handlers/async_handle.py).
     workers: int = dataclasses.field(default=1, metadata={"internal": True})
+    asynchronous: bool = dataclasses.field(default=False, metadata={"internal": True})
 
 
 def _parse_section(cls, raw: Any, key: str):
@@ -382,5 +408,8 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
         )
     if yaml_config.get("continuousBatching") and config.task != "text-generation":
         raise ConfigError("continuousBatching", True, f"false for task {config.task}: only text-generation runs a loop")
+    asynchronous = _boolean(yaml_config.get("asyncCommunication", False), "asyncCommunication")
+    if asynchronous and config.task == "text-generation":
+        raise ConfigError("asyncCommunication", True, "false for text-generation: it runs continuousBatching")
     workers = _positive_int(yaml_config.get("minWorkers", 1), "minWorkers")
-    return dataclasses.replace(config, workers=workers)
+    return dataclasses.replace(config, workers=workers, asynchronous=asynchronous)

@@ -23,6 +23,12 @@ COUNTERS = {
 }
 
 
+# Histograms under asyncCommunication: per model call, its tokens (in thousands); per request, its
+# wait in the token scheduler (s). TorchServe's Prometheus histograms have the default buckets,
+# 0.005 to 10: these units put them where the values fall.
+HISTOGRAMS = ("CallKilotokens", "SchedulerQueueTime")
+
+
 def _dimensions(context) -> list[Dimension]:
     return [Dimension("ModelName", context.model_name), Dimension("Level", "Model")]
 
@@ -42,3 +48,11 @@ def count(context, name: str, label: str, value: int) -> None:
         return
     dimensions = [*_dimensions(context), Dimension(COUNTERS[name], label)]
     metrics.add_metric(name, value, "Count", dimensions=dimensions, metric_type=MetricTypes.COUNTER)
+
+
+def observe(context, name: str, value: float, unit: str) -> None:
+    """One observation of the histogram `name` for this model."""
+    metrics = getattr(context, "metrics", None)
+    if metrics is None:
+        return
+    metrics.add_metric(name, value, unit, dimensions=_dimensions(context), metric_type=MetricTypes.HISTOGRAM)

@@ -51,6 +51,9 @@ DEFAULT_MODEL_CONFIG = {
 # Per task, over DEFAULT_MODEL_CONFIG: generation runs continuous batching (handlers/continuous.py;
 # `continuousBatching: false` in --config gives request batches, where a call is a whole decode loop).
 TASK_MODEL_CONFIG = {"text-generation": {"responseTimeout": 300, "continuousBatching": True}}
+# With `asyncCommunication: true` in --config, an encoder task schedules by tokens in the worker
+# (handlers/scheduler.py): the frontend hands each request over as it comes, one at a time.
+ASYNC_MODEL_CONFIG = {"batchSize": 1}
 # What serving reads from a model folder; anything else a Hub snapshot holds (ONNX, OpenVINO, TF,
 # Flax, pickle weights, READMEs, training files) stays out of the archive.
 MODEL_FILES = (
@@ -116,7 +119,9 @@ def merge(base: dict, extra: dict) -> dict:
 
 def model_config(task: str, extra: dict) -> dict:
     """The model-config.yaml for the archive, validated now rather than at registration."""
-    defaults = {**DEFAULT_MODEL_CONFIG, **TASK_MODEL_CONFIG.get(task, {}), "handler": {"task": task}}
+    scheduled = extra.get("asyncCommunication") is True
+    own = TASK_MODEL_CONFIG.get(task, ASYNC_MODEL_CONFIG if scheduled else {})
+    defaults = {**DEFAULT_MODEL_CONFIG, **own, "handler": {"task": task}}
     config = merge(defaults, extra)
     if config["handler"].get("task") != task:
         raise BuildError(f"--task {task} but the config says handler.task={config['handler'].get('task')}")

@@ -52,7 +52,7 @@ def main(argv=None) -> None:
     server.start()
     try:
         began = time.perf_counter()
-        server.register("minilm.mar", batch_size=8, max_batch_delay=5, workers=1)
+        server.register("minilm.mar", workers=1)
         print(f"registered minilm (compile + warm-up of the whole grid) in {time.perf_counter() - began:.1f} s")
         for sentence in SENTENCES:
             show(repr(sentence), *timed_predict(server, "minilm", {"inputs": sentence}))

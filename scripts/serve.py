@@ -2,7 +2,7 @@
 
     hfserve init                       # ./config.properties, ./metrics.yaml, ./model_store/: ours, to edit
     hfserve start                      # loopback ports 8080-8082 (or --inference-port ...), ./model_store
-    hfserve register minilm.mar --batch-size 8 --max-batch-delay 5 --workers 1
+    hfserve register minilm.mar --workers 1
     hfserve list                       # registered models
     hfserve describe minilm            # versions, workers (pid, status), batch settings, queue
     hfserve scale minilm --workers 2   # up or down; returns when the new workers are warm
@@ -220,15 +220,14 @@ class TorchServe:
         """The bearer token of `api`; none where token authorization is off (no key file)."""
         return {"Authorization": f"Bearer {self.key(api)}"} if self.key_file().is_file() else {}
 
-    def register(self, url: str, batch_size: int = 8, max_batch_delay: int = 5, workers: int = 1, timeout=600):
-        """Register an archive of the model store and wait until its workers are warm."""
-        params = {
-            "url": url,
-            "batch_size": batch_size,
-            "max_batch_delay": max_batch_delay,
-            "initial_workers": workers,
-            "synchronous": "true",
-        }
+    def register(self, url: str, batch_size=None, max_batch_delay=None, workers: int = 1, timeout=600):
+        """Register an archive of the model store and wait until its workers are warm. A batch size
+        or delay given here overrides the archive's (its model-config.yaml)."""
+        params = {"url": url, "initial_workers": workers, "synchronous": "true"}
+        if batch_size is not None:
+            params["batch_size"] = batch_size
+        if max_batch_delay is not None:
+            params["max_batch_delay"] = max_batch_delay
         response = requests.post(
             f"{self.management_url}/models", params=params, headers=self.headers("management"), timeout=timeout
         )
@@ -327,8 +326,12 @@ def parse_args(argv):
     init_command.add_argument("--model-store", dest="store", default="model_store", help="the model store's folder")
     register = command("register", "register an archive of the model store; returns when its workers are warm")
     register.add_argument("archive", help="a .mar file in the model store")
-    register.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size")
-    register.add_argument("--max-batch-delay", type=int, default=5, help="ms to wait to fill a batch")
+    register.add_argument(
+        "--batch-size",
+        type=int,
+        help="TorchServe's batch size, over the archive's (encoder archives: 1, scheduled by tokens)",
+    )
+    register.add_argument("--max-batch-delay", type=int, help="ms to wait to fill a batch, over the archive's")
     register.add_argument(
         "--workers",
         type=int,

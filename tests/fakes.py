@@ -1,8 +1,12 @@
 """Stand-ins for TorchServe's parts, for unit tests that drive a handler in process."""
 
+import asyncio
+import copy
 import json
+import struct
 
 from ts.context import Context, RequestProcessor
+from ts.protocol.otf_message_handler import create_predict_response
 
 from ts_compiled_handlers.benchmarks.in_process import make_context, ready_handler, start_batch  # noqa: F401 (shared with the benchmarks)
 
@@ -96,3 +100,74 @@ class Frontend:
 
     def body(self, request_id: str) -> str:
         return "".join(self.received[request_id])
+
+
+def read_predict_response(message: bytes) -> list[dict]:
+    """The answers of one worker message as the frontend's ModelResponseDecoder reads them."""
+    view, at = memoryview(message), 0
+
+    def integer() -> int:
+        nonlocal at
+        (value,) = struct.unpack_from("!i", view, at)
+        at += 4
+        return value
+
+    def text(size: int | None = None) -> bytes:
+        nonlocal at
+        size = integer() if size is None else size
+        at += size
+        return bytes(view[at - size : at])
+
+    integer(), text()  # the message's code and phrase
+    answers = []
+    while (size := integer()) != -1:
+        request_id = text(size).decode()
+        content_type, code, phrase = text().decode(), integer(), text().decode()
+        headers = {text().decode(): text().decode() for _ in range(integer())}
+        answers.append(
+            {
+                "id": request_id,
+                "content_type": content_type,
+                "code": code,
+                "phrase": phrase,
+                "headers": headers,
+                "body": text(),
+            }
+        )
+    return answers
+
+
+class AsyncWorker:
+    """Stands in for ts/async_service.py's AsyncService: each request's `handle` awaited in a task
+    of its own (`call_predict`, its context a deep copy of the handler's), every message into one
+    out-queue in the order they are put there."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.out_queue = asyncio.Queue()
+
+    async def call_predict(self, request_id: str, body, content_type: str = "application/json") -> None:
+        context = copy.deepcopy(self.handler.context)
+        context.request_ids = {0: request_id}
+        context.request_processor = [RequestProcessor({"body": {"content-type": content_type}})]
+        answers = await self.handler.handle([{"body": body}], context)
+        await self.out_queue.put(create_predict_response(answers, context.request_ids, "ok", 200, context=context))
+
+    async def serve(self, requests: dict[str, object]) -> dict[str, list[dict]]:
+        """Every request (id: body) sent at once; each one's messages, in the order they were sent."""
+        await asyncio.gather(*(asyncio.create_task(self.call_predict(rid, body)) for rid, body in requests.items()))
+        sent: dict[str, list[dict]] = {rid: [] for rid in requests}
+        while not self.out_queue.empty():
+            for answer in read_predict_response(self.out_queue.get_nowait()):
+                sent[answer["id"]].append(answer)
+        return sent
+
+
+def as_client_sees(messages: list[dict]) -> tuple[int, bytes]:
+    """(status, body) of a request answered the async way: a served one "true" then an empty
+    "false"; a refused one plain (no header) then the empty "false" that clears it."""
+    first, last = messages
+    assert last["headers"].get("ts_stream_next") == "false" and last["body"] == b""
+    streamed = first["headers"].get("ts_stream_next")
+    assert streamed == ("true" if first["code"] < 400 else None), first
+    return first["code"], first["body"]

@@ -16,11 +16,13 @@ def declared(kind: str) -> dict[str, list[str]]:
     return {entry["name"]: entry["dimensions"] for entry in DECLARED[kind]}
 
 
-def test_every_gauge_and_counter_is_declared_with_the_dimensions_it_is_emitted_with():
+def test_every_gauge_counter_and_histogram_is_declared_with_the_dimensions_it_is_emitted_with():
     for name in metrics.GAUGES:
         assert declared("gauge")[name] == ["ModelName", "Level"], name
     for name, extra in metrics.COUNTERS.items():
         assert declared("counter")[name] == ["ModelName", "Level", extra], name
+    for name in metrics.HISTOGRAMS:
+        assert declared("histogram")[name] == ["ModelName", "Level"], name
 
 
 class Context:

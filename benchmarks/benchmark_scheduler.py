@@ -1,0 +1,190 @@
+"""Token scheduling in the worker against TorchServe's request batches, through one real TorchServe.
+
+The same model built twice: `scheduled` (`asyncCommunication: true`: handlers/scheduler.py) and
+`batches` (the default: TorchServe's request batches, `batchSize` 8, `maxBatchDelay` 5 ms). Both are registered on one
+server (loopback, token auth, 1 worker each) and driven in turn, never at once:
+- lone: one client sending one short query at a time (latency p50);
+- long-tailed: `--clients` (16) closed-loop clients on the seeded traffic (token lengths
+  lognormal, median 30, clipped to 5..256): requests/s, p50, p99;
+- saturated: `--saturate` (32) clients on the same traffic: real tokens served per second, against
+  the same engine on the same texts in this process (the archive's settings, calls of the
+  scheduler's token budget, the model calls alone timed).
+Every answer must be a 200; RecompilesAfterReady must stay 0.
+
+    python -m ts_compiled_handlers.benchmarks.benchmark_scheduler            # MiniLM, ~8 minutes
+    python -m ts_compiled_handlers.benchmarks.benchmark_scheduler --quick    # tiny random model, CI smoke
+
+Prints a table and writes runs/benchmark_scheduler.json.
+"""
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from ts_compiled_handlers.benchmarks import loadtest, measure
+from ts_compiled_handlers.benchmarks.in_process import ready_handler
+from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
+from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.scripts.cli import HelpFormatter
+from ts_compiled_handlers.scripts.serve import TorchServe
+
+CONTENDERS = {  # name: model-config over the build's defaults
+    "batches": {},
+    "scheduled": {"asyncCommunication": True},
+}
+LONE_QUERY = "what is the capital of france"
+TARGETS = {  # check: (least or most, bound)
+    "lone p50 scheduled / batches": ("<=", 0.7),
+    "long-tailed req/s scheduled / batches": (">=", 1.25),
+    "long-tailed p99 / p50, scheduled": ("<=", 2.5),
+    "saturated tokens/s served / in process, scheduled": (">=", 0.8),
+}
+
+
+def scenario(server: TorchServe, name: str, texts: list, clients: int, duration: float) -> dict:
+    summary = loadtest.summarize_outcomes(loadtest.drive(server, name, texts, clients, duration))
+    summary.pop("latencies")
+    return summary
+
+
+def served(server: TorchServe, lone: list, texts: list, args) -> dict:
+    """Each scenario, the contenders in turn within it; each contender's recompiles at the end."""
+    runs = {name: {} for name in CONTENDERS}
+    for label, stream, clients in (
+        ("lone", lone, 1),
+        ("long-tailed", texts, args.clients),
+        ("saturated", texts, args.saturate),
+    ):
+        for name in CONTENDERS:
+            runs[name][label] = scenario(server, name, stream, clients, args.duration)
+            print(f"{name:>9} {label:<11} {runs[name][label]['requests_per_second']:7.1f} req/s", flush=True)
+    metrics = server.metrics()
+    for name in CONTENDERS:
+        runs[name]["recompiles_after_ready"] = loadtest.gauge(metrics, "RecompilesAfterReady", name)
+    return runs
+
+
+def in_process_tokens_per_second(model_dir: Path, config: dict, texts: list, seconds: float) -> dict:
+    """The scheduled archive's engine over the same texts, in calls of its token budget, for about `seconds`."""
+    from ts_compiled_handlers.base import call_tokens
+    from ts_compiled_handlers.embedding import EmbeddingHandler
+
+    handler = ready_handler(EmbeddingHandler, model_dir, **{"dtype": "auto", **config["handler"]})
+    budget = call_tokens(handler.engine.plan)
+    token_ids = [handler.tokenize([text]).token_ids[0] for text, _ in texts]
+    calls, current = [], []
+    for ids in token_ids:
+        if current and sum(map(len, current)) + len(ids) > budget:
+            calls.append(current)
+            current = []
+        current.append(ids)
+    calls.append(current)
+    tokens, began = 0, time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        for call in calls:
+            handler.engine.run(call)
+            tokens += sum(map(len, call))
+            if time.perf_counter() - began >= seconds:
+                break
+    elapsed = time.perf_counter() - began
+    return {"tokens_per_second": tokens / elapsed, "call_tokens": budget, "calls": len(calls)}
+
+
+def checks(runs: dict, in_process: dict) -> list[dict]:
+    scheduled, batches = runs["scheduled"], runs["batches"]
+    values = {
+        "lone p50 scheduled / batches": scheduled["lone"]["latency"]["p50"] / batches["lone"]["latency"]["p50"],
+        "long-tailed req/s scheduled / batches": scheduled["long-tailed"]["requests_per_second"]
+        / batches["long-tailed"]["requests_per_second"],
+        "long-tailed p99 / p50, scheduled": scheduled["long-tailed"]["latency"]["p99"]
+        / scheduled["long-tailed"]["latency"]["p50"],
+        "saturated tokens/s served / in process, scheduled": scheduled["saturated"]["tokens_per_second"]
+        / in_process["tokens_per_second"],
+    }
+    found = []
+    for name, value in values.items():
+        sense, bound = TARGETS[name]
+        met = value <= bound if sense == "<=" else value >= bound
+        found.append({"check": name, "value": value, "target": f"{sense} {bound}", "met": met})
+    lost = sum(
+        run[label]["lost"] + run[label]["errors"]
+        for run in runs.values()
+        for label in ("lone", "long-tailed", "saturated")
+    )
+    found.append({"check": "requests without a 200, all runs", "value": lost, "target": "0", "met": lost == 0})
+    recompiles = [run["recompiles_after_ready"] for run in runs.values()]
+    found.append({"check": "recompiles after ready", "value": recompiles, "target": "0", "met": recompiles == [0, 0]})
+    return found
+
+
+def print_report(runs: dict, in_process: dict, found: list[dict], machine: str) -> None:
+    print(f"\n{machine}")
+    print(f"{'contender':<10} {'scenario':<12} {'req/s':>7} {'tokens/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'lost':>5}")
+    for name, run in runs.items():
+        for label in ("lone", "long-tailed", "saturated"):
+            row, latency = run[label], run[label]["latency"]
+            print(
+                f"{name:<10} {label:<12} {row['requests_per_second']:7.1f} {row['tokens_per_second']:9.0f} "
+                f"{latency['p50'] * 1000:7.1f} {latency['p99'] * 1000:7.1f} {row['lost'] + row['errors']:5d}"
+            )
+    print(f"in process, same engine and texts: {in_process['tokens_per_second']:.0f} tokens/s")
+    for check in found:
+        value = check["value"] if not isinstance(check["value"], float) else f"{check['value']:.3f}"
+        print(f"  {'ok ' if check['met'] else 'MISS'} {check['check']}: {value} (target {check['target']})")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--model", type=Path, help="HF model folder (default: the embedded MiniLM)")
+    parser.add_argument("--clients", type=int, default=16, help="clients of the long-tailed scenario")
+    parser.add_argument("--saturate", type=int, default=32, help="clients of the saturated scenario")
+    parser.add_argument("--duration", type=float, default=40, help="seconds per scenario and contender")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the traffic")
+    parser.add_argument("--threads", type=int, help="the scheduled worker's intra-op threads (default: auto)")
+    parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 2 s per scenario")
+    parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_scheduler.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.clients, args.saturate, args.duration = 4, 8, 2.0
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as temp:
+        temp = Path(temp)
+        model_dir = args.model or loadtest.default_model(args.quick, temp)
+        if args.threads:
+            CONTENDERS["scheduled"] = {**CONTENDERS["scheduled"], "handler": {"threads": args.threads}}
+        for name, config in CONTENDERS.items():
+            build_mar.build(model_dir, "embedding", name, temp / "store", config)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        lengths = traffic_lengths(5000, args.seed, high=256)
+        texts = list(zip(texts_of_lengths(tokenizer, lengths, args.seed), lengths, strict=True))
+        lone = [(LONE_QUERY, len(tokenizer(LONE_QUERY).input_ids))]
+        server = TorchServe.on_free_ports(temp / "server", temp / "store")
+        server.start()
+        try:
+            for name in CONTENDERS:
+                server.register(f"{name}.mar", workers=1)
+            runs = served(server, lone, texts, args)
+        finally:
+            server.stop()
+        scheduled_config = build_mar.model_config("embedding", CONTENDERS["scheduled"])
+        in_process = in_process_tokens_per_second(model_dir, scheduled_config, texts, args.duration)
+    found = checks(runs, in_process)
+    machine = measure.machine_summary()
+    print_report(runs, in_process, found, machine)
+    result = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}
+    result.update(in_process=in_process, checks=found)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The token scheduler (handlers/scheduler.py) alone, then the async `handle` over a real tiny model."""
+
+import asyncio
+import json
+import threading
+
+import pytest
+import torch
+from fakes import AsyncWorker, answered, as_client_sees, make_context, ready_handler
+
+from ts_compiled_handlers.base import call_tokens
+from ts_compiled_handlers.buckets import BucketPlan
+from ts_compiled_handlers.config import ConfigError, parse
+from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.scheduler import TokenScheduler
+from ts_compiled_handlers.scripts import build_mar
+
+
+class GatedCall:
+    """A model call that records its items and, while `gate` is clear, holds the first call open."""
+
+    def __init__(self, fail_on=None):
+        self.calls: list[list] = []
+        self.gate = threading.Event()
+        self.fail_on = fail_on
+
+    def __call__(self, items: list) -> list:
+        self.calls.append(list(items))
+        if len(self.calls) == 1:
+            self.gate.wait(10)
+        if self.fail_on in items:
+            raise ValueError("poisoned")
+        return [f"out-{item}" for item in items]
+
+
+async def submit_all(scheduler: TokenScheduler, items: dict, release: threading.Event | None = None) -> list:
+    """Submit (item: tokens) in order, each once the previous one is queued; then open the gate."""
+    tasks = []
+    for item, tokens in items.items():
+        tasks.append(asyncio.create_task(scheduler.submit(item, tokens)))
+        await asyncio.sleep(0)
+    if release is not None:
+        await asyncio.sleep(0.05)  # the first call is running, the rest queued behind it
+        release.set()
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_a_lone_request_starts_a_call_at_once_and_later_ones_share_the_next_call_up_to_the_budget():
+    call = GatedCall()
+    scheduler = TokenScheduler(call, call_tokens=100, max_queue=10)
+    items = {"first": 10, "a": 60, "b": 50, "c": 30, "d": 5}
+    outputs = asyncio.run(submit_all(scheduler, items, call.gate))
+    assert outputs == [f"out-{item}" for item in items]  # every request its own output
+    # The first ran alone; then the oldest (a), and the later ones that still fit 100 tokens (c, d);
+    # b did not fit and went next.
+    assert call.calls == [["first"], ["a", "c", "d"], ["b"]]
+    assert scheduler.held == 0 and not scheduler.queue and scheduler.draining is None
+
+
+def test_a_request_over_the_budget_runs_alone_and_is_never_starved():
+    call = GatedCall()
+    scheduler = TokenScheduler(call, call_tokens=100, max_queue=10)
+    asyncio.run(submit_all(scheduler, {"first": 1, "huge": 500, "small": 1}, call.gate))
+    assert call.calls == [["first"], ["huge"], ["small"]]
+
+
+def test_a_failing_call_is_split_until_only_its_culprit_fails():
+    call = GatedCall(fail_on="bad")
+    splits = []
+    scheduler = TokenScheduler(call, call_tokens=100, max_queue=10, on_split=splits.append)
+    outputs = asyncio.run(submit_all(scheduler, {"first": 1, "a": 1, "bad": 1, "c": 1, "d": 1}, call.gate))
+    assert outputs[:2] == ["out-first", "out-a"] and outputs[3:] == ["out-c", "out-d"]
+    assert isinstance(outputs[2], ValueError)
+    assert len(splits) == 2  # [a, bad, c, d] -> [a, bad] -> [bad]
+
+
+def test_the_queue_is_full_at_max_queue_held_requests_and_frees_as_they_are_answered():
+    call = GatedCall()
+    scheduler = TokenScheduler(call, call_tokens=100, max_queue=3)
+    seen = []
+
+    async def scenario():
+        tasks = [asyncio.create_task(scheduler.submit(i, 1)) for i in range(3)]
+        await asyncio.sleep(0.05)
+        seen.append(scheduler.full)
+        call.gate.set()
+        await asyncio.gather(*tasks)
+        seen.append(scheduler.full)
+
+    asyncio.run(scenario())
+    assert seen == [True, False]
+
+
+def test_calls_report_their_tokens_and_each_requests_wait():
+    call = GatedCall()
+    reports = []
+    scheduler = TokenScheduler(call, call_tokens=100, max_queue=10, on_call=reports.append)
+    asyncio.run(submit_all(scheduler, {"first": 7, "a": 3, "b": 4}, call.gate))
+    assert [(report.requests, report.tokens) for report in reports] == [(1, 7), (2, 7)]
+    assert all(len(report.waited) == report.requests for report in reports)
+    assert min(reports[1].waited) >= 0.05  # they waited behind the first call
+
+
+def test_async_communication_is_read_checked_and_refused_for_generation():
+    assert parse({"asyncCommunication": True}).asynchronous and not parse({}).asynchronous
+    with pytest.raises(ConfigError, match="true | false"):
+        parse({"asyncCommunication": "yes"})
+    with pytest.raises(ConfigError, match="continuousBatching"):
+        parse({"asyncCommunication": True, "handler": {"task": "text-generation"}})
+
+
+def test_an_async_archive_takes_requests_one_at_a_time_unless_its_config_says_otherwise():
+    assert build_mar.model_config("embedding", {"asyncCommunication": True})["batchSize"] == 1
+    assert build_mar.model_config("embedding", {"asyncCommunication": True, "batchSize": 4})["batchSize"] == 4
+    assert build_mar.model_config("embedding", {})[
+        "batchSize"
+    ] == 8 and "asyncCommunication" not in build_mar.model_config("embedding", {})
+
+
+def test_the_auto_budget_is_the_largest_rows_of_the_pack_budget_within_max_tokens():
+    assert call_tokens(BucketPlan((16, 256), (1, 2, 4, 8), "all", 256, 4096)) == 8 * 256
+    assert call_tokens(BucketPlan((16, 512), (1, 2, 4, 8), "all", None, 4096)) == 8 * 512
+    assert call_tokens(BucketPlan((16, 8192), (1, 2, 4, 8), "all", None, 4096)) == 1 * 8192
+
+
+# -- the async handle over a real tiny model, driven as ts/async_service.py drives it ------------
+TEXTS = ["a", "alice walks to paris with bob " * 3, "bob", "the river runs past the mill " * 4, "c d e"]
+
+
+@pytest.fixture(scope="module")
+def handlers(tiny_models):
+    grid = {"buckets": {"seq_lens": [8, 32, 64], "batch_sizes": [1, 2, 4]}, "compile": {"enable": False}}
+    scheduled = EmbeddingHandler()
+    handler_config = {"dtype": "float32", **grid, "scheduler": {"max_queue": 4}}
+    scheduled.initialize(
+        make_context(tiny_models["embedding"], {"asyncCommunication": True, "handler": handler_config})
+    )
+    batched = ready_handler(EmbeddingHandler, tiny_models["embedding"], **grid)
+    return scheduled, batched
+
+
+def served(handler, requests: dict) -> dict:
+    return asyncio.run(AsyncWorker(handler).serve(requests))
+
+
+def test_concurrent_mixed_lengths_are_each_answered_right_in_two_messages(handlers):
+    scheduled, batched = handlers
+    requests = {f"r{i}": {"inputs": text} for i, text in enumerate(TEXTS[:4])}
+    sent = served(scheduled, requests)
+    expected = answered(batched, list(requests.values()))
+    for (request_id, messages), reference in zip(sent.items(), expected, strict=True):
+        status, body = as_client_sees(messages)
+        assert status == 200 and messages[0]["content_type"] == "application/json"
+        assert messages[0]["headers"]["x-prompt-tokens"].isdigit()
+        got = torch.tensor(json.loads(body)["embedding"])
+        assert torch.allclose(got, torch.tensor(reference["embedding"]), atol=1e-5), request_id
+
+
+def test_a_hostile_request_among_them_gets_its_own_plain_4xx(handlers):
+    scheduled, _ = handlers
+    sent = served(
+        scheduled, {"good": {"inputs": "hello"}, "bad": {"inputs": ""}, "odd": {"inputs": "x", "normalize": 3}}
+    )
+    assert as_client_sees(sent["good"])[0] == 200
+    for request_id in ("bad", "odd"):
+        status, body = as_client_sees(sent[request_id])
+        assert status == 400 and "error" in json.loads(body)
+
+
+def test_past_max_queue_requests_get_503_at_once_and_the_held_ones_are_served(handlers):
+    scheduled, _ = handlers
+    sent = served(scheduled, {f"r{i}": {"inputs": TEXTS[i % len(TEXTS)]} for i in range(9)})
+    statuses = [as_client_sees(messages)[0] for messages in sent.values()]
+    assert statuses.count(200) >= 4 and set(statuses) == {200, 503}
+    refused = [json.loads(as_client_sees(messages)[1]) for messages in sent.values() if messages[0]["code"] == 503]
+    assert all("max_queue" in body["error"] for body in refused)
+    assert scheduled.scheduler.held == 0
