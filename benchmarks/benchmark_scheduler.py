@@ -11,8 +11,9 @@ server (loopback, token auth, 1 worker each) and driven in turn, never at once:
   scheduler's token budget, the model calls alone timed).
 Every answer must be a 200; RecompilesAfterReady must stay 0.
 
-    python -m ts_compiled_handlers.benchmarks.benchmark_scheduler            # MiniLM, ~8 minutes
-    python -m ts_compiled_handlers.benchmarks.benchmark_scheduler --quick    # tiny random model, CI smoke
+    python benchmarks/benchmark_scheduler.py               # MiniLM, 40 s per scenario and contender, ~9 minutes
+    python benchmarks/benchmark_scheduler.py --threads 1   # the scheduled worker with 1 intra-op thread
+    python benchmarks/benchmark_scheduler.py --quick       # tiny random model, 2 s each: a smoke run
 
 Prints a table and writes runs/benchmark_scheduler.json.
 """
@@ -68,11 +69,10 @@ def served(server: TorchServe, lone: list, texts: list, args) -> dict:
 
 def in_process_tokens_per_second(model_dir: Path, config: dict, texts: list, seconds: float) -> dict:
     """The scheduled archive's engine over the same texts, in calls of its token budget, for about `seconds`."""
-    from ts_compiled_handlers.base import call_tokens
     from ts_compiled_handlers.embedding import EmbeddingHandler
 
     handler = ready_handler(EmbeddingHandler, model_dir, **{"dtype": "auto", **config["handler"]})
-    budget = call_tokens(handler.engine.plan)
+    budget = handler.engine.plan.full_call_tokens
     token_ids = [handler.tokenize([text]).token_ids[0] for text, _ in texts]
     calls, current = [], []
     for ids in token_ids:

@@ -97,8 +97,11 @@ def kill_worker(server: TorchServe, name: str, kill: Kill) -> None:
     os.kill(kill.pid, signal.SIGKILL)
 
 
-def drive(server: TorchServe, name: str, stream, clients: int, duration: float, kill: Kill | None) -> list[Outcome]:
-    """Closed-loop clients until `duration` is up (or SETTLE_SECONDS after a killed worker answers again)."""
+def drive(
+    server: TorchServe, name: str, stream, clients: int, duration: float, kill: Kill | None, timeout: float = 300
+) -> list[Outcome]:
+    """Closed-loop clients until `duration` is up (or SETTLE_SECONDS after a killed worker answers
+    again); a request unanswered after `timeout` seconds counts as no answer."""
     lock = threading.Lock()
     url = f"{server.inference_url}/predictions/{name}"
     began = time.perf_counter()
@@ -118,7 +121,7 @@ def drive(server: TorchServe, name: str, stream, clients: int, duration: float, 
                 headers = {**server.headers("inference"), "Content-Type": content_type}
                 sent = time.perf_counter()
                 try:
-                    status = session.post(url, data=body, headers=headers, timeout=300).status_code
+                    status = session.post(url, data=body, headers=headers, timeout=timeout).status_code
                 except requests.RequestException:
                     status = None
                 outcomes.append(Outcome(valid, sent, time.perf_counter() - sent, status))
@@ -145,12 +148,13 @@ def soak(
     duration: float,
     invalid_every: int,
     kill_after: float | None = None,
+    timeout: float = 300,
 ) -> dict:
     """Drive a registered model and count what came back; the worker's RSS before and after."""
     rss_start = worker_rss_mb(server, name)
     kill = Kill(kill_after) if kill_after is not None else None
     began = time.perf_counter()
-    outcomes = drive(server, name, requests_stream(texts, invalid_every), clients, duration, kill)
+    outcomes = drive(server, name, requests_stream(texts, invalid_every), clients, duration, kill, timeout)
     seconds = time.perf_counter() - began
     rss_end = worker_rss_mb(server, name)
     latencies = [o.seconds for o in outcomes if o.status == 200]

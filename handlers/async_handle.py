@@ -41,7 +41,8 @@ FULL = "the server is at its queue limit (scheduler.max_queue); retry shortly"
 
 
 async def handle(handler, data: list, context) -> list[str]:
-    """The answers of one message, the first of each sent at once; returns the closing ones."""
+    """The answers of one message, the first of each sent at once; returns the closing ones. Never
+    raises: TorchServe would answer every request in flight on the worker with its 503."""
     try:
         handler.context = context
         batch = handler.preprocess(data)
@@ -53,7 +54,14 @@ async def handle(handler, data: list, context) -> list[str]:
         for index in range(len(data)):
             batch.fail(index, "handle", error)
         answers = batch.as_json(batch.answers)
-    return send_first(answers, context)
+    try:
+        return send_first(answers, context)
+    except Exception:  # answered plain instead: the frontend keeps them (a leak), but each has its answer
+        logger.exception("Could not send %d answers the async way; sending them plain", len(answers))
+        context.stopping_criteria = None
+        for index in range(len(answers)):
+            context.get_response_headers(index).pop("ts_stream_next", None)
+        return answers
 
 
 async def run(scheduler: TokenScheduler, batch: Batch) -> None:

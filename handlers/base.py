@@ -157,7 +157,7 @@ class CompiledHandler(BaseHandler):
         def split(error: BaseException) -> None:
             count(context, "BatchSplits", type(error).__name__, 1)
 
-        budget = call_tokens(self.engine.plan) if settings.call_tokens == "auto" else settings.call_tokens
+        budget = self.engine.plan.full_call_tokens if settings.call_tokens == "auto" else settings.call_tokens
         return TokenScheduler(call, budget, settings.max_queue, report, split)
 
     def handle(self, data, context):
@@ -257,7 +257,9 @@ class CompiledHandler(BaseHandler):
 
     def run_requests(self, requests: list[Accepted], context) -> list[list[torch.Tensor]]:
         """The engine over the requests' texts in one go: each request's output rows, in order."""
-        outputs = self.engine.run([ids for request in requests for ids in request.token_ids], type_ids_of(requests))
+        outputs = self.engine.run(
+            [ids for request in requests for ids in request.token_ids], type_ids=type_ids_of(requests)
+        )
         self.record_traffic(outputs.lengths, outputs.calls, context)
         rows, position = [], 0
         for request in requests:
@@ -301,13 +303,6 @@ def type_ids_of(requests: list[Accepted]) -> list[list[int]] | None:
         for request in requests
         for types in request.tokenized.type_ids or [[0] * len(ids) for ids in request.token_ids]
     ]
-
-
-def call_tokens(plan: buckets.BucketPlan) -> int:
-    """`scheduler.call_tokens: auto`: the most rows of the longest row a call makes (a pack
-    budget's, else the largest length bucket's), as `buckets.max_tokens` allows."""
-    row = plan.pack_tokens or plan.max_seq_len
-    return plan.rows_for(row) * row
 
 
 def model_version(context) -> str | None:

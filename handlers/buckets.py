@@ -32,6 +32,13 @@ class BucketPlan:
     def max_batch(self) -> int:
         return self.batch_sizes[-1]
 
+    @property
+    def full_call_tokens(self) -> int:
+        """The tokens of the fullest call: the most rows of the longest row (the pack budget's, else
+        the largest length bucket's) within `max_tokens` (`scheduler.call_tokens: auto`)."""
+        row = self.pack_tokens or self.max_seq_len
+        return self.rows_for(row) * row
+
     def rows_for(self, seq_len: int) -> int:
         """The most rows a call of this length holds: the largest batch bucket within `max_tokens`
         (at least the smallest)."""

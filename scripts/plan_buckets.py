@@ -38,7 +38,7 @@ from ts_compiled_handlers.packing import AUTO_BUDGET
 from ts_compiled_handlers.scripts import plan_costs
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.plan_costs import Costs
-from ts_compiled_handlers.serving import doubling
+from ts_compiled_handlers.serving import AUTO_MAX_TOKENS, doubling
 
 ASSUMED = Costs()  # a call's cost without --measure: its tokens and CALL_TOKENS per call
 
@@ -171,12 +171,19 @@ def main(argv=None) -> dict:
     budget, packs = plan_pack_budget(histogram, chosen, args.batch, costs)
     texts = sum(histogram.values())
     result = {"seq_lens": list(chosen), "pack_tokens": budget, "k": args.k, "align": args.align, "texts": texts}
+    result["call_tokens"] = scheduler_budget(chosen, budget)
     result |= {"comparison": rows, "pack_budgets": packs, "costs": dataclasses.asdict(costs), "timed": samples}
     report(result, histogram, args.batch)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
     return result
+
+
+def scheduler_budget(seq_lens: tuple[int, ...], pack_tokens: int) -> int:
+    """`scheduler.call_tokens: auto` for an archive built with this plan and the default grid."""
+    grid = BucketPlan(tuple(seq_lens), BucketConfig().batch_sizes, "all", pack_tokens, AUTO_MAX_TOKENS)
+    return grid.full_call_tokens
 
 
 def report(result: dict, histogram: dict[int, int], batch: int) -> None:
@@ -191,6 +198,7 @@ def report(result: dict, histogram: dict[int, int], batch: int) -> None:
     for row in result["comparison"]:
         print(f"{row['plan']:<20} {row['padded_ratio']:>13.3f}  {row['seq_lens']}")
     print(f"pack budget for batches of {batch} texts: {result['pack_tokens']} tokens")
+    print(f"token scheduler's call budget (asyncCommunication: true, call_tokens auto): {result['call_tokens']} tokens")
     print(f"{'budget':>7} {'padded / real':>13} {'calls / batch':>13} {'cost / real token':>17}")
     for row in result["pack_budgets"]:
         print(

@@ -33,9 +33,14 @@ TEXTS = [
     "Die Katze schläft auf dem Sofa, und der Hund bellt. 猫はソファで寝ています。",
     "word " * 400,  # longer than the largest bucket: truncated at 256 tokens, as encode does
 ]
-# (model name, extra model-config, minimum cosine to sentence-transformers' float32 encode)
+# (model name, extra model-config, minimum cosine to sentence-transformers' float32 encode):
+# minilm32 takes TorchServe's request batches, minilm schedules by tokens in the worker.
 BATCHING = {"batchSize": 8, "maxBatchDelay": 20}
-MODELS = [("minilm32", {**BATCHING, "handler": {"dtype": "float32"}}, 0.9999), ("minilm", BATCHING, 0.999)]
+MODELS = [
+    ("minilm32", {**BATCHING, "handler": {"dtype": "float32"}}, 0.9999),
+    ("minilm", {"asyncCommunication": True}, 0.999),
+]
+MIN_COSINE = {name: cosine for name, _, cosine in MODELS}
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +80,15 @@ def server(tmp_path_factory, minilm_dir, wheel, installed_files):
 
 
 @pytest.fixture(scope="module")
+def tokenized(minilm_dir):
+    """Texts as MiniLM's tokenizer cuts them (256 tokens at most): each request's usage."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    return lambda texts: tokenizer(texts, truncation=True, max_length=256)["input_ids"]
+
+
+@pytest.fixture(scope="module")
 def reference(minilm_dir):
     from sentence_transformers import SentenceTransformer
 
@@ -99,20 +113,23 @@ def test_embeddings_agree_with_sentence_transformers(server, reference, name, mi
     assert min(cosines([raw.json()], reference(TEXTS[1:2]))) >= min_cosine
 
 
-def test_fifty_concurrent_requests_are_all_answered_correctly(server, reference):
+@pytest.mark.parametrize("name", MIN_COSINE)
+def test_fifty_concurrent_requests_of_mixed_lengths_each_get_their_own_right_answer(server, reference, tokenized, name):
     texts = [f"request number {i}: " + "tokens " * (i * 5 % 120) for i in range(50)]
     with ThreadPoolExecutor(max_workers=16) as pool:
-        responses = list(pool.map(lambda text: server.predict("minilm32", {"inputs": text}), texts))
+        responses = list(pool.map(lambda text: server.predict(name, {"inputs": text}), texts))
     assert [response.status_code for response in responses] == [200] * 50
-    assert min(cosines([r.json() for r in responses], reference(texts))) >= 0.9999
+    assert min(cosines([r.json() for r in responses], reference(texts))) >= MIN_COSINE[name]
+    assert [int(r.headers["x-prompt-tokens"]) for r in responses] == [len(t) for t in tokenized(texts)]
 
 
-def test_a_bad_request_in_a_busy_batch_gets_its_4xx_and_the_others_200(server):
+@pytest.mark.parametrize("name", MIN_COSINE)
+def test_a_bad_request_in_a_busy_batch_gets_its_4xx_and_the_others_200(server, name):
     bodies = [{"inputs": f"good request {i}"} for i in range(15)]
     bodies[7] = b'{"inputs": '  # invalid JSON
     bodies[11] = {"inputs": ["fine", 3]}  # a list with a non-string
     with ThreadPoolExecutor(max_workers=15) as pool:
-        responses = list(pool.map(lambda body: server.predict("minilm32", body), bodies))
+        responses = list(pool.map(lambda body: server.predict(name, body), bodies))
     codes = [response.status_code for response in responses]
     assert codes == [200] * 7 + [400] + [200] * 3 + [400] + [200] * 3
     assert responses[7].json()["code"] == 400 and "not valid JSON" in responses[7].json()["error"]
@@ -120,19 +137,20 @@ def test_a_bad_request_in_a_busy_batch_gets_its_4xx_and_the_others_200(server):
     assert server.ping().status_code == 200
 
 
-def test_kserve_v2_requests_share_batches_with_plain_ones_and_get_their_own_answers(server, reference):
+@pytest.mark.parametrize("name", MIN_COSINE)
+def test_kserve_v2_requests_share_batches_with_plain_ones_and_get_their_own_answers(server, reference, name):
     texts = TEXTS[:3]
     with ThreadPoolExecutor(max_workers=12) as pool:
-        v2 = [pool.submit(server.infer_v2, "minilm32", texts, f"req-{i}") for i in range(5)]
-        plain = [pool.submit(server.predict, "minilm32", {"inputs": texts}) for _ in range(5)]
-        bad = pool.submit(server.infer_v2, "minilm32", ["fine", ""])
+        v2 = [pool.submit(server.infer_v2, name, texts, f"req-{i}") for i in range(5)]
+        plain = [pool.submit(server.predict, name, {"inputs": texts}) for _ in range(5)]
+        bad = pool.submit(server.infer_v2, name, ["fine", ""])
     for index, future in enumerate(v2):
         answer = future.result().json()
-        assert (answer["model_name"], answer["model_version"], answer["id"]) == ("minilm32", "1.0", f"req-{index}")
+        assert (answer["model_name"], answer["model_version"], answer["id"]) == (name, "1.0", f"req-{index}")
         (output,) = answer["outputs"]
         assert output["name"] == "embedding" and output["datatype"] == "FP32" and output["shape"] == [3, 384]
         got = torch.tensor(output["data"]).reshape(3, 384)
-        assert min(torch.nn.functional.cosine_similarity(got, reference(texts)).tolist()) >= 0.9999
+        assert min(torch.nn.functional.cosine_similarity(got, reference(texts)).tolist()) >= MIN_COSINE[name]
     assert all(len(future.result().json()) == 3 for future in plain)
     assert bad.result().status_code == 400 and "'inputs'[1] is empty" in bad.result().json()["error"]
 
@@ -152,6 +170,12 @@ def test_custom_metrics_on_the_prometheus_endpoint(server):
     assert metric_values(text, "RecompilesAfterReady") == {"minilm": 0.0, "minilm32": 0.0}
     for model in ("minilm", "minilm32"):  # served from packed rows
         assert re.search(rf'^BucketRequests{{ModelName="{model}".*Bucket="packed \d+x\d+"', text, re.MULTILINE)
+    # The scheduled model's histograms: its calls' tokens, its requests' waits.
+    assert metric_values(text, "CallKilotokens_count")["minilm"] >= 1
+    assert (
+        metric_values(text, "SchedulerQueueTime_count")["minilm"]
+        >= metric_values(text, "CallKilotokens_count")["minilm"]
+    )
 
 
 def test_the_wheel_installs_one_package_of_its_own_name(wheel):

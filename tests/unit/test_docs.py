@@ -83,6 +83,7 @@ def test_the_pages_the_readme_sends_readers_to_exist(page):
                 "Cold start and AOT packages",
                 "Packing",
                 "Continuous batching",
+                "Scheduling by tokens",
                 "Hardware, dtype and threads",
             ],
         ),

@@ -99,7 +99,10 @@ def test_planner_writes_a_plan_that_build_mar_packs(tiny_bert, tmp_path, capsys)
     plan_file = tmp_path / "plan.json"
     result = plan_buckets.main(["--lengths", str(lengths), "-k", "3", "--max-len", "64", "--out", str(plan_file)])
     assert result["seq_lens"] == [8, 16, 64]
-    assert "powers of two" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "powers of two" in out
+    # The token scheduler's auto call budget follows the plan: 8 rows of the pack budget.
+    assert result["call_tokens"] == 8 * result["pack_tokens"] and f"{result['call_tokens']} tokens" in out
     archive = build_mar.main(
         ["--model", str(tiny_bert), "--name", "planned", "--plan", str(plan_file), "--export-path", str(tmp_path)]
     )

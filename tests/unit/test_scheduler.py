@@ -8,7 +8,7 @@ import pytest
 import torch
 from fakes import AsyncWorker, answered, as_client_sees, make_context, ready_handler
 
-from ts_compiled_handlers.base import call_tokens
+from ts_compiled_handlers import async_handle
 from ts_compiled_handlers.buckets import BucketPlan
 from ts_compiled_handlers.config import ConfigError, parse
 from ts_compiled_handlers.embedding import EmbeddingHandler
@@ -118,9 +118,9 @@ def test_an_async_archive_takes_requests_one_at_a_time_unless_its_config_says_ot
 
 
 def test_the_auto_budget_is_the_largest_rows_of_the_pack_budget_within_max_tokens():
-    assert call_tokens(BucketPlan((16, 256), (1, 2, 4, 8), "all", 256, 4096)) == 8 * 256
-    assert call_tokens(BucketPlan((16, 512), (1, 2, 4, 8), "all", None, 4096)) == 8 * 512
-    assert call_tokens(BucketPlan((16, 8192), (1, 2, 4, 8), "all", None, 4096)) == 1 * 8192
+    assert BucketPlan((16, 256), (1, 2, 4, 8), "all", 256, 4096).full_call_tokens == 8 * 256
+    assert BucketPlan((16, 512), (1, 2, 4, 8), "all", None, 4096).full_call_tokens == 8 * 512
+    assert BucketPlan((16, 8192), (1, 2, 4, 8), "all", None, 4096).full_call_tokens == 1 * 8192
 
 
 # -- the async handle over a real tiny model, driven as ts/async_service.py drives it ------------
@@ -175,3 +175,16 @@ def test_past_max_queue_requests_get_503_at_once_and_the_held_ones_are_served(ha
     refused = [json.loads(as_client_sees(messages)[1]) for messages in sent.values() if messages[0]["code"] == 503]
     assert all("max_queue" in body["error"] for body in refused)
     assert scheduled.scheduler.held == 0
+
+
+def test_an_answer_that_cannot_be_sent_the_async_way_goes_plain_and_handle_never_raises(handlers, monkeypatch):
+    scheduled, _ = handlers
+
+    def broken(message, context):
+        raise OSError("socket gone")
+
+    monkeypatch.setattr(async_handle.OUT, "put", broken)
+    sent = served(scheduled, {"r": {"inputs": "hello"}})
+    (plain,) = sent["r"]  # one message: the answer itself, with its status and no header
+    assert plain["code"] == 200 and "ts_stream_next" not in plain["headers"]
+    assert len(json.loads(plain["body"])["embedding"]) > 0

@@ -1,0 +1,19 @@
+"""Test-only handler: a model call over a text `sleep <seconds>` takes that long.
+
+Under `asyncCommunication: true` the call runs in the scheduler's thread, so requests arriving
+meanwhile pile up in its queue: the back-pressure test fills it. Never part of the package.
+"""
+
+import time
+
+from ts_compiled_handlers.embedding import EmbeddingHandler
+
+
+def requested_sleep(text: str) -> float:
+    return float(text.split()[1]) if text.startswith("sleep ") else 0.0
+
+
+class SlowCallEmbedding(EmbeddingHandler):
+    def run_requests(self, requests, context):
+        time.sleep(sum(requested_sleep(text) for request in requests for text in request.request.texts))
+        return super().run_requests(requests, context)
