@@ -149,7 +149,7 @@ class CompiledHandler(BaseHandler):
             emit(context, "RecompilesAfterReady", self.engine.model.recompiles_after_ready, "Count")
             return rows
 
-        def report(made: CallReport) -> None:  # in units that fit Prometheus' default buckets (5 m .. 10)
+        def report(made: CallReport) -> None:  # units that fit Prometheus' default buckets, 0.005 to 10
             observe(context, "CallKilotokens", made.tokens / 1000, "Kilotokens")
             for seconds in made.waited:
                 observe(context, "SchedulerQueueTime", round(seconds, 6), "Seconds")
