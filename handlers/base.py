@@ -24,12 +24,13 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from ts_compiled_handlers import async_handle, buckets, building, ready
 from ts_compiled_handlers.batch import Accepted, Batch, split_until_isolated
-from ts_compiled_handlers.config import HandlerConfig
+from ts_compiled_handlers.config import HandlerConfig, check_async_batch_size, parse
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.layout import Call, Layout
 from ts_compiled_handlers.length_stats import LengthStats
 from ts_compiled_handlers.metrics import count, emit, observe
 from ts_compiled_handlers.model_runner import ModelRunner
+from ts_compiled_handlers.model_thread import ModelThread
 from ts_compiled_handlers.payload import ParamCheck, boolean_param, choice_param, decode
 from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served, for_route, unknown_route
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
@@ -59,6 +60,7 @@ class CompiledHandler(BaseHandler):
     # Called as warmup_progress(done, total) after each shape of the warm-up grid (the build's bar).
     warmup_progress = None
     scheduler: TokenScheduler | None = None  # set at initialize under asyncCommunication
+    model_thread: ModelThread | None = None  # the thread of every model call, likewise
 
     # -- task hooks (handlers/serving.py's Task contract, and the answers) ---------------------
     def build_model(self, model_dir: Path) -> torch.nn.Module:
@@ -105,6 +107,17 @@ class CompiledHandler(BaseHandler):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context):
+        """Build, warm and check the engine; under `asyncCommunication: true` all of it in the one
+        thread that will call the model (handlers/model_thread.py says why)."""
+        if not parse(context.model_yaml_config).asynchronous:
+            self.build(context)
+            return
+        check_async_batch_size(context.system_properties.get("batch_size"))  # a registration's own too
+        self.model_thread = ModelThread()
+        self.model_thread.run(self.build, context)
+        self.model_thread.hold_caller_to_one_thread()
+
+    def build(self, context) -> None:
         began = time.perf_counter()
         self.load_serving(context)
         self.engine, self.started = building.build_engine(self, self.serving, self.warmup_progress)
@@ -158,7 +171,8 @@ class CompiledHandler(BaseHandler):
             count(context, "BatchSplits", type(error).__name__, 1)
 
         budget = self.engine.plan.full_call_tokens if settings.call_tokens == "auto" else settings.call_tokens
-        return TokenScheduler(call, budget, settings.max_queue, report, split)
+        executor = self.model_thread.executor if self.model_thread else None
+        return TokenScheduler(call, budget, settings.max_queue, report, split, executor)
 
     def handle(self, data, context):
         """Answers for a batch, one per request in order; a request's failure is its own answer.

@@ -390,6 +390,13 @@ def _pt2_compile(yaml_config: dict) -> dict:
     return merged
 
 
+def check_async_batch_size(batch_size: Any) -> None:
+    """TorchServe 0.12's AsyncBatchAggregator removes each job from the map it is iterating over, so
+    a second request in one message throws ConcurrentModificationException and the worker dies."""
+    if batch_size not in (None, 1):
+        raise ConfigError("batchSize", batch_size, "1 with asyncCommunication (TorchServe 0.12 fails on more)")
+
+
 def parse(yaml_config: dict | None) -> HandlerConfig:
     """The HandlerConfig for a model-config.yaml; `handler.compile` wins over `pt2.compile`."""
     yaml_config = yaml_config or {}
@@ -411,5 +418,7 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
     asynchronous = _boolean(yaml_config.get("asyncCommunication", False), "asyncCommunication")
     if asynchronous and config.task == "text-generation":
         raise ConfigError("asyncCommunication", True, "false for text-generation: it runs continuousBatching")
+    if asynchronous:
+        check_async_batch_size(yaml_config.get("batchSize", 1))
     workers = _positive_int(yaml_config.get("minWorkers", 1), "minWorkers")
     return dataclasses.replace(config, workers=workers, asynchronous=asynchronous)

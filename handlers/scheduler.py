@@ -48,7 +48,8 @@ class TokenScheduler:
     """Runs `call(items) -> outputs` (one per item, in order) over what waits, `call_tokens` at a time.
 
     `on_call(report)` is told of every call made (the metrics); `on_split(error)` of every call
-    that raised and was split.
+    that raised and was split. Calls run in `executor`'s one thread (the handler's model thread,
+    handlers/model_thread.py), else in a thread of the scheduler's own.
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class TokenScheduler:
         max_queue: int,
         on_call: Callable[[CallReport], None] = lambda report: None,
         on_split: Callable[[BaseException], None] = lambda error: None,
+        executor: ThreadPoolExecutor | None = None,
     ):
         self.call = call
         self.call_tokens = call_tokens
@@ -67,7 +69,7 @@ class TokenScheduler:
         self.queue: collections.deque[Waiting] = collections.deque()
         self.held = 0  # requests queued or in the running call
         self.draining: asyncio.Task | None = None
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="model-call")
+        self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="model-call")
 
     @property
     def full(self) -> bool:

@@ -52,7 +52,8 @@ DEFAULT_MODEL_CONFIG = {
 # `continuousBatching: false` in --config gives request batches, where a call is a whole decode loop).
 TASK_MODEL_CONFIG = {"text-generation": {"responseTimeout": 300, "continuousBatching": True}}
 # With `asyncCommunication: true` in --config, an encoder task schedules by tokens in the worker
-# (handlers/scheduler.py): the frontend hands each request over as it comes, one at a time.
+# (handlers/scheduler.py): the frontend hands each request over as it comes, one at a time (TorchServe
+# 0.12's async frontend fails on two in one message: parse refuses another batchSize).
 ASYNC_MODEL_CONFIG = {"batchSize": 1}
 # What serving reads from a model folder; anything else a Hub snapshot holds (ONNX, OpenVINO, TF,
 # Flax, pickle weights, READMEs, training files) stays out of the archive.

@@ -1,6 +1,6 @@
 """Test-only handler: a model call over a text `sleep <seconds>` takes that long.
 
-Under `asyncCommunication: true` the call runs in the scheduler's thread, so requests arriving
+Under `asyncCommunication: true` the call runs in the model's own thread, so requests arriving
 meanwhile pile up in its queue: the back-pressure test fills it. Never part of the package.
 """
 

@@ -109,12 +109,19 @@ def test_async_communication_is_read_checked_and_refused_for_generation():
         parse({"asyncCommunication": True, "handler": {"task": "text-generation"}})
 
 
-def test_an_async_archive_takes_requests_one_at_a_time_unless_its_config_says_otherwise():
+def test_an_async_archive_takes_requests_one_at_a_time_as_torchserve_0_12_needs():
     assert build_mar.model_config("embedding", {"asyncCommunication": True})["batchSize"] == 1
-    assert build_mar.model_config("embedding", {"asyncCommunication": True, "batchSize": 4})["batchSize"] == 4
+    with pytest.raises(ConfigError, match="batchSize=4 .*TorchServe 0.12 fails"):
+        build_mar.model_config("embedding", {"asyncCommunication": True, "batchSize": 4})
     assert build_mar.model_config("embedding", {})[
         "batchSize"
     ] == 8 and "asyncCommunication" not in build_mar.model_config("embedding", {})
+
+
+def test_a_registration_batch_size_over_1_is_refused_at_initialize(tiny_models):
+    context = make_context(tiny_models["embedding"], {"asyncCommunication": True}, batch_size=8)
+    with pytest.raises(ConfigError, match="batchSize=8"):
+        EmbeddingHandler().initialize(context)
 
 
 def test_the_auto_budget_is_the_largest_rows_of_the_pack_budget_within_max_tokens():
@@ -130,13 +137,27 @@ TEXTS = ["a", "alice walks to paris with bob " * 3, "bob", "the river runs past 
 @pytest.fixture(scope="module")
 def handlers(tiny_models):
     grid = {"buckets": {"seq_lens": [8, 32, 64], "batch_sizes": [1, 2, 4]}, "compile": {"enable": False}}
+    threads = torch.get_num_threads()
     scheduled = EmbeddingHandler()
     handler_config = {"dtype": "float32", **grid, "scheduler": {"max_queue": 4}}
     scheduled.initialize(
-        make_context(tiny_models["embedding"], {"asyncCommunication": True, "handler": handler_config})
+        make_context(tiny_models["embedding"], {"asyncCommunication": True, "handler": handler_config}, batch_size=1)
     )
+    held_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)  # this test process's thread is not an event loop's: give it back
     batched = ready_handler(EmbeddingHandler, tiny_models["embedding"], **grid)
-    return scheduled, batched
+    yield scheduled, batched, held_threads
+    scheduled.model_thread.executor.shutdown()
+
+
+def test_the_model_is_built_and_called_in_one_thread_and_the_loop_thread_starts_no_team(handlers):
+    scheduled, _, held_threads = handlers
+    model_thread = scheduled.model_thread
+    assert scheduled.scheduler.executor is model_thread.executor
+    assert "model-call" in model_thread.run(lambda: threading.current_thread().name)
+    assert model_thread.run(torch.get_num_threads) == scheduled.threads.threads
+    if "OpenMP" in torch.__config__.parallel_info():  # torch's CPU builds; the caller was held to 1
+        assert held_threads == 1
 
 
 def served(handler, requests: dict) -> dict:
@@ -144,7 +165,7 @@ def served(handler, requests: dict) -> dict:
 
 
 def test_concurrent_mixed_lengths_are_each_answered_right_in_two_messages(handlers):
-    scheduled, batched = handlers
+    scheduled, batched, _ = handlers
     requests = {f"r{i}": {"inputs": text} for i, text in enumerate(TEXTS[:4])}
     sent = served(scheduled, requests)
     expected = answered(batched, list(requests.values()))
@@ -157,7 +178,7 @@ def test_concurrent_mixed_lengths_are_each_answered_right_in_two_messages(handle
 
 
 def test_a_hostile_request_among_them_gets_its_own_plain_4xx(handlers):
-    scheduled, _ = handlers
+    scheduled, _, _ = handlers
     sent = served(
         scheduled, {"good": {"inputs": "hello"}, "bad": {"inputs": ""}, "odd": {"inputs": "x", "normalize": 3}}
     )
@@ -168,7 +189,7 @@ def test_a_hostile_request_among_them_gets_its_own_plain_4xx(handlers):
 
 
 def test_past_max_queue_requests_get_503_at_once_and_the_held_ones_are_served(handlers):
-    scheduled, _ = handlers
+    scheduled, _, _ = handlers
     sent = served(scheduled, {f"r{i}": {"inputs": TEXTS[i % len(TEXTS)]} for i in range(9)})
     statuses = [as_client_sees(messages)[0] for messages in sent.values()]
     assert statuses.count(200) >= 4 and set(statuses) == {200, 503}
@@ -178,7 +199,7 @@ def test_past_max_queue_requests_get_503_at_once_and_the_held_ones_are_served(ha
 
 
 def test_an_answer_that_cannot_be_sent_the_async_way_goes_plain_and_handle_never_raises(handlers, monkeypatch):
-    scheduled, _ = handlers
+    scheduled, _, _ = handlers
 
     def broken(message, context):
         raise OSError("socket gone")

@@ -1,0 +1,51 @@
+"""The one thread that builds, warms and calls the model under `asyncCommunication: true`.
+
+On CPU, torch runs parallel work on OpenMP, and OpenMP gives every thread that starts parallel work
+a team of threads of its own. Once a process holds two teams, libgomp counts more threads than
+cores and stops spinning between parallel regions, so every region waits on wake-ups: measured in
+process on 2 cores, the compiled MiniLM call at 1x16 took 10 ms in a second thread instead of 5 ms,
+and the whole lone request through the scheduler 13 ms instead of 7 ms (docs/performance.md,
+"Scheduling by tokens"). So under the token scheduler the worker keeps a single team: `initialize`
+(load, compile, warm-up, checks) and every model call run in this thread, and the event loop's
+thread, which tokenizes, encodes answers and does the answers' small tensor work, is held to one
+thread, where torch starts no team.
+"""
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+Result = TypeVar("Result")
+
+
+class ModelThread:
+    """A single thread to run model work in, in order."""
+
+    def __init__(self):
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="model-call")
+
+    def run(self, work: Callable[..., Result], *args) -> Result:
+        """`work(*args)` in the model thread, waited for; its exception is raised here."""
+        return self.executor.submit(work, *args).result()
+
+    def hold_caller_to_one_thread(self) -> bool:
+        """Keep the calling thread from starting a team of its own; True if it is held.
+
+        `torch.set_num_threads` sets OpenMP's thread count of the calling thread (and the default
+        of threads not started yet), so the model thread keeps its own; a build of torch whose pool
+        is shared instead would lose it, which is checked, and then undone."""
+        if "OpenMP" not in torch.__config__.parallel_info():
+            return False
+        model_threads = self.run(torch.get_num_threads)
+        caller_threads = torch.get_num_threads()  # settles this thread's own count first
+        torch.set_num_threads(1)
+        if self.run(torch.get_num_threads) == model_threads:
+            return True
+        torch.set_num_threads(caller_threads)
+        self.run(torch.set_num_threads, model_threads)
+        logger.warning("torch's thread count is shared between threads here: the event loop's thread is not held")
+        return False
