@@ -24,7 +24,7 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from ts_compiled_handlers import async_handle, buckets, building, ready
 from ts_compiled_handlers.batch import Accepted, Batch, split_until_isolated
-from ts_compiled_handlers.config import HandlerConfig, check_async_batch_size, parse
+from ts_compiled_handlers.config import HandlerConfig, parse
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.layout import Call, Layout
 from ts_compiled_handlers.length_stats import LengthStats
@@ -59,8 +59,7 @@ class CompiledHandler(BaseHandler):
     protocols = (KServeV2Protocol(), PlainProtocol())
     # Called as warmup_progress(done, total) after each shape of the warm-up grid (the build's bar).
     warmup_progress = None
-    scheduler: TokenScheduler | None = None  # set at initialize under asyncCommunication
-    model_thread: ModelThread | None = None  # the thread of every model call, likewise
+    scheduler: TokenScheduler | None = None  # and its model_thread: set at initialize under asyncCommunication
 
     # -- task hooks (handlers/serving.py's Task contract, and the answers) ---------------------
     def build_model(self, model_dir: Path) -> torch.nn.Module:
@@ -107,15 +106,11 @@ class CompiledHandler(BaseHandler):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context):
-        """Build, warm and check the engine; under `asyncCommunication: true` all of it in the one
-        thread that will call the model (handlers/model_thread.py says why)."""
+        """The engine built, warmed, checked; under asyncCommunication in its own thread, then a scheduler."""
         if not parse(context.model_yaml_config).asynchronous:
-            self.build(context)
-            return
-        check_async_batch_size(context.system_properties.get("batch_size"))  # a registration's own too
-        self.model_thread = ModelThread()
-        self.model_thread.run(self.build, context)
-        self.model_thread.hold_caller_to_one_thread()
+            return self.build(context)
+        self.model_thread = ModelThread.start(self.build, context)
+        self.scheduler = self.token_scheduler(context)
 
     def build(self, context) -> None:
         began = time.perf_counter()
@@ -127,7 +122,6 @@ class CompiledHandler(BaseHandler):
         self.tokenize = TextTokenizer(self.tokenizer, self.engine.plan.max_seq_len, config.buckets.overflow == "reject")
         self.spec = RequestSpec(self.param_checks(), config.max_inputs, self.adapt_body, self.PAIRS, context.model_name)
         self.lengths = LengthStats(context.model_name, config.buckets.histogram_every)
-        self.scheduler = self.token_scheduler(context) if config.asynchronous else None
         self.initialized = True
         ready.announce(context, self.engine, self.started, self.serving, self.threads, time.perf_counter() - began)
 
@@ -171,8 +165,7 @@ class CompiledHandler(BaseHandler):
             count(context, "BatchSplits", type(error).__name__, 1)
 
         budget = self.engine.plan.full_call_tokens if settings.call_tokens == "auto" else settings.call_tokens
-        executor = self.model_thread.executor if self.model_thread else None
-        return TokenScheduler(call, budget, settings.max_queue, report, split, executor)
+        return TokenScheduler(call, budget, settings.max_queue, report, split, self.model_thread.executor)
 
     def handle(self, data, context):
         """Answers for a batch, one per request in order; a request's failure is its own answer.

@@ -13,9 +13,11 @@ thread, where torch starts no team.
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch
+
+from ts_compiled_handlers.config import check_async_batch_size
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,15 @@ class ModelThread:
 
     def __init__(self):
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="model-call")
+
+    @classmethod
+    def start(cls, build: Callable[[Any], None], context) -> "ModelThread":
+        """A model thread that has run `build(context)` (initialize's work), the caller then held."""
+        check_async_batch_size(context.system_properties.get("batch_size"))  # a registration's own too
+        thread = cls()
+        thread.run(build, context)
+        thread.hold_caller_to_one_thread()
+        return thread
 
     def run(self, work: Callable[..., Result], *args) -> Result:
         """`work(*args)` in the model thread, waited for; its exception is raised here."""
