@@ -88,19 +88,15 @@ def send_first(answers: list, context) -> list[str]:
 
 
 class OutQueue:
-    """The async worker's out-queue, found from the running task (`AsyncService.call_predict`)."""
-
-    warned = False
+    """The async worker's out-queue, found from the running task (`AsyncService.call_predict`).
+    Without it an answer goes plain (`handle`'s fallback): writing to the socket from here would
+    race the worker's sender thread and could interleave two messages."""
 
     def put(self, message: Any, context) -> None:
         queue = self.find()
-        if queue is not None:
-            queue.put_nowait(message)
-            return
-        if not self.warned:
-            logger.warning("No async out-queue found (not TorchServe 0.12's async worker?): writing to the socket")
-            self.warned = True
-        context.cl_socket.sendall(message)
+        if queue is None:
+            raise LookupError("no async out-queue found (not TorchServe 0.12's async worker?)")
+        queue.put_nowait(message)
 
     @staticmethod
     def find() -> asyncio.Queue | None:

@@ -5,6 +5,7 @@ config.properties points to) declares them with the same names and dimensions.
 """
 
 from ts.metrics.dimension import Dimension
+from ts.metrics.metric_cache_errors import MetricsCacheKeyError
 from ts.metrics.metric_type_enum import MetricTypes
 
 GAUGES = (
@@ -56,3 +57,21 @@ def observe(context, name: str, value: float, unit: str) -> None:
     if metrics is None:
         return
     metrics.add_metric(name, value, unit, dimensions=_dimensions(context), metric_type=MetricTypes.HISTOGRAM)
+
+
+def cache_traffic_metrics(context) -> None:
+    """Put the metrics live traffic emits from the model's thread (handlers/model_thread.py) into the
+    worker's metrics cache now, if its metrics config does not declare them: added there on first
+    use instead, they would change the dict that ts/async_service.py deep-copies for every request."""
+    metrics = getattr(context, "metrics", None)
+    if metrics is None:
+        return
+    names = [dimension.name for dimension in _dimensions(context)]
+    for name, unit, dimension_names, metric_type in (
+        ("PaddedTokenRatio", "Ratio", names, MetricTypes.GAUGE),
+        ("BucketRequests", "Count", [*names, COUNTERS["BucketRequests"]], MetricTypes.COUNTER),
+    ):
+        try:
+            metrics.get_metric(name, metric_type)
+        except MetricsCacheKeyError:
+            metrics.add_metric_to_cache(name, unit, dimension_names, metric_type)

@@ -48,9 +48,11 @@ class ModelThread:
 
         `torch.set_num_threads` sets OpenMP's thread count of the calling thread (and the default
         of threads not started yet), so the model thread keeps its own; a build of torch whose pool
-        is shared instead would lose it, which is checked, and then undone."""
-        if "OpenMP" not in torch.__config__.parallel_info():
-            return False
+        is shared instead would lose it, which is checked, and then undone. It stops new teams only:
+        the calling thread must not have started parallel work before (TorchServe's worker starts
+        none before `initialize`; measured, the import-time hardware check leaves none that slows)."""
+        if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+            return False  # a native pool has no teams per thread (and its size is the process's)
         model_threads = self.run(torch.get_num_threads)
         caller_threads = torch.get_num_threads()  # settles this thread's own count first
         torch.set_num_threads(1)

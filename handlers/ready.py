@@ -5,7 +5,7 @@ import logging
 from ts_compiled_handlers import hardware
 from ts_compiled_handlers.building import CACHE_SOURCES
 from ts_compiled_handlers.engine import Engine
-from ts_compiled_handlers.metrics import emit
+from ts_compiled_handlers.metrics import cache_traffic_metrics, emit
 from ts_compiled_handlers.process_settings import ThreadShare
 from ts_compiled_handlers.serving import HARDWARE, Serving, Started
 
@@ -29,6 +29,7 @@ def announce(context, engine: Engine, started: Started, serving: Serving, thread
     emit(context, "CompileCacheHit", int(started.cache_source in ("archive", "host")), "Count")
     emit(context, "CompileFallback", int(options.enable and not engine.model.is_compiled), "Count")
     emit(context, "AotPackage", int(source == "aot package"), "Count")
+    cache_traffic_metrics(context)
     logger.info(
         "Ready in %.1fs from %s: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, "
         "lengths %s x batches %s, %d graphs, model load %.1fs, first pass over the grid %.1fs, warm-up %.1fs, "

@@ -3,10 +3,15 @@
 import asyncio
 import json
 import threading
+from pathlib import Path
 
 import pytest
 import torch
+import ts
 from fakes import AsyncWorker, answered, as_client_sees, make_context, ready_handler
+from ts.metrics.metric_cache_errors import MetricsCacheKeyError
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.metrics.metric_type_enum import MetricTypes
 
 from ts_compiled_handlers import async_handle
 from ts_compiled_handlers.buckets import BucketPlan
@@ -118,6 +123,20 @@ def test_an_async_archive_takes_requests_one_at_a_time_as_torchserve_0_12_needs(
     ] == 8 and "asyncCommunication" not in build_mar.model_config("embedding", {})
 
 
+def test_traffic_metrics_are_in_the_worker_cache_before_traffic_even_when_its_config_lacks_them(tiny_models):
+    """Else the model's thread would add them to the dict that every request's context copy reads."""
+    defaults = Path(ts.__file__).parent / "configs" / "metrics.yaml"  # TorchServe's own: none of ours
+    metrics = MetricsCacheYamlImpl(str(defaults))
+    metrics.initialize_cache()
+    context = make_context(tiny_models["embedding"], {"handler": {"compile": {"enable": False}}})
+    context.metrics = metrics
+    with pytest.raises(MetricsCacheKeyError):
+        metrics.get_metric("BucketRequests", MetricTypes.COUNTER)
+    EmbeddingHandler().initialize(context)
+    assert metrics.get_metric("BucketRequests", MetricTypes.COUNTER).unit == "Count"
+    assert metrics.get_metric("PaddedTokenRatio", MetricTypes.GAUGE).unit == "Ratio"
+
+
 def test_a_registration_batch_size_over_1_is_refused_at_initialize(tiny_models):
     context = make_context(tiny_models["embedding"], {"asyncCommunication": True}, batch_size=8)
     with pytest.raises(ConfigError, match="batchSize=8"):
@@ -156,7 +175,7 @@ def test_the_model_is_built_and_called_in_one_thread_and_the_loop_thread_starts_
     assert scheduled.scheduler.executor is model_thread.executor
     assert "model-call" in model_thread.run(lambda: threading.current_thread().name)
     assert model_thread.run(torch.get_num_threads) == scheduled.threads.threads
-    if "OpenMP" in torch.__config__.parallel_info():  # torch's CPU builds; the caller was held to 1
+    if "ATen parallel backend: OpenMP" in torch.__config__.parallel_info():  # the caller was held to 1
         assert held_threads == 1
 
 
