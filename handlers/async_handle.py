@@ -82,7 +82,7 @@ def send_first(answers: list, context) -> list[str]:
     served = [(context.get_response_status(index)[0] or 200) < 400 for index in range(len(answers))]
     context.stopping_criteria = [lambda _, ok=ok: False if ok else None for ok in served]
     message = create_predict_response(answers, context.request_ids, "Prediction success", 200, context=context)
-    OUT.put(message, context)
+    OUT.put(message)
     context.stopping_criteria = [lambda _: True for _ in answers]
     return [""] * len(answers)
 
@@ -92,7 +92,7 @@ class OutQueue:
     Without it an answer goes plain (`handle`'s fallback): writing to the socket from here would
     race the worker's sender thread and could interleave two messages."""
 
-    def put(self, message: Any, context) -> None:
+    def put(self, message: Any) -> None:
         queue = self.find()
         if queue is None:
             raise LookupError("no async out-queue found (not TorchServe 0.12's async worker?)")

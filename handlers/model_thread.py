@@ -17,8 +17,6 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from ts_compiled_handlers.config import check_async_batch_size
-
 logger = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
@@ -33,7 +31,6 @@ class ModelThread:
     @classmethod
     def start(cls, build: Callable[[Any], None], context) -> "ModelThread":
         """A model thread that has run `build(context)` (initialize's work), the caller then held."""
-        check_async_batch_size(context.system_properties.get("batch_size"))  # a registration's own too
         thread = cls()
         thread.run(build, context)
         thread.hold_caller_to_one_thread()
@@ -43,8 +40,8 @@ class ModelThread:
         """`work(*args)` in the model thread, waited for; its exception is raised here."""
         return self.executor.submit(work, *args).result()
 
-    def hold_caller_to_one_thread(self) -> bool:
-        """Keep the calling thread from starting a team of its own; True if it is held.
+    def hold_caller_to_one_thread(self) -> None:
+        """Keep the calling thread from starting a team of its own.
 
         `torch.set_num_threads` sets OpenMP's thread count of the calling thread (and the default
         of threads not started yet), so the model thread keeps its own; a build of torch whose pool
@@ -52,13 +49,11 @@ class ModelThread:
         the calling thread must not have started parallel work before (TorchServe's worker starts
         none before `initialize`; measured, the import-time hardware check leaves none that slows)."""
         if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
-            return False  # a native pool has no teams per thread (and its size is the process's)
+            return  # a native pool has no teams per thread (and its size is the process's)
         model_threads = self.run(torch.get_num_threads)
         caller_threads = torch.get_num_threads()  # settles this thread's own count first
         torch.set_num_threads(1)
-        if self.run(torch.get_num_threads) == model_threads:
-            return True
-        torch.set_num_threads(caller_threads)
-        self.run(torch.set_num_threads, model_threads)
-        logger.warning("torch's thread count is shared between threads here: the event loop's thread is not held")
-        return False
+        if self.run(torch.get_num_threads) != model_threads:
+            torch.set_num_threads(caller_threads)
+            self.run(torch.set_num_threads, model_threads)
+            logger.warning("torch's thread count is shared between threads here: the event loop's thread is not held")

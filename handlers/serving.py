@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from ts_compiled_handlers import buckets, compile_cache, hardware, packing, process_settings, warmup
-from ts_compiled_handlers.config import CompileConfig, HandlerConfig, parse
+from ts_compiled_handlers.config import CompileConfig, HandlerConfig, check_async_batch_size, parse
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.layout import Layout
 from ts_compiled_handlers.model_runner import ModelRunner
@@ -84,6 +84,8 @@ class Started:
 def read_serving(context, task: Task) -> tuple[Serving, process_settings.ThreadShare]:
     """Configuration, this worker's share of the cores, tokenizer and bucket plan."""
     config = parse(context.model_yaml_config)
+    if config.asynchronous:
+        check_async_batch_size(context.system_properties.get("batch_size"))  # a registration's own too
     model_dir = Path(context.system_properties["model_dir"])
     threads = process_settings.share_cores(config.threads, config.workers, model_dir)
     gpu_id = context.system_properties.get("gpu_id")

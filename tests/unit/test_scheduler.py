@@ -153,11 +153,19 @@ def test_the_auto_budget_is_the_largest_rows_of_the_pack_budget_within_max_token
 TEXTS = ["a", "alice walks to paris with bob " * 3, "bob", "the river runs past the mill " * 4, "c d e"]
 
 
+class RecordingBuild(EmbeddingHandler):
+    """Records the thread that built and warmed the engine."""
+
+    def build(self, context) -> None:
+        self.built_in = threading.current_thread().name
+        super().build(context)
+
+
 @pytest.fixture(scope="module")
 def handlers(tiny_models):
     grid = {"buckets": {"seq_lens": [8, 32, 64], "batch_sizes": [1, 2, 4]}, "compile": {"enable": False}}
     threads = torch.get_num_threads()
-    scheduled = EmbeddingHandler()
+    scheduled = RecordingBuild()
     handler_config = {"dtype": "float32", **grid, "scheduler": {"max_queue": 4}}
     scheduled.initialize(
         make_context(tiny_models["embedding"], {"asyncCommunication": True, "handler": handler_config}, batch_size=1)
@@ -173,7 +181,8 @@ def test_the_model_is_built_and_called_in_one_thread_and_the_loop_thread_starts_
     scheduled, _, held_threads = handlers
     model_thread = scheduled.model_thread
     assert scheduled.scheduler.executor is model_thread.executor
-    assert "model-call" in model_thread.run(lambda: threading.current_thread().name)
+    assert scheduled.built_in == model_thread.run(lambda: threading.current_thread().name)
+    assert "model-call" in scheduled.built_in
     assert model_thread.run(torch.get_num_threads) == scheduled.threads.threads
     if "ATen parallel backend: OpenMP" in torch.__config__.parallel_info():  # the caller was held to 1
         assert held_threads == 1
@@ -220,7 +229,7 @@ def test_past_max_queue_requests_get_503_at_once_and_the_held_ones_are_served(ha
 def test_an_answer_that_cannot_be_sent_the_async_way_goes_plain_and_handle_never_raises(handlers, monkeypatch):
     scheduled, _, _ = handlers
 
-    def broken(message, context):
+    def broken(message):
         raise OSError("socket gone")
 
     monkeypatch.setattr(async_handle.OUT, "put", broken)
