@@ -9,9 +9,12 @@ server (loopback, token auth, 1 worker each) and driven in turn, never at once:
 - saturated: `--saturate` (32) clients on the same traffic: real tokens served per second, against
   the same engine on the same texts in this process (the archive's settings, calls of the
   scheduler's token budget, the model calls alone timed).
-Every answer must be a 200; RecompilesAfterReady must stay 0.
+Every answer must be a 200; RecompilesAfterReady must stay 0. Each run also reports the CPU that
+the frontend, the worker and the clients spent per request (read from /proc), and from it the
+ceilings: what a scheduled worker costing only its model's in-process CPU could serve on these
+cores beside that frontend and those clients.
 
-    python benchmarks/benchmark_scheduler.py               # MiniLM, 40 s per scenario and contender, ~9 minutes
+    python benchmarks/benchmark_scheduler.py               # MiniLM, 40 s per scenario and contender, ~10 minutes
     python benchmarks/benchmark_scheduler.py --threads 1   # the scheduled worker with 1 intra-op thread
     python benchmarks/benchmark_scheduler.py --quick       # tiny random model, 2 s each: a smoke run
 
@@ -24,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ts_compiled_handlers.benchmarks import loadtest, measure
+from ts_compiled_handlers.benchmarks import cpu, loadtest, measure
 from ts_compiled_handlers.benchmarks.in_process import ready_handler
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
 from ts_compiled_handlers.scripts import build_mar
@@ -45,8 +48,14 @@ TARGETS = {  # check: (least or most, bound)
 
 
 def scenario(server: TorchServe, name: str, texts: list, clients: int, duration: float) -> dict:
+    """One contender driven; with the CPU that the frontend, its worker and the clients spent per request."""
+    meter = cpu.CpuMeter({"frontend": server.frontend_pid(), "worker": server.worker_pids(name)[0]})
+    began = time.perf_counter()
     summary = loadtest.summarize_outcomes(loadtest.drive(server, name, texts, clients, duration))
+    spent, elapsed = meter.spent(), time.perf_counter() - began
     summary.pop("latencies")
+    summary["cpu_ms_per_request"] = {part: 1000 * seconds / max(summary["ok"], 1) for part, seconds in spent.items()}
+    summary["cores_busy"] = sum(spent.values()) / elapsed
     return summary
 
 
@@ -67,29 +76,68 @@ def served(server: TorchServe, lone: list, texts: list, args) -> dict:
     return runs
 
 
-def in_process_tokens_per_second(model_dir: Path, config: dict, texts: list, seconds: float) -> dict:
-    """The scheduled archive's engine over the same texts, in calls of its token budget, for about `seconds`."""
+def in_process(model_dir: Path, config: dict, texts: list, seconds: float, caps: list[int]) -> dict:
+    """The scheduled archive's engine over the same texts in this process, the model calls alone timed:
+    in calls of its token budget (the target's measure), then also of at most `cap` requests each
+    (the most a call can hold with `cap` closed-loop clients), for about `seconds` each."""
+    import torch
+
     from ts_compiled_handlers.embedding import EmbeddingHandler
 
     handler = ready_handler(EmbeddingHandler, model_dir, **{"dtype": "auto", **config["handler"]})
     budget = handler.engine.plan.full_call_tokens
     token_ids = [handler.tokenize([text]).token_ids[0] for text, _ in texts]
+    found = {"call_tokens": budget, "threads": torch.get_num_threads()}
+    found["tokens_per_second"] = engine_tokens_per_second(handler.engine, calls_of(token_ids, budget), seconds)
+    for cap in caps:
+        calls = calls_of(token_ids, budget, cap)
+        found[f"tokens_per_second_calls_of_{cap}"] = engine_tokens_per_second(handler.engine, calls, seconds)
+    return found
+
+
+def calls_of(token_ids: list, budget: int, most_requests: int | None = None) -> list[list]:
+    """The texts in order, cut into calls of at most `budget` tokens and `most_requests` requests."""
     calls, current = [], []
     for ids in token_ids:
-        if current and sum(map(len, current)) + len(ids) > budget:
+        if current and (sum(map(len, current)) + len(ids) > budget or len(current) == most_requests):
             calls.append(current)
             current = []
         current.append(ids)
-    calls.append(current)
+    return [*calls, current]
+
+
+def engine_tokens_per_second(engine, calls: list[list], seconds: float) -> float:
     tokens, began = 0, time.perf_counter()
     while time.perf_counter() - began < seconds:
         for call in calls:
-            handler.engine.run(call)
+            engine.run(call)
             tokens += sum(map(len, call))
             if time.perf_counter() - began >= seconds:
                 break
-    elapsed = time.perf_counter() - began
-    return {"tokens_per_second": tokens / elapsed, "call_tokens": budget, "calls": len(calls)}
+    return tokens / (time.perf_counter() - began)
+
+
+def ceilings(runs: dict, in_process: dict, args) -> dict:
+    """What a scheduled worker costing only its model's in-process CPU could serve on these cores,
+    given the CPU the frontend and the clients took per request in the scheduled runs."""
+    found = {"cores": cpu.cores()}
+    for label, clients, target in (
+        ("long-tailed", args.clients, "req/s / batches"),
+        ("saturated", args.saturate, "tokens/s / in process"),
+    ):
+        run = runs["scheduled"][label]
+        tokens_each = run["tokens_per_second"] / run["requests_per_second"]
+        model = in_process["threads"] * tokens_each / in_process[f"tokens_per_second_calls_of_{clients}"]
+        others = (run["cpu_ms_per_request"]["frontend"] + run["cpu_ms_per_request"]["clients"]) / 1000
+        most = cpu.ceiling_per_second(found["cores"], model, others)
+        against = (
+            runs["batches"][label]["requests_per_second"]
+            if label == "long-tailed"
+            else in_process["tokens_per_second"] / tokens_each
+        )
+        found[label] = {"model_cpu_ms": 1000 * model, "frontend_and_clients_cpu_ms": 1000 * others}
+        found[label].update(most_requests_per_second=most, ceiling=most / against, measure=target)
+    return found
 
 
 def checks(runs: dict, in_process: dict) -> list[dict]:
@@ -119,20 +167,33 @@ def checks(runs: dict, in_process: dict) -> list[dict]:
     return found
 
 
-def print_report(runs: dict, in_process: dict, found: list[dict], machine: str) -> None:
+def print_report(runs: dict, in_process: dict, found: list[dict], bounds: dict, machine: str) -> None:
     print(f"\n{machine}")
-    print(f"{'contender':<10} {'scenario':<12} {'req/s':>7} {'tokens/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'lost':>5}")
+    print(
+        f"{'contender':<10} {'scenario':<12} {'req/s':>7} {'tokens/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'lost':>5}"
+        f" | CPU ms per request: {'frontend':>8} {'worker':>7} {'clients':>7} | {'cores':>5}"
+    )
     for name, run in runs.items():
         for label in ("lone", "long-tailed", "saturated"):
-            row, latency = run[label], run[label]["latency"]
+            row, latency, spent = run[label], run[label]["latency"], run[label]["cpu_ms_per_request"]
             print(
                 f"{name:<10} {label:<12} {row['requests_per_second']:7.1f} {row['tokens_per_second']:9.0f} "
                 f"{latency['p50'] * 1000:7.1f} {latency['p99'] * 1000:7.1f} {row['lost'] + row['errors']:5d}"
+                f" | {'':>19} {spent['frontend']:8.2f} {spent['worker']:7.2f} {spent['clients']:7.2f}"
+                f" | {row['cores_busy']:5.2f}"
             )
     print(f"in process, same engine and texts: {in_process['tokens_per_second']:.0f} tokens/s")
     for check in found:
         value = check["value"] if not isinstance(check["value"], float) else f"{check['value']:.3f}"
         print(f"  {'ok ' if check['met'] else 'MISS'} {check['check']}: {value} (target {check['target']})")
+    print(f"Ceilings on these {bounds['cores']} cores: a scheduled worker costing only its model's in-process CPU")
+    for label in ("long-tailed", "saturated"):
+        bound = bounds[label]
+        print(
+            f"  {label}: model {bound['model_cpu_ms']:.2f} + frontend and clients "
+            f"{bound['frontend_and_clients_cpu_ms']:.2f} CPU ms per request -> at most "
+            f"{bound['most_requests_per_second']:.1f} req/s, {bound['measure']} {bound['ceiling']:.3f}"
+        )
 
 
 def parse_args(argv):
@@ -175,12 +236,13 @@ def main(argv=None) -> dict:
         finally:
             server.stop()
         scheduled_config = build_mar.model_config("embedding", CONTENDERS["scheduled"])
-        in_process = in_process_tokens_per_second(model_dir, scheduled_config, texts, args.duration)
-    found = checks(runs, in_process)
+        caps = [args.clients, args.saturate]
+        found_in_process = in_process(model_dir, scheduled_config, texts, args.duration, caps)
+    found, bounds = checks(runs, found_in_process), ceilings(runs, found_in_process, args)
     machine = measure.machine_summary()
-    print_report(runs, in_process, found, machine)
+    print_report(runs, found_in_process, found, bounds, machine)
     result = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}
-    result.update(in_process=in_process, checks=found)
+    result.update(in_process=found_in_process, checks=found, ceilings=bounds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     return result

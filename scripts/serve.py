@@ -209,6 +209,10 @@ class TorchServe:
     def stop(self) -> None:
         self.run("--stop")
 
+    def frontend_pid(self) -> int:
+        """The process id of the Java frontend (`torchserve` records it in its temporary folder)."""
+        return int((self.workdir / "tmp" / ".model_server.pid").read_text().split()[0])
+
     def key_file(self) -> Path:
         return self.workdir / "key_file.json"
 

@@ -178,6 +178,13 @@ def test_custom_metrics_on_the_prometheus_endpoint(server):
     )
 
 
+def test_the_frontend_pid_names_torchserves_java_process(server):
+    """benchmarks/benchmark_scheduler.py meters the frontend's CPU by this pid."""
+    arguments = Path(f"/proc/{server.frontend_pid()}/cmdline").read_bytes().split(b"\0")
+    assert Path(arguments[0].decode()).name == "java"
+    assert any(b"ModelServer" in argument for argument in arguments)
+
+
 def test_the_wheel_installs_one_package_of_its_own_name(wheel):
     (built,) = wheel.dist.glob("ts_compiled_handlers-*.whl")
     with zipfile.ZipFile(built) as archive:
