@@ -25,6 +25,7 @@ from ts_compiled_handlers.benchmarks.in_process import make_context
 from ts_compiled_handlers.benchmarks.traffic import traffic_lengths
 from ts_compiled_handlers.embedding import EmbeddingHandler
 from ts_compiled_handlers.hardware import DTYPES, detect
+from ts_compiled_handlers.layout import BatchIds, Call, Layout, call_inputs
 
 
 def batches(items: list, size: int) -> list[list]:
@@ -32,14 +33,18 @@ def batches(items: list, size: int) -> list[list]:
 
 
 def eager_pad_to_longest(handler: EmbeddingHandler, dtype: torch.dtype, traffic: list[list[list[int]]]) -> dict:
-    """The simple hand-written handler: each batch padded to its longest request, eager."""
+    """The simple hand-written handler: each batch padded to its longest request, eager. Its inputs
+    are the length groups' (one text a row, an attention mask), at the longest length, not a bucket."""
     module = handler.engine.model.eager.to(dtype)
+    groups = Layout()
     padded = 0
     began = time.perf_counter()
     with torch.inference_mode():
         for batch in traffic:
-            group = buckets.Group(tuple(range(len(batch))), len(batch), max(len(ids) for ids in batch))
-            module(**buckets.pad_group(batch, group, handler.engine.pad_id))
+            ids = BatchIds(batch)
+            group = buckets.Group(tuple(range(len(batch))), len(batch), max(ids.lengths))
+            call = Call(group, tuple((text,) for text in group.indices))
+            module(**call_inputs(ids, call, ids.placement(call), groups, handler.engine.pad_id))
             padded += group.batch_size * group.seq_len
     return {"seconds": time.perf_counter() - began, "padded_tokens": padded}
 

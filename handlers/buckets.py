@@ -11,7 +11,6 @@ warm-up shape, grows with the square of the limit.
 
 import dataclasses
 import itertools
-from typing import NamedTuple
 
 import torch
 
@@ -55,15 +54,6 @@ class Group:
     indices: tuple[int, ...]
     batch_size: int
     seq_len: int
-
-
-class Prepared(NamedTuple):
-    """One model call: its group of rows, their padded input tensors, and for packed rows where
-    each text sits in the output (`packing.Span`s; None: row i is text `group.indices[i]`)."""
-
-    group: Group
-    inputs: dict[str, torch.Tensor]
-    spans: list | None = None
 
 
 def seq_bucket(length: int, seq_lens: tuple[int, ...]) -> int | None:
@@ -135,20 +125,6 @@ def mark_dynamic_dims(tensor: torch.Tensor, dynamic: str) -> None:
     torch._dynamo.mark_dynamic(tensor, 0)
     if dynamic == "all":
         torch._dynamo.mark_dynamic(tensor, 1)
-
-
-def pad_group(token_ids: list[list[int]], group: Group, pad_id: int) -> dict[str, torch.Tensor]:
-    """input_ids and attention_mask of shape (batch_size, seq_len) for the group's requests.
-
-    Dummy rows (static batch only) attend to one pad token so no row is fully masked.
-    """
-    input_ids = torch.full((group.batch_size, group.seq_len), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((group.batch_size, group.seq_len), dtype=torch.long)
-    attention_mask[:, 0] = 1
-    for row, ids in enumerate(token_ids):
-        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, : len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 def padded_tokens(groups: list[Group]) -> int:

@@ -57,14 +57,6 @@ def test_expected_graphs_per_strategy():
     assert buckets.expected_graphs(buckets.BucketPlan((16, 32), (1,), "batch")) == 2
 
 
-def test_pad_group_masks_padding_and_keeps_dummy_rows_unmasked_at_one_token():
-    group = buckets.Group((0, 1), batch_size=4, seq_len=8)
-    inputs = buckets.pad_group([[5, 6, 7], [5, 6]], group, pad_id=0)
-    assert inputs["input_ids"].shape == inputs["attention_mask"].shape == (4, 8)
-    assert inputs["input_ids"][0].tolist() == [5, 6, 7, 0, 0, 0, 0, 0]
-    assert inputs["attention_mask"].sum(dim=1).tolist() == [3, 2, 1, 1]
-
-
 def test_long_buckets_take_fewer_rows_so_no_call_holds_more_than_max_tokens():
     plan = buckets.BucketPlan((16, 256, 512, 1024, 8192), (1, 2, 4, 8), "all", max_tokens=4096)
     assert [plan.rows_for(seq_len) for seq_len in plan.seq_lens] == [8, 8, 8, 4, 1]
