@@ -325,32 +325,71 @@ def test_soak_with_invalid_requests_loses_nothing_and_keeps_memory_flat(server):
     assert result["rss_end_mb"] < result["rss_start_mb"] * 1.2
 
 
+def recovery(result: dict) -> float:
+    """The seconds from the kill to the first answer after it; a clear failure where there is none."""
+    assert result["killed_pid"] is not None, f"soak found no READY worker to kill: {result}"
+    assert result["recovery_seconds"] is not None, (
+        f"worker {result['killed_pid']} killed: no request sent after the kill was answered before the run ended "
+        f"({result['ok']} answered, {result['no_answer']} unanswered, {result['server_errors']} 5xx)"
+    )
+    print(f"worker {result['killed_pid']} killed: answering again after {result['recovery_seconds']:.1f} s")
+    return result["recovery_seconds"]
+
+
 def test_a_worker_killed_under_load_fails_only_its_batch_and_comes_back_warm(server):
     result = soak(server, "truncating", SHORT_TEXTS, clients=8, duration=120, invalid_every=0, kill_after=2)
-    print(f"worker {result['killed_pid']} killed: answering again after {result['recovery_seconds']:.1f} s")
-    assert result["recovery_seconds"] is not None
+    recovery(result)
     assert result["no_answer"] == 0 and result["server_errors"] <= BATCHING["truncating"][0]
     assert result["ok"] == result["requests"] - result["server_errors"]
     ready = ready_lines(server, "truncating")
     assert len(ready) == 2 and "from host cache" in ready[-1]
 
 
+def wait_for(event, seconds: float, what: str):
+    """`event()`'s first true value, polled until `seconds` have passed; fails saying `what` never happened."""
+    deadline = time.monotonic() + seconds
+    while not (value := event()):
+        assert time.monotonic() < deadline, f"{what}: not within {seconds:.0f} s"
+        time.sleep(0.25)
+    return value
+
+
+def fresh_scheduled_worker(server, name: str) -> int:
+    """Scale `name` to 0 workers and back to 1, and wait for the new worker to be READY with its ready
+    line logged; returns the ready lines it has then. TorchServe 0.12 keeps an async worker's thread
+    across restarts and never marks a restarted one loaded again (AsyncWorkerThread.loadingFinished),
+    so after any earlier death of its worker the model's worker is never READY (nothing for the kill
+    to find) and its recovery clock is never reset (a second death past maxRetryTimeoutInSec is not
+    retried); a new worker thread starts clean, whatever earlier tests left."""
+    server.scale(name, 0)
+    before = len(ready_lines(server, name))
+    server.scale(name, 1)
+    wait_for(lambda: server.worker_pids(name), 120, f"a READY {name} worker after scaling to 0 and back")
+    wait_for(lambda: len(ready_lines(server, name)) > before, 30, f"the ready line of the new {name} worker")
+    return len(ready_lines(server, name))
+
+
 def test_a_scheduled_worker_killed_under_load_loses_only_what_it_held_and_comes_back_from_its_package(server):
+    ready_before = fresh_scheduled_worker(server, "guarded")
+    assert server.ping().status_code == 200, "/ping is not 200 before the kill: another model is unhealthy"
     # TorchServe 0.12 neither answers nor retries the requests an async worker held when it died
     # (docs/operations.md): each of the 8 clients has at most one in flight, which times out.
-    killed_at = time.monotonic() + 2
+    killed_at = time.monotonic() + 2  # no later than the kill: the soak's timer starts after this
     result = soak(server, "guarded", SHORT_TEXTS, clients=8, duration=120, invalid_every=0, kill_after=2, timeout=5)
-    print(f"worker {result['killed_pid']} killed: answering again after {result['recovery_seconds']:.1f} s")
-    assert result["recovery_seconds"] is not None
+    recovery(result)
     assert result["no_answer"] <= 8 and result["server_errors"] == 0
     assert result["ok"] == result["requests"] - result["no_answer"]
+    wait_for(lambda: len(ready_lines(server, "guarded")) > ready_before, 30, "the restarted worker's ready line")
     ready = ready_lines(server, "guarded")
-    assert len(ready) == 2 and "from aot package" in ready[-1]
+    assert len(ready) == ready_before + 1 and "from aot package" in ready[-1]
     # The restarted worker serves, and /ping says so until maxRetryTimeoutInSec after the kill;
     # then TorchServe reports it unhealthy (it never marks a restarted async worker loaded), until
     # the model is scaled to 0 workers and back.
     assert time.monotonic() < killed_at + RETRY_SECONDS and server.ping().status_code == 200
-    time.sleep(max(0.0, killed_at + RETRY_SECONDS + 1 - time.monotonic()))
+    wait_for(
+        lambda: server.ping().status_code == 500, RETRY_SECONDS + 30, "/ping turning 500 after maxRetryTimeoutInSec"
+    )
+    assert time.monotonic() >= killed_at + RETRY_SECONDS, "/ping turned 500 before maxRetryTimeoutInSec"
     assert server.predict("guarded", {"inputs": "hello"}).status_code == 200
     assert server.ping().status_code == 500
     server.scale("guarded", 0)
