@@ -11,10 +11,11 @@ setup(
     # One import package of its own name, laid out as the repository is: handlers/ is the package
     # (what a .mar carries), scripts/ the tools behind the `hfserve` command (build, serve, plan),
     # benchmarks/ the benchmarks and load tests (`hfserve benchmark`, `hfserve loadtest`).
-    packages=[PACKAGE, f"{PACKAGE}.protocols", f"{PACKAGE}.scripts", f"{PACKAGE}.benchmarks"],
+    packages=[PACKAGE, f"{PACKAGE}.protocols", f"{PACKAGE}.tasks", f"{PACKAGE}.scripts", f"{PACKAGE}.benchmarks"],
     package_dir={
         PACKAGE: "handlers",
         f"{PACKAGE}.protocols": "handlers/protocols",
+        f"{PACKAGE}.tasks": "handlers/tasks",
         f"{PACKAGE}.scripts": "scripts",
         f"{PACKAGE}.benchmarks": "benchmarks",
     },

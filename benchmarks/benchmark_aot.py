@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ts_compiled_handlers import aot_package, aot_start, building
+from ts_compiled_handlers import aot_package
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.benchmark import compare
-from ts_compiled_handlers.benchmarks.in_process import make_context, ready_handler
+from ts_compiled_handlers.benchmarks.in_process import build_aot_package, ready_handler
 from ts_compiled_handlers.embedding import EmbeddingHandler
 from ts_compiled_handlers.model_runner import EagerRunner
 from ts_compiled_handlers.scripts.cli import HelpFormatter
@@ -46,9 +46,7 @@ def model_dir(name: str, scratch: Path) -> Path:
 def build_package(source: Path, target: Path, config: dict) -> tuple[Path, dict]:
     """A copy of `source` with its AOT package, as the build makes it; the build's timings."""
     shutil.copytree(source, target)
-    builder = EmbeddingHandler()
-    serving = builder.load_serving(make_context(target, {"handler": config}))
-    built = aot_start.build_package(builder, serving, building.eager_engine(builder, serving))
+    built = build_aot_package(EmbeddingHandler, target, {"handler": config})
     package = target / aot_package.PACKAGE_DIR / aot_package.PACKAGE_FILE
     built["package_megabytes"] = round(package.stat().st_size / 1e6, 1)
     return target, built

@@ -7,6 +7,7 @@ and no packing: one eager forward pass per TorchServe batch, padded to the batch
 
 from ts_compiled_handlers import buckets, layout
 from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
 
 class PadToLongestHandler(EmbeddingHandler):
@@ -17,5 +18,6 @@ class PadToLongestHandler(EmbeddingHandler):
             texts = tuple(range(len(lengths)))
             return [layout.Call(buckets.Group(texts, len(lengths), max(lengths)), tuple((text,) for text in texts))]
 
-    def engine(self, model, serving, dtype, layout):
-        return super().engine(model, serving, dtype, self.PadToLongest())
+    class task_class(EmbeddingTask):
+        def engine(self, model, serving, dtype, layout):
+            return super().engine(model, serving, dtype, PadToLongestHandler.PadToLongest())

@@ -29,7 +29,7 @@ from ts_compiled_handlers.serving import HARDWARE, Serving, Started, Task
 
 logger = logging.getLogger(__name__)
 
-# Where the compiled kernels came from, as the ready line says it (CompiledHandler logs it).
+# Where the compiled kernels came from, as the ready line says it (handlers/ready.py logs it).
 CACHE_SOURCES = {
     "archive": "hit, unpacked from the archive",
     "host": "hit, this host's cache from an earlier worker",

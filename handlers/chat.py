@@ -10,14 +10,18 @@ ROLES = ("system", "user", "assistant")
 def check_messages(messages: Any) -> list[dict[str, str]]:
     """A non-empty list of {"role": system | user | assistant, "content": text}."""
     if not isinstance(messages, list) or not messages:
-        raise RequestError(400, '\'messages\' must be a non-empty list of {"role", "content"} objects')
+        raise RequestError(400, '\'messages\' must be a non-empty list of {"role", "content"} objects', "messages")
     for position, message in enumerate(messages):
         if not (isinstance(message, dict) and set(message) == {"role", "content"}):
-            raise RequestError(400, f"'messages'[{position}] must be an object with exactly 'role' and 'content'")
+            raise RequestError(
+                400, f"'messages'[{position}] must be an object with exactly 'role' and 'content'", "messages"
+            )
         if message["role"] not in ROLES or not isinstance(message["content"], str):
-            raise RequestError(400, f"'messages'[{position}]: role is one of {', '.join(ROLES)}, content a string")
+            raise RequestError(
+                400, f"'messages'[{position}]: role is one of {', '.join(ROLES)}, content a string", "messages"
+            )
         if not is_unicode_text(message["content"]):
-            raise RequestError(400, f"'messages'[{position}] holds a lone surrogate, not Unicode text")
+            raise RequestError(400, f"'messages'[{position}] holds a lone surrogate, not Unicode text", "messages")
     return messages
 
 
@@ -25,7 +29,9 @@ def chat_prompt(tokenizer, messages: Any) -> str:
     """The prompt the tokenizer's chat template makes of `messages`, ready for generation, without
     the first special token that tokenizing adds again."""
     if not tokenizer.chat_template:
-        raise RequestError(400, "this model's tokenizer has no chat template: send 'inputs' (a prompt) instead")
+        raise RequestError(
+            400, "this model's tokenizer has no chat template: send 'inputs' (a prompt) instead", "inputs"
+        )
     messages = check_messages(messages)
     try:
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -42,6 +48,6 @@ def messages_to_inputs(tokenizer, value: Any) -> Any:
     if not (isinstance(value, dict) and "messages" in value):
         return value
     if "inputs" in value:
-        raise RequestError(400, "send 'inputs' (a prompt) or 'messages' (a chat), not both")
+        raise RequestError(400, "send 'inputs' (a prompt) or 'messages' (a chat), not both", "inputs")
     prompt = chat_prompt(tokenizer, value["messages"])
     return {**{key: item for key, item in value.items() if key != "messages"}, "inputs": prompt}

@@ -1,70 +1,11 @@
-"""Text classification with the answers of transformers' `pipeline("text-classification")`; text pairs
-and reranking with those of sentence-transformers' `CrossEncoder`.
+"""Text classification, text pairs and reranking under TorchServe: the handler a `.mar` names, one class.
 
-A text pair (`{"text": q, "text_pair": p}`) is one input of the model, its two texts told apart by
-token types where the model has them (BERT); packed rows carry them too. The rerank form
-(handlers/protocols/rerank.py) scores a query against each document with the activation
-`CrossEncoder.predict` applies, and answers best first.
+The task itself: handlers/tasks/classification.py.
 """
 
-import dataclasses
-from pathlib import Path
-
-import torch
-
-from ts_compiled_handlers.base import CompiledHandler
-from ts_compiled_handlers.batch import Accepted
-from ts_compiled_handlers.engine import Engine
-from ts_compiled_handlers.labels import (
-    SCORE_FUNCTIONS,
-    SequenceLogits,
-    cross_encoder_activation,
-    optional_top_k,
-    score_function,
-    top_labels,
-)
-from ts_compiled_handlers.layout import Layout
-from ts_compiled_handlers.model_runner import ModelRunner
-from ts_compiled_handlers.payload import RequestError
-from ts_compiled_handlers.pooling import read_json
-from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
-from ts_compiled_handlers.protocols.plain import PlainProtocol
-from ts_compiled_handlers.protocols.rerank import CohereRerankProtocol, RerankProtocol
-from ts_compiled_handlers.serving import Serving
+from ts_compiled_handlers.tasks.classification import ClassificationTask
+from ts_compiled_handlers.torchserve import TorchServeHandler
 
 
-class ClassificationHandler(CompiledHandler):
-    """`{"inputs": "text", "top_k": 1}` -> `[{"label": ..., "score": ...}]`; a list in gets a list of those."""
-
-    PARAMS = {"top_k": optional_top_k}
-    PAIRS = True
-    protocols = (KServeV2Protocol(), RerankProtocol(), CohereRerankProtocol(), PlainProtocol())
-
-    def read_task_settings(self, model_dir: Path, model_config) -> None:
-        self.id2label = {int(index): label for index, label in model_config.id2label.items()}
-        self.scores = SCORE_FUNCTIONS[score_function(model_config)]
-        # sentence-transformers reads its own file only in a folder it saved (one with modules.json)
-        saved_by_st = (model_dir / "modules.json").is_file()
-        saved = read_json(model_dir / "config_sentence_transformers.json", {}) if saved_by_st else {}
-        self.rerank_scores = SCORE_FUNCTIONS[cross_encoder_activation(model_config, saved)]
-        self.token_types = (getattr(model_config, "type_vocab_size", 0) or 0) > 1  # BERT's segment A / B
-
-    def build_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModelForSequenceClassification
-
-        model = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
-        )
-        return SequenceLogits(model)
-
-    def engine(self, model: ModelRunner, serving: Serving, dtype: torch.dtype, layout: Layout) -> Engine:
-        return super().engine(model, serving, dtype, dataclasses.replace(layout, token_types=self.token_types))
-
-    def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
-        request = accepted.request
-        if request.meta.get("rerank"):
-            if len(self.id2label) != 1:
-                raise RequestError(400, f"reranking needs a one-label cross-encoder; this one has {len(self.id2label)}")
-            return [{"score": self.rerank_scores(row)[0].item()} for row in rows]
-        top_k = request.params.get("top_k", 1)
-        return [top_labels(self.scores(row), self.id2label, top_k) for row in rows]
+class ClassificationHandler(TorchServeHandler):
+    task_class = ClassificationTask

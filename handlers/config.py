@@ -354,10 +354,12 @@ class HandlerConfig:
     embedding: EmbeddingConfig = _section(EmbeddingConfig)
     generation: GenerationConfig = _section(GenerationConfig)
     scheduler: SchedulerConfig = _section(SchedulerConfig)
-    # Not `handler:` keys: TorchServe's minWorkers, used to share the cores between workers, and its
-    # asyncCommunication, which hands requests to the worker as they come (handlers/async_handle.py).
+    # Not `handler:` keys: TorchServe's minWorkers, used to share the cores between workers, its
+    # asyncCommunication, which hands requests to the worker as they come (handlers/scheduled.py), and
+    # its continuousBatching, which runs generation as a decode loop (handlers/continuous.py).
     workers: int = dataclasses.field(default=1, metadata={"internal": True})
     asynchronous: bool = dataclasses.field(default=False, metadata={"internal": True})
+    continuous: bool = dataclasses.field(default=False, metadata={"internal": True})
 
 
 def _parse_section(cls, raw: Any, key: str):
@@ -413,7 +415,8 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
             config.generation.default_new_tokens,
             f"at most generation.max_new_tokens ({config.generation.max_new_tokens})",
         )
-    if yaml_config.get("continuousBatching") and config.task != "text-generation":
+    continuous = _boolean(yaml_config.get("continuousBatching", False), "continuousBatching")
+    if continuous and config.task != "text-generation":
         raise ConfigError("continuousBatching", True, f"false for task {config.task}: only text-generation runs a loop")
     asynchronous = _boolean(yaml_config.get("asyncCommunication", False), "asyncCommunication")
     if asynchronous and config.task == "text-generation":
@@ -421,4 +424,4 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
     if asynchronous:
         check_async_batch_size(yaml_config.get("batchSize", 1))
     workers = _positive_int(yaml_config.get("minWorkers", 1), "minWorkers")
-    return dataclasses.replace(config, workers=workers, asynchronous=asynchronous)
+    return dataclasses.replace(config, workers=workers, asynchronous=asynchronous, continuous=continuous)

@@ -2,7 +2,8 @@
 
 With `continuousBatching: true` in model-config.yaml, TorchServe calls `handle` again and again with
 the requests it holds, up to `batchSize`: new ones with their bodies, running ones resent without a
-body (`context.request_ids` names them). Each call here admits waiting prompts into free slots of a
+body (each named by its request id; the TorchServe adapter hands them over as `(id, Incoming)`, a
+resent one as `(id, None)`). Each call here admits waiting prompts into free slots of a
 `SlotCache` (an eager prefill each), runs up to `generation.steps_per_call` compiled decode steps
 over all slots (ending the call early after a step in which a prompt finished, so that it is
 answered at once and a new request can take its slot), and answers every request of the call: a
@@ -10,8 +11,8 @@ chunk of streamed text, nothing yet, or its final answer.
 
 What TorchServe's frontend does with the answers (its ContinuousBatching and RestJob classes):
 - a request leaves only with an answer whose `ts_stream_next` header is `false`; an answer without
-  the header keeps it, so every answer here sets the header (through `context.stopping_criteria`,
-  which TorchServe's response encoder consults);
+  the header keeps it, so every answer here says whether it is the last (`Reply.last`, which the
+  adapter turns into the header);
 - a request's HTTP status and headers go out with its first answer, and only if that answer says
   `true` or has no header at all: so every first answer says `true`, and a request complete at once
   (a prompt done in its first step) is closed by an empty answer on the next call. A refusal (4xx,
@@ -30,8 +31,9 @@ A request's life is a `Phase`, moved only by `DecodeLoop._move`:
     REFUSED --one plain answer (its status, no header)------> CLOSING --""--> ENDED
     any phase --its client left (the frontend stopped sending it)--> ENDED
 
-What the loop needs of the handler is the `LoopTask` contract below; of the engine, `prefill`
-and `decode` (handlers/decoder_engine.py).
+What the loop needs of the worker is `accept`, `error_body` and its generation task (the prompts,
+the streamed and final text: handlers/tasks/generation.py); of the engine, `prefill` and `decode`
+(handlers/decoder_engine.py).
 """
 
 import dataclasses
@@ -39,32 +41,19 @@ import enum
 import json
 import logging
 import time
-from typing import Protocol
 
 import torch
 
-from ts_compiled_handlers.batch import INTERNAL_ERROR, describe
 from ts_compiled_handlers.continuation import Job
+from ts_compiled_handlers.outcome import describe, internal_error, refusal
 from ts_compiled_handlers.payload import RequestError
 from ts_compiled_handlers.protocols import Answered
+from ts_compiled_handlers.request_batches import Reply
+from ts_compiled_handlers.worker import Incoming, Worker
 
 logger = logging.getLogger(__name__)
 
 LOST = {"error": "this request's state was lost (the worker restarted); send it again", "code": 500}
-
-
-class LoopTask(Protocol):
-    """What the loop needs of the handler: new requests as prompts, and answers as sent."""
-
-    def jobs_of(self, request: dict, index: int) -> list[Job]:
-        """Decode, check and tokenize request `index` of the call; RequestError for a refusal."""
-
-    def error_body(self, index: int, error: RequestError) -> str: ...
-
-    def chunk_text(self, jobs: list[Job]) -> str:
-        """New streamed text of a running request ("" when it does not stream)."""
-
-    def final_text(self, jobs: list[Job]) -> str: ...
 
 
 class Phase(enum.Enum):
@@ -95,7 +84,9 @@ class Running:
     phase: Phase = Phase.RUNNING
     opened: bool = False
     error: str | None = None
-    status: tuple[int, str] | None = None  # a refusal's, sent with its answer
+    status: int = 200  # a refusal's, sent with its answer
+    content_type: str = "application/json"
+    route: str = ""
 
     @property
     def done(self) -> bool:
@@ -103,13 +94,16 @@ class Running:
 
 
 class DecodeLoop:
-    """The slots, the requests holding them, and one `call` per TorchServe handle call."""
+    """The slots, the requests holding them, and one `call` per call of the server."""
 
-    def __init__(self, engine, task: LoopTask, slots: int, steps_per_call: int, max_seconds: float):
-        self.engine = engine
-        self.task = task
-        self.steps_per_call = steps_per_call
-        self.max_seconds = max_seconds
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.engine = engine = worker.engine
+        self.task = worker.task
+        limits = worker.serving.config.generation
+        self.steps_per_call = limits.steps_per_call
+        self.max_seconds = limits.max_request_seconds
+        slots = engine.plan.max_batch
         self.running: dict[str, Running] = {}
         self.holders: list[tuple[Job, Running] | None] = [None] * slots  # which prompt holds each slot
         self.tokens = torch.full((slots,), engine.pad_id, dtype=torch.long)  # each slot's next input
@@ -123,13 +117,15 @@ class DecodeLoop:
     def idle(self) -> bool:
         return self.free_slots == len(self.holders)
 
-    def call(self, data: list[dict], context) -> list[str]:
-        """Answers for one call, in order; sets each one's `ts_stream_next` via stopping_criteria."""
-        ids = [context.request_ids[index] for index in range(len(data))]
+    def call(self, requests: list[tuple[str, Incoming | None]]) -> list[Reply]:
+        """Replies for one call, in order: `(request id, its request, or None where resent)` in."""
+        if self.idle:  # re-tracing the grid writes the slot cache
+            self.worker.follow_worker_count()
+        ids = [request_id for request_id, _ in requests]
         self._forget_absent(set(ids))
-        for index, (request, request_id) in enumerate(zip(data, ids, strict=True)):
+        for index, (request_id, incoming) in enumerate(requests):
             if request_id not in self.running:
-                self.running[request_id] = self._arrive(request, index, context)
+                self.running[request_id] = self._arrive(incoming, index)
         try:
             self._admit()
             for _ in range(self.steps_per_call):
@@ -139,14 +135,10 @@ class DecodeLoop:
             logger.error("The decode loop failed; ending its %d requests: %s", len(self.running), describe(error))
             for running in self.running.values():
                 if running.phase is Phase.RUNNING and not running.done:
-                    self._end_with_error(running, RequestError(500, INTERNAL_ERROR["error"]))
-        answers, last = [], []
-        for index, request_id in enumerate(ids):
-            answer, done = self._answer(request_id, index, context)
-            answers.append(answer)
-            last.append(done)
-        context.stopping_criteria = [lambda _, done=done: done for done in last]
-        return answers
+                    self._end_with_error(running, internal_error())
+        replies = [self._answer(request_id) for request_id in ids]
+        self.worker.report_recompiles()
+        return replies
 
     # -- requests in and out ---------------------------------------------------------------
     def _move(self, running: Running, phase: Phase) -> None:
@@ -158,35 +150,27 @@ class DecodeLoop:
             self._release_slots_of(running)
             running.waiting.clear()
 
-    def _arrive(self, request: dict, index: int, context) -> Running:
+    def _arrive(self, incoming: Incoming | None, index: int) -> Running:
         deadline = time.monotonic() + self.max_seconds
-        if not request and not context.request_processor[index].get_request_properties():
-            # resent without its headers and parameters (TorchServe holds them), but unknown here
+        if incoming is None:  # resent without its headers and parameters (the server holds them), unknown here
             return Running([], [], deadline, Phase.FINISHED, opened=True, error=json.dumps(LOST))
         try:
-            jobs = self.task.jobs_of(request, index)
+            accepted = self.worker.accept(incoming, index)
         except Answered as answered:  # answered without the model: one plain answer, as a refusal is
-            running = Running([], [], deadline, Phase.REFUSED, error=json.dumps(answered.body))
-            running.status = (200, "OK")
-            return running
-        except RequestError as error:
-            return self._refused(deadline, index, error)
-        except Exception as error:  # anything else a body can provoke is this request's 500 alone
-            logger.error("Request %d of the call failed in preprocess: %s", index, describe(error))
-            return self._refused(deadline, index, RequestError(500, INTERNAL_ERROR["error"]))
-        return Running(jobs, list(jobs), deadline)
-
-    def _refused(self, deadline: float, index: int, error: RequestError) -> Running:
-        running = Running([], [], deadline, Phase.REFUSED, error=self.task.error_body(index, error))
-        running.status = (error.code, error.phrase)
-        return running
+            return Running([], [], deadline, Phase.REFUSED, error=json.dumps(answered.body))
+        except Exception as error:  # anything a body can provoke is this request's alone
+            refused = refusal(error, f"preprocess (request {index} of the call)")
+            body = json.dumps(self.worker.error_body(incoming.route, refused))
+            return Running([], [], deadline, Phase.REFUSED, error=body, status=refused.status)
+        jobs = self.task.jobs(accepted)
+        return Running(jobs, list(jobs), deadline, content_type=self.task.content_type(accepted))
 
     def _end_with_error(self, running: Running, error: RequestError) -> None:
         """`running` ends with the error's body, in its protocol's shape: a plain refusal before its
         first answer, its last body after."""
         request = running.jobs[0].accepted.request
         running.error = json.dumps(request.protocol.error(error))
-        running.status = (error.code, error.phrase)
+        running.status = error.status
         self._move(running, Phase.FINISHED if running.opened else Phase.REFUSED)
 
     def _forget_absent(self, present: set[str]) -> None:
@@ -197,29 +181,31 @@ class DecodeLoop:
                 logger.info("A request left before its end (client gone); its slots are free")
             self._move(gone, Phase.ENDED)
 
-    def _answer(self, request_id: str, index: int, context) -> tuple[str, bool | None]:
-        """(what to send now, whether it is the request's last answer; None: no header, a plain answer)."""
+    def _answer(self, request_id: str) -> Reply:
+        """What to send now; `last`: whether it is the request's last answer (None: a plain answer)."""
         running = self.running[request_id]
         if running.phase is Phase.RUNNING and running.done:
             self._move(running, Phase.FINISHED)
         if running.phase is Phase.CLOSING:
             self._end(request_id)
-            return "", True
+            return Reply("", content_type=running.content_type, last=True)
         if running.phase is Phase.REFUSED:  # one plain error answer: should it come again, it closes
-            context.set_response_status(*running.status, index)
-            context.set_response_content_type(index, "application/json")
             running.opened = True
             self._move(running, Phase.CLOSING)
-            return running.error, None
+            return Reply(running.error, running.status, "application/json", last=None)
         first, running.opened = not running.opened, True
         if running.phase is Phase.RUNNING:  # the first answer must say "true", or no status line is sent
-            return self.task.chunk_text(running.jobs), False
-        body = running.error if running.error is not None else self.task.final_text(running.jobs)
+            return Reply(self.task.chunk_text(running.jobs), content_type=running.content_type, last=False)
+        body = running.error if running.error is not None else self._final_text(running.jobs)
         if first:
             self._move(running, Phase.CLOSING)
-            return body, False
+            return Reply(body, content_type=running.content_type, last=False)
         self._end(request_id)
-        return body, True
+        return Reply(body, content_type=running.content_type, last=True)
+
+    def _final_text(self, jobs: list[Job]) -> str:
+        final = self.task.final(jobs, self.worker.served)
+        return final if isinstance(final, str) else json.dumps(final, allow_nan=False)
 
     def _end(self, request_id: str) -> None:
         self._move(self.running.pop(request_id), Phase.ENDED)
@@ -235,7 +221,7 @@ class DecodeLoop:
                     logits = self.engine.prefill(job.ids, slot)
                 except Exception as error:  # a prefill writes its own slot only: its request alone fails
                     logger.error("A prompt's prefill failed; its request ends: %s", describe(error))
-                    self._end_with_error(running, RequestError(500, INTERNAL_ERROR["error"]))
+                    self._end_with_error(running, internal_error())
                     break
                 self._take(job, slot, job.sampler.choose(logits.float().cpu()))
                 if not job.continuation.finished:

@@ -119,5 +119,5 @@ def optional_top_k(value: Any, name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RequestError(400, f"parameter '{name}' must be an integer >= 1, or null for all labels")
+        raise RequestError(400, f"parameter '{name}' must be an integer >= 1, or null for all labels", name)
     return value

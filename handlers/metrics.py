@@ -1,18 +1,18 @@
-"""Custom TorchServe metrics of this package, as model-level gauges.
+"""The worker's metrics, named once for every server: what they are, and the sink they go to.
 
-They reach the metrics API only because `handlers/metrics.yaml` (the file `metrics_config` in
-config.properties points to) declares them with the same names and dimensions.
+A worker reports through a `MetricsSink`, which each server implements its own way (TorchServe's:
+handlers/ts_metrics.py); `NullSink` drops everything (in-process use, tests). The names are the
+same on every server, so a dashboard reads them alike.
 """
 
-from ts.metrics.dimension import Dimension
-from ts.metrics.metric_cache_errors import MetricsCacheKeyError
-from ts.metrics.metric_type_enum import MetricTypes
+from typing import Protocol
 
 GAUGES = (
     "CompileSeconds",
     "WarmupSeconds",
     "CompileCacheHit",
     "CompileFallback",
+    "AotPackage",
     "RecompilesAfterReady",
     "PaddedTokenRatio",
 )
@@ -22,56 +22,31 @@ COUNTERS = {
     "RequestFailures": "Stage",  # requests answered 500 (preprocess, inference, postprocess or handle)
     "BatchSplits": "Cause",  # batched model calls that raised and were split, by exception type
 }
-
-
-# Histograms under asyncCommunication: per model call, its tokens (in thousands); per request, its
-# wait in the token scheduler (s). TorchServe's Prometheus histograms have the default buckets,
-# 0.005 to 10: these units put them where the values fall.
+# Histograms of the token scheduler: per model call, its tokens (in thousands); per request, its
+# wait in the queue (s). TorchServe's Prometheus histograms have the default buckets, 0.005 to 10:
+# these units put them where the values fall.
 HISTOGRAMS = ("CallKilotokens", "SchedulerQueueTime")
 
 
-def _dimensions(context) -> list[Dimension]:
-    return [Dimension("ModelName", context.model_name), Dimension("Level", "Model")]
+class MetricsSink(Protocol):
+    """Where a worker's metrics go; each call is about this worker's model."""
+
+    def gauge(self, name: str, value: float, unit: str) -> None: ...
+
+    def count(self, name: str, label: str, value: int) -> None:
+        """Add `value` to the counter `name` under its extra dimension's `label` (COUNTERS)."""
+
+    def observe(self, name: str, value: float, unit: str) -> None: ...
 
 
-def emit(context, name: str, value: float, unit: str) -> None:
-    """Set the gauge `name` for this model; a context without metrics (unit tests) is skipped."""
-    metrics = getattr(context, "metrics", None)
-    if metrics is None:
-        return
-    metrics.add_metric(name, value, unit, dimensions=_dimensions(context), metric_type=MetricTypes.GAUGE)
+class NullSink:
+    """A sink that keeps nothing."""
 
+    def gauge(self, name: str, value: float, unit: str) -> None:
+        pass
 
-def count(context, name: str, label: str, value: int) -> None:
-    """Add `value` to the counter `name` of this model under its extra dimension's `label`."""
-    metrics = getattr(context, "metrics", None)
-    if metrics is None:
-        return
-    dimensions = [*_dimensions(context), Dimension(COUNTERS[name], label)]
-    metrics.add_metric(name, value, "Count", dimensions=dimensions, metric_type=MetricTypes.COUNTER)
+    def count(self, name: str, label: str, value: int) -> None:
+        pass
 
-
-def observe(context, name: str, value: float, unit: str) -> None:
-    """One observation of the histogram `name` for this model."""
-    metrics = getattr(context, "metrics", None)
-    if metrics is None:
-        return
-    metrics.add_metric(name, value, unit, dimensions=_dimensions(context), metric_type=MetricTypes.HISTOGRAM)
-
-
-def cache_traffic_metrics(context) -> None:
-    """Put the metrics live traffic emits from the model's thread (handlers/model_thread.py) into the
-    worker's metrics cache now, if its metrics config does not declare them: added there on first
-    use instead, they would change the dict that ts/async_service.py deep-copies for every request."""
-    metrics = getattr(context, "metrics", None)
-    if metrics is None:
-        return
-    names = [dimension.name for dimension in _dimensions(context)]
-    for name, unit, dimension_names, metric_type in (
-        ("PaddedTokenRatio", "Ratio", names, MetricTypes.GAUGE),
-        ("BucketRequests", "Count", [*names, COUNTERS["BucketRequests"]], MetricTypes.COUNTER),
-    ):
-        try:
-            metrics.get_metric(name, metric_type)
-        except MetricsCacheKeyError:
-            metrics.add_metric_to_cache(name, unit, dimension_names, metric_type)
+    def observe(self, name: str, value: float, unit: str) -> None:
+        pass

@@ -13,7 +13,7 @@ thread, where torch starts no team.
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import torch
 
@@ -29,12 +29,12 @@ class ModelThread:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="model-call")
 
     @classmethod
-    def start(cls, build: Callable[[Any], None], context) -> "ModelThread":
-        """A model thread that has run `build(context)` (initialize's work), the caller then held."""
+    def start(cls, build: Callable[..., Result], *args) -> tuple["ModelThread", Result]:
+        """A model thread that has run `build(*args)` (the worker's build), the caller then held."""
         thread = cls()
-        thread.run(build, context)
+        built = thread.run(build, *args)
         thread.hold_caller_to_one_thread()
-        return thread
+        return thread, built
 
     def run(self, work: Callable[..., Result], *args) -> Result:
         """`work(*args)` in the model thread, waited for; its exception is raised here."""
@@ -47,7 +47,7 @@ class ModelThread:
         of threads not started yet), so the model thread keeps its own; a build of torch whose pool
         is shared instead would lose it, which is checked, and then undone. It stops new teams only:
         the calling thread must not have started parallel work before (TorchServe's worker starts
-        none before `initialize`; measured, the import-time hardware check leaves none that slows)."""
+        none before the worker is built; measured, the import-time hardware check leaves none that slows)."""
         if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
             return  # a native pool has no teams per thread (and its size is the process's)
         model_threads = self.run(torch.get_num_threads)

@@ -1,6 +1,6 @@
 """Request bodies in, per-request errors out: what a client sent, checked before any model work.
 
-`decode` turns what TorchServe handed over into text or a JSON value; the checks here (texts,
+`body_value` turns what a server handed over into text or a JSON value; the checks here (texts,
 parameters) are shared by the protocols (handlers/protocols/). Anything wrong raises
 `RequestError` with a 4xx code and a message that says what was wrong without echoing the input
 back (request text is never logged or returned).
@@ -10,10 +10,13 @@ import json
 from typing import Any, Callable
 
 HTTP_PHRASES = {
+    200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
     404: "Not Found",
     413: "Payload Too Large",
     422: "Unprocessable Entity",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
 # The deepest JSON any request needs is 4 levels (a KServe v2 body); deeper is refused before any
@@ -21,20 +24,30 @@ HTTP_PHRASES = {
 MAX_JSON_DEPTH = 16
 
 
-class RequestError(Exception):
-    """A client error for one request of a batch; the others are still answered."""
+def phrase(status: int) -> str:
+    """HTTP's reason phrase for a status."""
+    return HTTP_PHRASES.get(status, "Server Error" if status >= 500 else "Client Error")
 
-    def __init__(self, code: int, message: str):
+
+class RequestError(Exception):
+    """Why one request is not answered with its result: its HTTP `status` (a client's 4xx, or the
+    server's 500 and 503), a message that never quotes the request, the `field` of the body it is
+    about (if one), and a machine-readable `code` (OpenAI's `model_not_found`...). Each protocol
+    shapes its own error body from these; the other requests of a batch are still answered."""
+
+    def __init__(self, status: int, message: str, field: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.code = code
+        self.status = status
         self.message = message
+        self.field = field
+        self.code = code
 
     @property
     def phrase(self) -> str:
-        return HTTP_PHRASES.get(self.code, "Client Error")
+        return phrase(self.status)
 
     def body(self) -> dict:
-        return {"error": self.message, "code": self.code}
+        return {"error": self.message, "code": self.status}
 
 
 ParamCheck = Callable[[Any, str], Any]
@@ -42,14 +55,14 @@ ParamCheck = Callable[[Any, str], Any]
 
 def boolean_param(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
-        raise RequestError(400, f"parameter '{name}' must be true or false")
+        raise RequestError(400, f"parameter '{name}' must be true or false", name)
     return value
 
 
 def choice_param(*options: str) -> ParamCheck:
     def check(value: Any, name: str) -> str:
         if value not in options:
-            raise RequestError(400, f"parameter '{name}' must be one of: {', '.join(options)}")
+            raise RequestError(400, f"parameter '{name}' must be one of: {', '.join(options)}", name)
         return value
 
     return check
@@ -58,7 +71,7 @@ def choice_param(*options: str) -> ParamCheck:
 def int_param(low: int, high: int) -> ParamCheck:
     def check(value: Any, name: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise RequestError(400, f"parameter '{name}' must be an integer from {low} to {high}")
+            raise RequestError(400, f"parameter '{name}' must be an integer from {low} to {high}", name)
         return value
 
     return check
@@ -69,20 +82,10 @@ def number_param(low: float, high: float) -> ParamCheck:
 
     def check(value: Any, name: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
-            raise RequestError(400, f"parameter '{name}' must be a number above {low} and at most {high}")
+            raise RequestError(400, f"parameter '{name}' must be a number above {low} and at most {high}", name)
         return float(value)
 
     return check
-
-
-def _body_value(request: dict) -> Any:
-    """The body TorchServe decoded for us: a dict or list (JSON), str (text) or bytes."""
-    value = request.get("data")
-    if value is None:
-        value = request.get("body")
-    if value is None or value in (b"", ""):
-        raise RequestError(400, 'empty request body: send text, or JSON {"inputs": ...}')
-    return value
 
 
 def _from_bytes(raw: bytes | bytearray, content_type: str | None) -> Any:
@@ -131,16 +134,18 @@ def is_unicode_text(text: str) -> bool:
 def check_texts(inputs: list, max_inputs: int, name: str = "inputs") -> list[str]:
     """A non-empty list of at most `max_inputs` non-blank strings (`name`: the field, for messages)."""
     if not inputs:
-        raise RequestError(400, f"'{name}' is an empty list: send at least one text")
+        raise RequestError(400, f"'{name}' is an empty list: send at least one text", name)
     if len(inputs) > max_inputs:
-        raise RequestError(413, f"'{name}' has {len(inputs)} texts; at most {max_inputs} per request")
+        raise RequestError(413, f"'{name}' has {len(inputs)} texts; at most {max_inputs} per request", name)
     for position, text in enumerate(inputs):
         if not isinstance(text, str):
-            raise RequestError(400, f"'{name}'[{position}] is not a string")
+            raise RequestError(400, f"'{name}'[{position}] is not a string", name)
         if not text.strip():
-            raise RequestError(400, f"'{name}'[{position}] is empty")
+            raise RequestError(400, f"'{name}'[{position}] is empty", name)
         if not is_unicode_text(text):
-            raise RequestError(400, f"'{name}'[{position}] holds a lone surrogate (U+D800-U+DFFF), not Unicode text")
+            raise RequestError(
+                400, f"'{name}'[{position}] holds a lone surrogate (U+D800-U+DFFF), not Unicode text", name
+            )
     return list(inputs)
 
 
@@ -155,9 +160,11 @@ def check_params(values: dict, param_checks: dict[str, ParamCheck]) -> dict[str,
     return params
 
 
-def decode(request: dict, content_type: str | None) -> Any:
-    """The body as TorchServe handed it over, decoded: a str (text) or a JSON value."""
-    value = _body_value(request)
+def body_value(value: Any, content_type: str | None) -> Any:
+    """The body as a server handed it over (bytes, or text or JSON its frontend already read), as
+    text or a JSON value."""
+    if value is None or value in (b"", ""):
+        raise RequestError(400, 'empty request body: send text, or JSON {"inputs": ...}')
     if isinstance(value, (bytes, bytearray)):
         value = _from_bytes(value, content_type)
     check_depth(value)

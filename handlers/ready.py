@@ -5,7 +5,7 @@ import logging
 from ts_compiled_handlers import hardware
 from ts_compiled_handlers.building import CACHE_SOURCES
 from ts_compiled_handlers.engine import Engine
-from ts_compiled_handlers.metrics import cache_traffic_metrics, emit
+from ts_compiled_handlers.metrics import MetricsSink
 from ts_compiled_handlers.process_settings import ThreadShare
 from ts_compiled_handlers.serving import HARDWARE, Serving, Started
 
@@ -20,16 +20,18 @@ def model_source(engine: Engine, started: Started) -> str:
     return sources.get(started.cache_source, "compiled")
 
 
-def announce(context, engine: Engine, started: Started, serving: Serving, threads: ThreadShare, seconds: float) -> None:
+def announce(
+    metrics: MetricsSink, engine: Engine, started: Started, serving: Serving, threads: ThreadShare, seconds: float
+) -> None:
+    """The start gauges, then the ready line."""
     report, options = started.report, serving.config.compile
     source = model_source(engine, started)
-    emit(context, "CompileSeconds", round(report.compile_seconds, 3), "Seconds")
-    emit(context, "WarmupSeconds", round(report.warmup_seconds, 3), "Seconds")
-    emit(context, "RecompilesAfterReady", 0, "Count")
-    emit(context, "CompileCacheHit", int(started.cache_source in ("archive", "host")), "Count")
-    emit(context, "CompileFallback", int(options.enable and not engine.model.is_compiled), "Count")
-    emit(context, "AotPackage", int(source == "aot package"), "Count")
-    cache_traffic_metrics(context)
+    metrics.gauge("CompileSeconds", round(report.compile_seconds, 3), "Seconds")
+    metrics.gauge("WarmupSeconds", round(report.warmup_seconds, 3), "Seconds")
+    metrics.gauge("RecompilesAfterReady", 0, "Count")
+    metrics.gauge("CompileCacheHit", int(started.cache_source in ("archive", "host")), "Count")
+    metrics.gauge("CompileFallback", int(options.enable and not engine.model.is_compiled), "Count")
+    metrics.gauge("AotPackage", int(source == "aot package"), "Count")
     logger.info(
         "Ready in %.1fs from %s: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, "
         "lengths %s x batches %s, %d graphs, model load %.1fs, first pass over the grid %.1fs, warm-up %.1fs, "

@@ -1,8 +1,8 @@
 """Scheduling by tokens inside the worker: requests queue as they arrive, each model call takes what waits.
 
-Under TorchServe's `asyncCommunication: true` the frontend hands every request to the worker as it
-arrives and `handle` answers each whenever it is done (handlers/async_handle.py). The scheduler
-sits between them, as TEI's router does:
+Where a server hands every request to the worker as it arrives and answers each whenever it is
+done (TorchServe's `asyncCommunication: true`; handlers/scheduled.py), the scheduler sits between
+them, as TEI's router does:
 - a request is queued already tokenized, with a future for its outputs;
 - when the engine is idle the oldest request starts a call at once (no timer); while a call runs,
   requests arriving queue and the next call takes them, oldest first, as many as fit the call's
@@ -10,7 +10,7 @@ sits between them, as TEI's router does:
 - the call runs in one thread of its own (torch and the tokenizers release the GIL), so the event
   loop parses, tokenizes and encodes answers while the model computes;
 - a call that raises runs again on halves of its requests, down to single ones, so only a request
-  that fails alone gets the error (as handlers/batch.py's `split_until_isolated` does for batches);
+  that fails alone gets the error (`outcome.isolate`, in the call's thread);
 - the queue is bounded: `full` tells the caller to answer 503 instead of growing a backlog.
 """
 
@@ -21,6 +21,8 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
+
+from ts_compiled_handlers.outcome import isolate
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,7 @@ class TokenScheduler:
         self.queue: collections.deque[Waiting] = collections.deque()
         self.held = 0  # requests queued or in the running call
         self.draining: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the event loop that drains
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="model-call")
 
     @property
@@ -82,6 +85,7 @@ class TokenScheduler:
         self.queue.append(waiting)
         self.held += 1
         if self.draining is None:
+            self.loop = loop
             self.draining = loop.create_task(self._drain())
         try:
             return await waiting.future
@@ -122,22 +126,19 @@ class TokenScheduler:
         return taken
 
     async def _run_isolated(self, taken: list[Waiting]) -> None:
-        """One call over `taken`; if it raises, each half again, so only a request failing alone fails."""
+        """One call over `taken`, split in the call's thread if it raises; each future gets its outcome."""
         loop = asyncio.get_running_loop()
-        try:
-            outputs = await loop.run_in_executor(self.executor, self.call, [waiting.item for waiting in taken])
-        except Exception as error:  # the model call's errors have no fixed type
-            if len(taken) == 1:
-                _settle(taken[0].future, error=error)
-                return
-            logger.warning("A call over %d requests raised %s; retrying each half", len(taken), type(error).__name__)
-            self.on_split(error)
-            half = len(taken) // 2
-            await self._run_isolated(taken[:half])
-            await self._run_isolated(taken[half:])
-            return
-        for waiting, output in zip(taken, outputs, strict=True):
-            _settle(waiting.future, result=output)
+        items = [waiting.item for waiting in taken]
+        outcomes = await loop.run_in_executor(self.executor, isolate, items, self.call, self._split_on_loop)
+        for waiting, outcome in zip(taken, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                _settle(waiting.future, error=outcome)
+            else:
+                _settle(waiting.future, result=outcome)
+
+    def _split_on_loop(self, error: BaseException) -> None:
+        """`on_split`, told from the call's thread, run on the event loop's."""
+        self.loop.call_soon_threadsafe(self.on_split, error)
 
 
 def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:

@@ -1,8 +1,10 @@
 """What a worker serves, read from the archive before any model is built, and the contract with the task.
 
-`read_serving(context, task)` reads the configuration, shares the cores, loads the tokenizer and
-plans the buckets; the steps that build the engine (handlers/building.py, handlers/aot_start.py)
-take the `Serving` it returns and a task handler, of which they need only the `Task` contract.
+A server says where a worker sits (`Placement`: the archive's folder, the model's name, its
+model-config.yaml, the batch size, the GPU); `read_serving(placement, task)` reads the
+configuration, shares the cores, loads the tokenizer and plans the buckets; the steps that build
+the engine (handlers/building.py, handlers/aot_start.py) take the `Serving` it returns and a task,
+of which they need only the `Task` contract.
 """
 
 import dataclasses
@@ -30,8 +32,21 @@ POSITIONS_PAST_PADDING = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert
 HARDWARE = hardware.detect()
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """What a server tells a worker about itself, in plain values (TorchServe's context, a Ray
+    replica's arguments)."""
+
+    model_dir: Path
+    model_name: str
+    yaml_config: dict
+    model_version: str | None = None
+    batch_size: int | None = None  # as registered; None where the server does not batch requests
+    gpu_id: int | None = None
+
+
 class Task(Protocol):
-    """What building needs of a task handler."""
+    """What building needs of a task."""
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         """The float32 module: forward(input_ids, attention_mask) -> rows; `packed(...)` if it packs."""
@@ -81,14 +96,14 @@ class Started:
     host_cache: compile_cache.HostCache | None = None
 
 
-def read_serving(context, task: Task) -> tuple[Serving, process_settings.ThreadShare]:
+def read_serving(placement: Placement, task: Task) -> tuple[Serving, process_settings.ThreadShare]:
     """Configuration, this worker's share of the cores, tokenizer and bucket plan."""
-    config = parse(context.model_yaml_config)
+    config = parse(placement.yaml_config)
     if config.asynchronous:
-        check_async_batch_size(context.system_properties.get("batch_size"))  # a registration's own too
-    model_dir = Path(context.system_properties["model_dir"])
+        check_async_batch_size(placement.batch_size)  # a registration's own too
+    model_dir = Path(placement.model_dir)
     threads = process_settings.share_cores(config.threads, config.workers, model_dir)
-    gpu_id = context.system_properties.get("gpu_id")
+    gpu_id = placement.gpu_id
     device = torch.device(f"cuda:{gpu_id}" if HARDWARE.device == "cuda" and gpu_id is not None else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if not tokenizer.is_fast:

@@ -1,37 +1,11 @@
-"""Token classification (NER) with the answers of transformers' `pipeline("token-classification")`."""
+"""Token classification (NER) under TorchServe: the handler a `.mar` names, one class.
 
-from pathlib import Path
+The task itself: handlers/tasks/token_classification.py.
+"""
 
-import torch
-
-from ts_compiled_handlers.base import CompiledHandler
-from ts_compiled_handlers.batch import Accepted
-from ts_compiled_handlers.entities import AGGREGATIONS, entities_for
-from ts_compiled_handlers.labels import TokenLogits
-from ts_compiled_handlers.payload import choice_param
+from ts_compiled_handlers.tasks.token_classification import TokenClassificationTask
+from ts_compiled_handlers.torchserve import TorchServeHandler
 
 
-class TokenClassificationHandler(CompiledHandler):
-    """`{"inputs": "text", "aggregation_strategy": "simple"}` -> `[{"entity_group", "score", "word", ...}]`."""
-
-    PARAMS = {"aggregation_strategy": choice_param(*AGGREGATIONS)}
-    PER_TOKEN = True
-
-    def read_task_settings(self, model_dir: Path, model_config) -> None:
-        self.id2label = {int(index): label for index, label in model_config.id2label.items()}
-
-    def build_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModelForTokenClassification
-
-        model = AutoModelForTokenClassification.from_pretrained(
-            model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
-        )
-        return TokenLogits(model)
-
-    def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
-        aggregation = accepted.request.params.get("aggregation_strategy", "none")
-        texts = accepted.request.texts
-        return [
-            entities_for(row, encoding, text, self.tokenizer, self.id2label, aggregation)
-            for row, encoding, text in zip(rows, accepted.encodings, texts, strict=True)
-        ]
+class TokenClassificationHandler(TorchServeHandler):
+    task_class = TokenClassificationTask

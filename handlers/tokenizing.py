@@ -3,6 +3,7 @@ each request's overflow policy and truncation side."""
 
 import copy
 import dataclasses
+from typing import Any
 
 from tokenizers import Encoding
 
@@ -19,6 +20,29 @@ class Tokenized:
     encodings: list[Encoding]
     token_ids: list[list[int]]
     type_ids: list[list[int]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Accepted:
+    """A request that passed its checks: its position in the call that brought it (a batch's index;
+    0 where requests come one at a time), the request, and its texts tokenized."""
+
+    index: int
+    request: Any
+    tokenized: Tokenized
+
+    @property
+    def token_ids(self) -> list[list[int]]:
+        return self.tokenized.token_ids
+
+    @property
+    def encodings(self) -> list[Encoding]:
+        return self.tokenized.encodings
+
+    @property
+    def tokens(self) -> int:
+        """The request's tokens, special ones included, after truncation: its usage."""
+        return sum(len(ids) for ids in self.tokenized.token_ids)
 
 
 class TextTokenizer:
@@ -58,7 +82,9 @@ class TextTokenizer:
         for position, ids in enumerate(token_ids):
             if not all(0 <= token < self.vocabulary for token in ids):
                 top = self.vocabulary - 1
-                raise RequestError(400, f"'input'[{position}] holds a token id outside the vocabulary (0 to {top})")
+                raise RequestError(
+                    400, f"'input'[{position}] holds a token id outside the vocabulary (0 to {top})", "input"
+                )
         if not (self.reject if truncate is None else not truncate):
             left = (side or self.default_side) == "left"
             token_ids = [ids[-self.limit :] if left else ids[: self.limit] for ids in token_ids]

@@ -137,7 +137,7 @@ def estimated_compile_seconds(config: dict, model_dir: Path) -> float:
     if not options.enable:
         return 0.0
     handler_class = precompile.handler_class(f"{package_files.NAME}/{HANDLER_FILES[handler.task]}")
-    plan = task_plan(handler_class(), handler, Path(model_dir))
+    plan = task_plan(handler_class.task_class(handler), handler, Path(model_dir))
     layers = json.loads((Path(model_dir) / "config.json").read_text()).get("num_hidden_layers", 12)
     # Regional graphs of length groups come twice, with and without an attention mask (see
     # warmup.padding_variants); packed rows always carry one. The estimate takes the larger.

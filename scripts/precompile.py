@@ -49,12 +49,12 @@ def handler_class(handler_file: str):
     """The handler class the archive serves: a module of the installed package (the staged files
     are copies of it) or a user's handler file at the archive's root (see `main`)."""
     module = importlib.import_module(".".join(Path(handler_file).with_suffix("").parts))
-    from ts_compiled_handlers.base import CompiledHandler
+    from ts_compiled_handlers.torchserve import TorchServeHandler
 
     classes = [
         value
         for value in vars(module).values()
-        if inspect.isclass(value) and issubclass(value, CompiledHandler) and value.__module__ == module.__name__
+        if inspect.isclass(value) and issubclass(value, TorchServeHandler) and value.__module__ == module.__name__
     ]
     return classes[0]
 
@@ -95,14 +95,17 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
     from ts_compiled_handlers import aot_start, building
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
+    from ts_compiled_handlers.serving import Placement
+
     context = worker_context(staging, config)
-    builder = handler_class(handler_file)()
-    serving = builder.load_serving(context)
-    eager = building.eager_engine(builder, serving)
+    served = handler_class(handler_file)
+    placement = Placement(staging, "precompile", config, batch_size=context.system_properties.get("batch_size"))
+    task, serving, _ = served.worker_class.read(placement, served.task_class)
+    eager = building.eager_engine(task, serving)
     print("precompile: exporting the model and compiling it with AOTInductor", file=sys.stderr, flush=True)
-    built = aot_start.build_package(builder, serving, eager)
+    built = aot_start.build_package(task, serving, eager)
     valid_for = aot_start.package_manifest(serving, eager.dtype)
-    del builder, eager
+    del task, eager
     served = handler_class(handler_file)()
     started = time.perf_counter()
     served.initialize(context)

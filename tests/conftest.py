@@ -11,6 +11,18 @@ def pytest_addoption(parser):
     parser.addoption("--fuzz-seed", type=int, default=1, help="seed of the fuzz tests' generated requests")
 
 
+# A test that asks for one of these (directly or through another fixture) loads or compiles a model.
+MODEL_FIXTURES = {"tiny_models", "tiny_bert", "minilm_dir"}
+
+
+def pytest_collection_modifyitems(items):
+    """Mark as `heavy` every test that needs a model or a process: what remains is pure unit tests."""
+    for item in items:
+        needs_model = MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if needs_model and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.heavy)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
     """One inductor cache for the whole run (in process and TorchServe alike).

@@ -8,7 +8,7 @@ import struct
 from ts.context import Context, RequestProcessor
 from ts.protocol.otf_message_handler import create_predict_response
 
-from ts_compiled_handlers.benchmarks.in_process import make_context, ready_handler, start_batch  # noqa: F401 (shared with the benchmarks)
+from ts_compiled_handlers.benchmarks.in_process import build_aot_package, make_context, ready_handler, start_batch  # noqa: F401 (shared with the benchmarks)
 
 
 def status(context: Context, index: int) -> int:

@@ -1,15 +1,15 @@
 """Request protocols: how a body becomes one typed `Request`, and how its answers become the body sent back.
 
-A protocol is a plug-in: one module with one `Protocol` subclass, listed in a handler's
-`protocols`. The handler picks the protocol by the request's extra path (TorchServe's `url_path`
+A protocol is a plug-in: one module with one `Protocol` subclass, listed in a task's
+`protocols`. The worker picks the protocol by the request's extra path (TorchServe's `url_path`
 header: `/predictions/{model}/{version}/<route>`, "" for `/predictions/{model}`) and, among the
-protocols of that route, by the body (`accepts`). Decoding checks everything a client sent before
+protocols of that route, by the body (`accepts`). Reading checks everything a client sent before
 any model work (a `RequestError` names what was wrong, without echoing the input); encoding turns
 the task's per-text answers into the protocol's body, and a refusal into its error body.
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from ts_compiled_handlers.payload import ParamCheck, RequestError
 
@@ -28,15 +28,19 @@ class RequestSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """One decoded request: its texts (or text pairs), the task's checked parameters, and the protocol
-    that answers it. `is_list`: the texts came as a list (answered as a list); `meta`: the protocol's
-    own fields."""
+    """One decoded request, what every task reads: its texts (or text pairs), the task's checked
+    parameters, and the protocol that answers it. `is_list`: the texts came as a list (answered as
+    a list); `token_ids`: the model's input as a client sent it (then `texts` are placeholders);
+    `scoring`: `rerank` scores each pair as a cross-encoder ranks it, `labels` as a classifier.
+    `form`: the protocol's own fields, a dataclass of its module that only that protocol reads."""
 
     texts: list[str] | list[tuple[str, str]]
     params: dict[str, Any]
     protocol: "Protocol"
     is_list: bool = True
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    token_ids: list[list[int]] | None = None
+    scoring: Literal["labels", "rerank"] = "labels"
+    form: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Served:
 
 
 class Answered(Exception):
-    """Raised by `decode` for a request its protocol answers alone, without the model (a listing
+    """Raised by `read` for a request its protocol answers alone, without the model (a listing
     of the served model): `body` is the whole answer."""
 
     def __init__(self, body: Any):
@@ -64,10 +68,11 @@ class Protocol:
     reads_body = True  # False: answered whatever the body (a GET without one)
 
     def accepts(self, value: Any) -> bool:
-        """Whether a body decoded from JSON or text (`payload.decode`) is this protocol's."""
+        """Whether a body read from JSON or text (`payload.body_value`) is this protocol's."""
         return True
 
-    def decode(self, value: Any, spec: RequestSpec) -> Request:
+    def read(self, value: Any, spec: RequestSpec) -> Request:
+        """The request a body (JSON or text, `payload.body_value`) makes, checked."""
         raise NotImplementedError
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:

@@ -15,6 +15,7 @@ Answers become one output tensor per field (`embedding`; `label` and `score`; `g
 one BYTES tensor `output` of JSON strings.
 """
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -34,18 +35,23 @@ def is_v2(value: Any) -> bool:
     return not any({"text", "text_pair"} & set(tensor) for tensor in inputs)
 
 
+@dataclasses.dataclass(frozen=True)
+class V2Form:
+    request_id: str  # echoed back ("" for none)
+
+
 class KServeV2Protocol(Protocol):
     """KServe v2 bodies, told apart from the plain ones by their `inputs` of tensor objects."""
 
     def accepts(self, value: Any) -> bool:
         return is_v2(value)
 
-    def decode(self, value: Any, spec: RequestSpec) -> Request:
+    def read(self, value: Any, spec: RequestSpec) -> Request:
         texts, params, request_id = parse(value, spec.params, spec.max_inputs)
-        return Request(texts, params, self, meta={"id": request_id})
+        return Request(texts, params, self, form=V2Form(request_id))
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        return response(answers, served.model_name, served.model_version, request.meta["id"])
+        return response(answers, served.model_name, served.model_version, request.form.request_id)
 
 
 def parse(value: dict, param_checks: dict[str, ParamCheck], max_inputs: int) -> tuple[list[str], dict, str]:
@@ -64,15 +70,15 @@ def parse(value: dict, param_checks: dict[str, ParamCheck], max_inputs: int) -> 
     if any(n > max_inputs for n in shape):  # before multiplying: huge integers cost time to multiply
         raise RequestError(413, f"v2 input shape {shape} is too large: at most {max_inputs} texts per request")
     if math.prod(shape) != len(tensor["data"]):
-        raise RequestError(400, f"v2 input shape {shape} does not match its {len(tensor['data'])} data items")
+        raise RequestError(400, f"v2 input shape {shape} does not match its {len(tensor['data'])} data items", "data")
     params = value.get("parameters") or {}
     if not isinstance(params, dict):
-        raise RequestError(400, "v2 'parameters' must be an object")
+        raise RequestError(400, "v2 'parameters' must be an object", "parameters")
     if params.get("stream"):
         raise RequestError(400, "streaming is not part of the v2 protocol; use /predictions with stream: true")
     request_id = value.get("id")
     if request_id is not None and not (isinstance(request_id, str) and is_unicode_text(request_id)):
-        raise RequestError(400, "v2 'id' must be a string of Unicode text (it is echoed back)")
+        raise RequestError(400, "v2 'id' must be a string of Unicode text (it is echoed back)", "id")
     texts = check_texts(tensor["data"], max_inputs)
     return texts, check_params(params, param_checks), request_id or ""
 

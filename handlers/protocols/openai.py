@@ -11,15 +11,14 @@ Fields of the task's own (`normalize`, `truncate`, `prompt_name`, ...) are accep
 """
 
 import base64
-import re
+import dataclasses
 import struct
-from typing import Any
+from typing import Any, Literal
 
 from ts_compiled_handlers.payload import RequestError, check_params, check_texts
 from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served
 
 ERROR_TYPES = {404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
-PARAM_NAMED = re.compile(r"'([A-Za-z_]+)'")
 ENCODINGS = ("float", "base64")
 EMBEDDING_FIELDS = ("input", "model", "encoding_format", "user")
 
@@ -31,10 +30,8 @@ class OpenAIProtocol(Protocol):
         return True
 
     def error(self, error: RequestError) -> Any:
-        kind = ERROR_TYPES.get(error.code, "server_error" if error.code >= 500 else "invalid_request_error")
-        named = PARAM_NAMED.search(error.message)
-        code = getattr(error, "openai_code", None)
-        return {"error": {"message": error.message, "type": kind, "param": named and named.group(1), "code": code}}
+        kind = ERROR_TYPES.get(error.status, "server_error" if error.status >= 500 else "invalid_request_error")
+        return {"error": {"message": error.message, "type": kind, "param": error.field, "code": error.code}}
 
     @staticmethod
     def body_object(value: Any, spec: RequestSpec) -> dict:
@@ -43,9 +40,8 @@ class OpenAIProtocol(Protocol):
             raise RequestError(400, "the body must be a JSON object")
         model = value.get("model")
         if model is not None and model != spec.model_name:
-            error = RequestError(404, f"'model' names a model not served here; this endpoint serves {spec.model_name}")
-            error.openai_code = "model_not_found"
-            raise error
+            message = f"'model' names a model not served here; this endpoint serves {spec.model_name}"
+            raise RequestError(404, message, "model", "model_not_found")
         return value
 
 
@@ -53,7 +49,12 @@ def refuse_unserved(value: dict, allowed_values: dict[str, tuple]) -> None:
     """A 400 for an OpenAI field whose value asks for what is not served (tools, logprobs...)."""
     for name, allowed in allowed_values.items():
         if name in value and value[name] not in allowed:
-            raise RequestError(400, f"'{name}' is not served with this value (see docs/openai.md)")
+            raise RequestError(400, f"'{name}' is not served with this value (see docs/openai.md)", name)
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingsForm:
+    encoding_format: Literal["float", "base64"]
 
 
 class EmbeddingsProtocol(OpenAIProtocol):
@@ -62,29 +63,31 @@ class EmbeddingsProtocol(OpenAIProtocol):
 
     routes = ("v1/embeddings",)
 
-    def decode(self, value: Any, spec: RequestSpec) -> Request:
+    def read(self, value: Any, spec: RequestSpec) -> Request:
         value = self.body_object(value, spec)
         if "input" not in value:
-            raise RequestError(400, "'input' is required: a string, a list of strings, or token ids")
+            raise RequestError(400, "'input' is required: a string, a list of strings, or token ids", "input")
         encoding = value.get("encoding_format") or "float"
         if encoding not in ENCODINGS:
-            raise RequestError(400, f"'encoding_format' must be one of {', '.join(ENCODINGS)}")
+            raise RequestError(400, f"'encoding_format' must be one of {', '.join(ENCODINGS)}", "encoding_format")
         params = check_params({key: item for key, item in value.items() if key not in EMBEDDING_FIELDS}, spec.params)
-        meta = {"encoding_format": encoding}
+        form = EmbeddingsForm(encoding)
         inputs = value["input"]
         if isinstance(inputs, str):
-            return Request(check_texts([inputs], spec.max_inputs, "input"), params, self, meta=meta)
+            return Request(check_texts([inputs], spec.max_inputs, "input"), params, self, form=form)
         token_ids = token_id_lists(inputs, spec.max_inputs)
         if token_ids is not None:
             if "prompt_name" in params:
-                raise RequestError(400, "'prompt_name' needs text input: token ids are the model's input as sent")
-            return Request([""] * len(token_ids), params, self, meta={**meta, "token_ids": token_ids})
+                raise RequestError(
+                    400, "'prompt_name' needs text input: token ids are the model's input as sent", "prompt_name"
+                )
+            return Request([""] * len(token_ids), params, self, token_ids=token_ids, form=form)
         if not isinstance(inputs, list):
-            raise RequestError(400, "'input' must be a string, a list of strings, or token ids")
-        return Request(check_texts(inputs, spec.max_inputs, "input"), params, self, meta=meta)
+            raise RequestError(400, "'input' must be a string, a list of strings, or token ids", "input")
+        return Request(check_texts(inputs, spec.max_inputs, "input"), params, self, form=form)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        packed = request.meta["encoding_format"] == "base64"
+        packed = request.form.encoding_format == "base64"
         vectors = [as_base64(answer["embedding"]) if packed else answer["embedding"] for answer in answers]
         data = [{"object": "embedding", "index": index, "embedding": vector} for index, vector in enumerate(vectors)]
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
@@ -102,10 +105,10 @@ def token_id_lists(inputs: Any, max_inputs: int) -> list[list[int]] | None:
     else:
         return None
     if len(lists) > max_inputs:
-        raise RequestError(413, f"'input' has {len(lists)} token lists; at most {max_inputs} per request")
+        raise RequestError(413, f"'input' has {len(lists)} token lists; at most {max_inputs} per request", "input")
     for position, ids in enumerate(lists):
         if not ids or not all(isinstance(item, int) and not isinstance(item, bool) for item in ids):
-            raise RequestError(400, f"'input'[{position}] must be a non-empty list of token ids (integers)")
+            raise RequestError(400, f"'input'[{position}] must be a non-empty list of token ids (integers)", "input")
     return lists
 
 
@@ -119,6 +122,6 @@ class ModelsProtocol(OpenAIProtocol):
     routes = ("v1/models",)
     reads_body = False
 
-    def decode(self, value: Any, spec: RequestSpec) -> Request:
+    def read(self, value: Any, spec: RequestSpec) -> Request:
         model = {"id": spec.model_name, "object": "model", "created": 0, "owned_by": "torchserve"}
         raise Answered({"object": "list", "data": [model]})

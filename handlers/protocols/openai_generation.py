@@ -10,6 +10,7 @@ one event per piece of text as the decode loop makes it, a last chunk per prompt
 Chat turns `messages` into a prompt with the tokenizer's chat template (handlers/chat.py).
 """
 
+import dataclasses
 import json
 import time
 import uuid
@@ -42,6 +43,15 @@ OWN_FIELDS = {"model", "prompt", "messages", "max_tokens", "max_completion_token
 OWN_FIELDS |= {"user", *NEUTRAL}
 
 
+@dataclasses.dataclass(frozen=True)
+class CompletionForm:
+    completion_id: str
+    created: int
+    model: str
+    include_usage: bool
+    started: set[int] = dataclasses.field(default_factory=set)  # prompts whose first chunk went out
+
+
 class CompletionsProtocol(OpenAIProtocol):
     """`POST v1/completions`: `prompt` a string or a list of strings, one choice per prompt."""
 
@@ -55,10 +65,12 @@ class CompletionsProtocol(OpenAIProtocol):
         if isinstance(prompt, str):
             prompt = [prompt]
         if not isinstance(prompt, list) or not all(isinstance(item, str) for item in prompt):
-            raise RequestError(400, "'prompt' must be a string or a list of strings (token-id prompts are not served)")
+            raise RequestError(
+                400, "'prompt' must be a string or a list of strings (token-id prompts are not served)", "prompt"
+            )
         return check_texts(prompt, spec.max_inputs, "prompt"), value
 
-    def decode(self, value: Any, spec: RequestSpec) -> Request:
+    def read(self, value: Any, spec: RequestSpec) -> Request:
         value = {key: item for key, item in self.body_object(value, spec).items() if item is not None}  # null: default
         refuse_unserved(value, NEUTRAL)
         texts, value = self.prompts(value, spec)
@@ -66,10 +78,12 @@ class CompletionsProtocol(OpenAIProtocol):
         params.update(sampling(value, spec))
         options = value.get("stream_options") or {}
         if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-            raise RequestError(400, "'stream_options' must be an object with include_usage true or false")
-        meta = {"id": f"{self.id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": spec.model_name}
-        meta["include_usage"] = options.get("include_usage", False)
-        return Request(texts, params, self, meta=meta)
+            raise RequestError(
+                400, "'stream_options' must be an object with include_usage true or false", "stream_options"
+            )
+        completion_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        form = CompletionForm(completion_id, int(time.time()), spec.model_name, options.get("include_usage", False))
+        return Request(texts, params, self, form=form)
 
     # -- answers ------------------------------------------------------------------------------
     def choice(self, index: int, text: str, finish_reason: str | None) -> dict:
@@ -85,11 +99,11 @@ class CompletionsProtocol(OpenAIProtocol):
 
     @staticmethod
     def envelope(request: Request, object_name: str) -> dict:
-        meta = request.meta
-        return {"id": meta["id"], "object": object_name, "created": meta["created"], "model": meta["model"]}
+        form = request.form
+        return {"id": form.completion_id, "object": object_name, "created": form.created, "model": form.model}
 
     def stream_pieces(self, request: Request, pieces: list[tuple[int, str]]) -> str:
-        started = request.meta.setdefault("started", set())
+        started = request.form.started
         events = []
         for index, piece in pieces:
             if piece or index not in started:
@@ -101,7 +115,7 @@ class CompletionsProtocol(OpenAIProtocol):
         events = [self.stream_pieces(request, pieces)]
         for (index, _), result in zip(pieces, results, strict=True):
             events.append(self.event(request, [self.delta(index, "", result["finish_reason"], False)]))
-        if request.meta["include_usage"]:
+        if request.form.include_usage:
             events.append(self.event(request, [], usage=usage(results, prompt_tokens)))
         return "".join(events) + "data: [DONE]\n\n"
 
@@ -118,7 +132,7 @@ class ChatCompletionsProtocol(CompletionsProtocol):
 
     def prompts(self, value: dict, spec: RequestSpec) -> tuple[list[str], dict]:
         if "prompt" in value:
-            raise RequestError(400, "'prompt' belongs to v1/completions; chat takes 'messages'")
+            raise RequestError(400, "'prompt' belongs to v1/completions; chat takes 'messages'", "prompt")
         messages = value.get("messages")
         if isinstance(messages, list):
             messages = [plain_message(message, position) for position, message in enumerate(messages)]
@@ -144,7 +158,7 @@ def plain_message(message: Any, position: int) -> Any:
     content = message.get("content")
     if isinstance(content, list):
         if not all(isinstance(part, dict) and part.get("type") == "text" for part in content):
-            raise RequestError(400, f"'messages'[{position}]: only text content parts are served")
+            raise RequestError(400, f"'messages'[{position}]: only text content parts are served", "messages")
         message["content"] = "".join(str(part.get("text", "")) for part in content)
     return message
 
@@ -153,14 +167,14 @@ def sampling(value: dict, spec: RequestSpec) -> dict:
     """The task's sampling parameters from OpenAI's names."""
     params = {}
     if "max_tokens" in value and "max_completion_tokens" in value:
-        raise RequestError(400, "'max_tokens' and 'max_completion_tokens' say the same: send one")
+        raise RequestError(400, "'max_tokens' and 'max_completion_tokens' say the same: send one", "max_tokens")
     budget = value.get("max_completion_tokens", value.get("max_tokens"))
     if budget is not None:
         params["max_new_tokens"] = spec.params["max_new_tokens"](budget, "max_tokens")
     temperature = value.get("temperature")
     if temperature is not None:
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
-            raise RequestError(400, "'temperature' must be a number from 0 to 2")
+            raise RequestError(400, "'temperature' must be a number from 0 to 2", "temperature")
         params["do_sample"] = temperature > 0
         if temperature > 0:
             params["temperature"] = float(temperature)

@@ -15,12 +15,12 @@ from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Serve
 
 
 class PlainProtocol(Protocol):
-    def decode(self, value: Any, spec: RequestSpec) -> Request:
+    def read(self, value: Any, spec: RequestSpec) -> Request:
         value = spec.adapt(value)
         if isinstance(value, str):
             return Request(check_texts([value], spec.max_inputs), {}, self, is_list=False)
         if not isinstance(value, dict) or "inputs" not in value:
-            raise RequestError(400, "JSON body must be an object with an 'inputs' key")
+            raise RequestError(400, "JSON body must be an object with an 'inputs' key", "inputs")
         texts, is_list = _texts(value["inputs"], spec.max_inputs, spec.pairs)
         params = check_params({name: param for name, param in value.items() if name != "inputs"}, spec.params)
         return Request(texts, params, self, is_list)
@@ -50,15 +50,19 @@ def _texts(inputs: Any, max_inputs: int, pairs: bool) -> tuple[list, bool]:
     if isinstance(inputs, list):
         return check_texts(inputs, max_inputs), True
     if pairs:
-        raise RequestError(400, "'inputs' must be a string, a {'text', 'text_pair'} object, or a list of either")
-    raise RequestError(400, "'inputs' must be a string or a list of strings")
+        raise RequestError(
+            400, "'inputs' must be a string, a {'text', 'text_pair'} object, or a list of either", "inputs"
+        )
+    raise RequestError(400, "'inputs' must be a string or a list of strings", "inputs")
 
 
 def check_pairs(inputs: list, max_inputs: int) -> list[tuple[str, str]]:
     """A non-empty list of at most `max_inputs` {"text": a, "text_pair": b} objects, as pairs."""
     for position, item in enumerate(inputs):
         if set(item) != {"text", "text_pair"}:
-            raise RequestError(400, f"'inputs'[{position}] must be an object with exactly 'text' and 'text_pair'")
+            raise RequestError(
+                400, f"'inputs'[{position}] must be an object with exactly 'text' and 'text_pair'", "inputs"
+            )
     firsts = check_texts([item["text"] for item in inputs], max_inputs)
     seconds = check_texts([item["text_pair"] for item in inputs], max_inputs)
     return list(zip(firsts, seconds, strict=True))

@@ -10,6 +10,7 @@ Cohere and Jina answer with, `{"model", "results": [{"index", "relevance_score",
 {"text"}}], "usage"}`, refusals in OpenAI's error shape (handlers/protocols/openai.py).
 """
 
+import dataclasses
 from typing import Any
 
 from ts_compiled_handlers.payload import RequestError, check_params, check_texts
@@ -19,33 +20,39 @@ from ts_compiled_handlers.protocols.openai import OpenAIProtocol
 FIELDS = ("query", "documents", "top_n", "return_documents")
 
 
+@dataclasses.dataclass(frozen=True)
+class RerankForm:
+    top_n: int | None  # None: every document
+    return_documents: bool
+
+
 class RerankProtocol(Protocol):
     routes = ("", "rerank")
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, dict) and "query" in value and "documents" in value
 
-    def decode(self, value: Any, spec: RequestSpec) -> Request:
+    def read(self, value: Any, spec: RequestSpec) -> Request:
         if not isinstance(value, dict) or "query" not in value or "documents" not in value:
-            raise RequestError(400, "the body must be a JSON object with 'query' and 'documents'")
+            raise RequestError(400, "the body must be a JSON object with 'query' and 'documents'", "query")
         if not spec.pairs:
             raise RequestError(400, "this model does not rerank: it is not a cross-encoder (text-classification)")
         if not isinstance(value["query"], str):
-            raise RequestError(400, "'query' must be a string")
+            raise RequestError(400, "'query' must be a string", "query")
         (query,) = check_texts([value["query"]], 1)
         documents = value["documents"]
         if not isinstance(documents, list):
-            raise RequestError(400, "'documents' must be a list of strings")
+            raise RequestError(400, "'documents' must be a list of strings", "documents")
         documents = check_texts(documents, spec.max_inputs)
         top_n = value.get("top_n")
         if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-            raise RequestError(400, "'top_n' must be an integer >= 1 (or left out: every document)")
+            raise RequestError(400, "'top_n' must be an integer >= 1 (or left out: every document)", "top_n")
         return_documents = value.get("return_documents", False)
         if not isinstance(return_documents, bool):
-            raise RequestError(400, "'return_documents' must be true or false")
+            raise RequestError(400, "'return_documents' must be true or false", "return_documents")
         params = check_params({key: item for key, item in value.items() if key not in FIELDS}, spec.params)
-        meta = {"rerank": True, "top_n": top_n, "return_documents": return_documents}
-        return Request([(query, document) for document in documents], params, self, meta=meta)
+        form = RerankForm(top_n, return_documents)
+        return Request([(query, document) for document in documents], params, self, scoring="rerank", form=form)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         return ranked(request, [answer["score"] for answer in answers])
@@ -53,11 +60,11 @@ class RerankProtocol(Protocol):
 
 def ranked(request: Request, scores: list[float]) -> list[dict]:
     """`{index, score[, document]}` per document, best first, the first `top_n`."""
-    order = sorted(range(len(scores)), key=lambda index: -scores[index])[: request.meta["top_n"]]
+    order = sorted(range(len(scores)), key=lambda index: -scores[index])[: request.form.top_n]
     results = []
     for index in order:
         result = {"index": index, "score": scores[index]}
-        if request.meta["return_documents"]:
+        if request.form.return_documents:
             result["document"] = request.texts[index][1]
         results.append(result)
     return results
@@ -72,9 +79,9 @@ class CohereRerankProtocol(RerankProtocol):
     def accepts(self, value: Any) -> bool:
         return True
 
-    def decode(self, value: Any, spec: RequestSpec) -> Request:
+    def read(self, value: Any, spec: RequestSpec) -> Request:
         value = OpenAIProtocol.body_object(value, spec)
-        return super().decode({key: item for key, item in value.items() if key != "model"}, spec)
+        return super().read({key: item for key, item in value.items() if key != "model"}, spec)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         results = [

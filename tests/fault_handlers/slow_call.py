@@ -7,6 +7,7 @@ meanwhile pile up in its queue: the back-pressure test fills it. Never part of t
 import time
 
 from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.worker import Worker
 
 
 def requested_sleep(text: str) -> float:
@@ -14,6 +15,7 @@ def requested_sleep(text: str) -> float:
 
 
 class SlowCallEmbedding(EmbeddingHandler):
-    def run_requests(self, requests, context):
-        time.sleep(sum(requested_sleep(text) for request in requests for text in request.request.texts))
-        return super().run_requests(requests, context)
+    class worker_class(Worker):  # nested: a handler file defines exactly one class
+        def run(self, requests):
+            time.sleep(sum(requested_sleep(text) for request in requests for text in request.request.texts))
+            return super().run(requests)

@@ -94,8 +94,24 @@ def test_a_decoder_embedder_pools_the_last_token_after_its_prompt_as_sentence_tr
     assert bad.status_code == 400 and "document, query" in bad.json()["error"]
 
 
+def served_texts(metrics: str, name: str) -> float:
+    """Texts the model served since it started (its BucketRequests counters added up)."""
+    return sum(float(value) for value in re.findall(rf'BucketRequests{{.*ModelName="{name}".*}} (\S+)', metrics))
+
+
 def test_the_new_paths_compile_nothing_after_ready(server):
+    """Each model gets traffic of many lengths here, then reads 0 recompiles: not only its ready value."""
+    texts = [text_of(words) for words in (1, 5, 20, 60, 130, 300)]
+    before = server.metrics()
+    bodies = {
+        "long-embedder": {"inputs": texts},
+        "reranker": {"query": "where", "documents": texts},
+        "qwen-embedder": {"inputs": texts, "prompt_name": "query"},
+    }
+    for name, body in bodies.items():
+        assert server.predict(name, body).status_code == 200, name
     metrics = server.metrics()
-    for name in ("long-embedder", "reranker", "qwen-embedder"):
+    for name in bodies:
+        assert served_texts(metrics, name) >= served_texts(before, name) + len(texts), name
         values = re.findall(rf'RecompilesAfterReady{{.*ModelName="{name}".*}} (\S+)', metrics)
         assert values and all(float(value) == 0 for value in values), name

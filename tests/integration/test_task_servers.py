@@ -115,7 +115,15 @@ def test_streaming_arrives_chunk_by_chunk(server, generate):
 
 
 def test_no_recompiles_after_ready(server):
-    server.predict("classifier", {"inputs": TEXTS})
+    """Every task's archive gets traffic here, then reads 0 recompiles: not only its ready value."""
+    long_text = " ".join(TEXTS * 6)
+    for name, body in (
+        ("classifier", {"inputs": [*TEXTS, long_text]}),
+        ("tagger", {"inputs": [*TEXTS, long_text]}),
+        ("embedder", {"inputs": [*TEXTS, long_text]}),
+        ("generator", {"inputs": PROMPTS[:2], "max_new_tokens": 4}),
+    ):
+        assert server.predict(name, body).status_code == 200, name
     text = server.metrics()
     values = {
         line.split('ModelName="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])

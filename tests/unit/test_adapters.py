@@ -10,10 +10,11 @@ import torch
 from fakes import decoded, ready_handler, status
 from ts.context import RequestProcessor
 
-from ts_compiled_handlers.batch import Batch
 from ts_compiled_handlers.embedding import EmbeddingHandler
 from ts_compiled_handlers.payload import RequestError, check_texts
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.request_batches import Batch
+from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
 EAGER = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}, "compile": {"enable": False}}
 PACKAGE = Path(__file__).parents[2] / "handlers"
@@ -68,7 +69,7 @@ class Shouted(Protocol):
 
     routes = ("shout",)
 
-    def decode(self, value, spec: RequestSpec) -> Request:
+    def read(self, value, spec: RequestSpec) -> Request:
         if not isinstance(value, dict) or set(value) != {"shout"} or not isinstance(value["shout"], str):
             raise RequestError(400, "send {'shout': text}")
         return Request(check_texts([value["shout"].upper()], spec.max_inputs), {}, self, is_list=False)
@@ -81,7 +82,8 @@ class Shouted(Protocol):
 
 
 class ShoutingHandler(EmbeddingHandler):
-    protocols = (Shouted(), *EmbeddingHandler.protocols)
+    class task_class(EmbeddingTask):
+        protocols = (Shouted(), *EmbeddingTask.protocols)
 
 
 def test_a_protocol_is_added_without_touching_the_handler(tiny_models, plain):

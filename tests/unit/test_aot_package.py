@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakes import make_context, ready_handler
+from fakes import build_aot_package, ready_handler
 
-from ts_compiled_handlers import aot_package, aot_start, building, compile_cache
+from ts_compiled_handlers import aot_package, compile_cache
 from ts_compiled_handlers.classification import ClassificationHandler
 from ts_compiled_handlers.compiling import compiled_graph_count
 from ts_compiled_handlers.embedding import EmbeddingHandler
@@ -32,9 +32,7 @@ def packaged_copy(model_dir, target, handler_class):
     """A copy of `model_dir` with the aot_package/ that `precompile.py ... aot` builds."""
     model = target / "model"
     shutil.copytree(model_dir, model)
-    builder = handler_class()
-    serving = builder.load_serving(make_context(model, {"handler": {"dtype": "float32", **GRID}}))
-    aot_start.build_package(builder, serving, building.eager_engine(builder, serving))
+    build_aot_package(handler_class, model, {"handler": {"dtype": "float32", **GRID}})
     return model
 
 

@@ -39,7 +39,8 @@ def test_archive_is_self_contained(tiny_bert, tmp_path):
         manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))
     assert {
         "embedding.py",
-        "ts_compiled_handlers/base.py",
+        "ts_compiled_handlers/torchserve.py",
+        "ts_compiled_handlers/tasks/embedding.py",
         "ts_compiled_handlers/metrics.yaml",
         "model.safetensors",
     } <= names

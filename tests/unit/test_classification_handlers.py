@@ -1,5 +1,7 @@
 """Text and token classification in process, compiled, against transformers pipelines in float32."""
 
+from types import SimpleNamespace
+
 import pytest
 from fakes import answered, ready_handler, status
 from parity import assert_same_answers
@@ -7,6 +9,8 @@ from transformers import pipeline
 
 from ts_compiled_handlers.classification import ClassificationHandler
 from ts_compiled_handlers.compiling import compiled_graph_count
+from ts_compiled_handlers.config import parse
+from ts_compiled_handlers.tasks.classification import ClassificationTask
 from ts_compiled_handlers.token_classification import TokenClassificationHandler
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
@@ -25,7 +29,7 @@ def single_label(tiny_models):
 def test_classification_compiles_the_grid_once_and_never_again(single_label):
     graphs = compiled_graph_count()
     assert (
-        graphs == single_label.graphs_needed(single_label.engine.plan) == 1
+        graphs == single_label.worker.task.graphs_needed(single_label.engine.plan) == 1
     )  # batch and length dynamic, batch 1 included
     ask(single_label, [{"inputs": text} for text in TEXTS] + [{"inputs": TEXTS}])
     assert compiled_graph_count() == graphs and single_label.engine.model.recompiles_after_ready == 0
@@ -109,7 +113,7 @@ def test_the_cross_encoder_activation_is_the_one_cross_encoder_picks(tiny_models
     saved_file = json.loads((folder / "config_sentence_transformers.json").read_text())
     saved_file["activation_fn"] = saved
     (folder / "config_sentence_transformers.json").write_text(json.dumps(saved_file))
-    handler = ClassificationHandler()
-    handler.read_task_settings(folder, AutoConfig.from_pretrained(folder))
+    task = ClassificationTask(parse({}))
+    task.read_settings(SimpleNamespace(model_dir=folder, model_config=AutoConfig.from_pretrained(folder)))
     logits = torch.tensor([[-2.0, 0.5, 3.0]])
-    assert torch.allclose(handler.rerank_scores(logits), CrossEncoder(str(folder), device="cpu").activation_fn(logits))
+    assert torch.allclose(task.rerank_scores(logits), CrossEncoder(str(folder), device="cpu").activation_fn(logits))

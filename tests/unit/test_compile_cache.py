@@ -74,11 +74,11 @@ def test_the_code_digest_covers_subpackages_and_file_paths(tmp_path):
     (package / "__pycache__").mkdir()
     (package / "__pycache__" / "stale.py").write_text("x = 1\n")
     assert compile_cache.handlers_digest(package) == original  # not code a worker runs
-    (package / "tasks").mkdir()
-    (package / "tasks" / "one.py").write_text("x = 1\n")
+    (package / "extra").mkdir()
+    (package / "extra" / "one.py").write_text("x = 1\n")
     in_subpackage = compile_cache.handlers_digest(package)
     assert in_subpackage != original
-    (package / "tasks" / "one.py").rename(package / "tasks" / "two.py")
+    (package / "extra" / "one.py").rename(package / "extra" / "two.py")
     assert compile_cache.handlers_digest(package) not in (original, in_subpackage)  # same bytes, another path
 
 

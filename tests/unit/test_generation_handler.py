@@ -55,7 +55,7 @@ def ask(handler, bodies, request_ids=None):
 
 
 def test_decode_step_compiles_once_per_batch_bucket(handler):
-    assert compiled_graph_count() == handler.graphs_needed(handler.engine.plan) == 2
+    assert compiled_graph_count() == handler.worker.task.graphs_needed(handler.engine.plan) == 2
 
 
 def test_greedy_mixed_batch_is_token_identical_to_generate_alone(handler, reference):
@@ -150,7 +150,7 @@ def test_chat_messages_need_a_chat_template(handler):
     tokenizer.chat_template = None
     with pytest.raises(RequestError, match="no chat template") as refused:
         chat_prompt(tokenizer, [{"role": "user", "content": "hello"}])
-    assert refused.value.code == 400
+    assert refused.value.status == 400
 
 
 def test_chat_messages_become_the_templates_prompt(handler):

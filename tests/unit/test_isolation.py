@@ -2,6 +2,7 @@
 TorchServe's preprocess/inference/postprocess shape. Models run eagerly here (the boundaries do not
 depend on compilation); tests/integration/test_fuzz_server.py sends the same cases through TorchServe."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -149,14 +150,15 @@ def test_a_raising_model_call_is_split_until_only_the_culprit_fails(handlers, ca
     poison_id = handler.tokenizer(POISON)["input_ids"][2]
     bodies = [{"inputs": text} for text in texts]
     bodies.insert(3, {"inputs": f"{POISON} sees the river"})
-    real = handler.engine
-    handler.engine, handler.context.metrics = real.on(PoisonedModel(real.model, poison_id)), RecordingMetrics()
+    real = handler.loop.worker
+    poisoned = dataclasses.replace(real, engine=real.engine.on(PoisonedModel(real.engine.model, poison_id)))
+    handler.loop.worker, handler.context.metrics = poisoned, RecordingMetrics()
     metrics = handler.context.metrics
     try:
         with caplog.at_level(logging.INFO):
             answers, statuses = run(handler, [{"body": body} for body in bodies], ["application/json"] * 6)
     finally:
-        handler.engine, handler.context.metrics = real, None
+        handler.loop.worker, handler.context.metrics = real, None
     assert statuses == [200, 200, 200, 500, 200, 200]
     assert answers[3] == {"error": answers[3]["error"], "code": 500} and "server log" in answers[3]["error"]
     for answer, expected in zip(answers[:3] + answers[4:], alone, strict=True):

@@ -50,7 +50,7 @@ def test_texts_parameters_and_id_are_read():
 def test_bad_v2_requests_get_a_4xx_that_says_why(body, fragment):
     with pytest.raises(RequestError) as error:
         kserve_v2.parse(body, PARAMS, 4)
-    assert error.value.code in (400, 413) and fragment in error.value.message
+    assert error.value.status in (400, 413) and fragment in error.value.message
     assert "secret-name" not in error.value.message
 
 

@@ -7,12 +7,11 @@ import shutil
 
 import pytest
 import torch
-from fakes import Frontend, answered, make_context, ready_handler
+from fakes import Frontend, answered, build_aot_package, make_context, ready_handler
 from parity import assert_same_answers, generate_alone
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import pipeline
 
-from ts_compiled_handlers import aot_start, building
 from ts_compiled_handlers.classification import ClassificationHandler
 from ts_compiled_handlers.compiling import compiled_graph_count
 from ts_compiled_handlers.embedding import EmbeddingHandler
@@ -33,7 +32,7 @@ def check_embedding(handler, model_dir) -> None:
     reference = SentenceTransformer(str(model_dir), device="cpu")
     plain = answered(handler, [{"inputs": TEXTS}])[0]
     assert cosine(plain, reference.encode(TEXTS, normalize_embeddings=True)) > 0.9999
-    if handler.prompts:  # the decoder embedder's instruction prompt
+    if handler.worker.task.prompts:  # the decoder embedder's instruction prompt
         prompted = answered(handler, [{"inputs": TEXTS, "prompt_name": "query"}])[0]
         assert cosine(prompted, reference.encode(TEXTS, prompt_name="query")) > 0.9999
 
@@ -78,9 +77,7 @@ def test_a_family_is_served_from_its_aot_package(tiny_models, tmp_path, family):
     handler_class, packed, check = FAMILIES[family]
     model = tmp_path / "model"
     shutil.copytree(tiny_models[family], model)
-    builder = handler_class()
-    serving = builder.load_serving(make_context(model, {"handler": {"dtype": "float32", **GRID}}))
-    aot_start.build_package(builder, serving, building.eager_engine(builder, serving))
+    build_aot_package(handler_class, model, {"handler": {"dtype": "float32", **GRID}})
     handler = ready_handler(handler_class, model, **GRID)
     assert handler.model_source == "aot package" and handler.engine.layout.packed is packed
     check(handler, tiny_models[family])

@@ -23,17 +23,17 @@ SERVED = Served("m", "1.0")
 
 def refusal(protocol, body, spec) -> dict:
     with pytest.raises(RequestError) as refused:
-        protocol.decode(body, spec)
-    return {"status": refused.value.code, **protocol.error(refused.value)["error"]}
+        protocol.read(body, spec)
+    return {"status": refused.value.status, **protocol.error(refused.value)["error"]}
 
 
 def test_embedding_inputs_in_every_form():
     protocol = EmbeddingsProtocol()
-    assert protocol.decode({"input": "a"}, EMBEDDING).texts == ["a"]
-    assert protocol.decode({"input": ["a", "b"], "model": "m", "user": "u"}, EMBEDDING).texts == ["a", "b"]
-    assert protocol.decode({"input": [5, 6]}, EMBEDDING).meta["token_ids"] == [[5, 6]]
-    assert protocol.decode({"input": [[5], [6, 7]]}, EMBEDDING).meta["token_ids"] == [[5], [6, 7]]
-    assert protocol.decode({"input": "a", "dimensions": 4, "normalize": False}, EMBEDDING).params == {
+    assert protocol.read({"input": "a"}, EMBEDDING).texts == ["a"]
+    assert protocol.read({"input": ["a", "b"], "model": "m", "user": "u"}, EMBEDDING).texts == ["a", "b"]
+    assert protocol.read({"input": [5, 6]}, EMBEDDING).token_ids == [[5, 6]]
+    assert protocol.read({"input": [[5], [6, 7]]}, EMBEDDING).token_ids == [[5], [6, 7]]
+    assert protocol.read({"input": "a", "dimensions": 4, "normalize": False}, EMBEDDING).params == {
         "dimensions": 4,
         "normalize": False,
     }
@@ -64,7 +64,7 @@ def test_embedding_refusals_take_openais_shape(body, status, param):
 def test_embeddings_are_encoded_as_floats_or_base64_float32():
     protocol = EmbeddingsProtocol()
     answers = [{"embedding": [0.5, -1.25]}, {"embedding": [3.0, 0.0]}]
-    floats = protocol.encode(protocol.decode({"input": ["a", "b"]}, EMBEDDING), answers, SERVED, 7)
+    floats = protocol.encode(protocol.read({"input": ["a", "b"]}, EMBEDDING), answers, SERVED, 7)
     assert floats == {
         "object": "list",
         "data": [
@@ -74,30 +74,28 @@ def test_embeddings_are_encoded_as_floats_or_base64_float32():
         "model": "m",
         "usage": {"prompt_tokens": 7, "total_tokens": 7},
     }  # fmt: skip
-    packed = protocol.encode(
-        protocol.decode({"input": "a", "encoding_format": "base64"}, EMBEDDING), answers[:1], SERVED
-    )
+    packed = protocol.encode(protocol.read({"input": "a", "encoding_format": "base64"}, EMBEDDING), answers[:1], SERVED)
     assert struct.unpack("<2f", base64.b64decode(packed["data"][0]["embedding"])) == (0.5, -1.25)
 
 
 def test_models_is_answered_without_the_model():
     with pytest.raises(Answered) as answered:
-        ModelsProtocol().decode(None, EMBEDDING)
+        ModelsProtocol().read(None, EMBEDDING)
     assert answered.value.body["data"][0]["id"] == "m" and not ModelsProtocol.reads_body
 
 
 def test_completion_fields_become_the_tasks_parameters():
     protocol = CompletionsProtocol()
-    request = protocol.decode(
+    request = protocol.read(
         {"model": "m", "prompt": "hi", "max_tokens": 5, "temperature": 0, "top_p": 0.5, "stop": None, "n": 1},
         GENERATION,
     )
     assert request.texts == ["hi"] and request.params == {"top_p": 0.5, "max_new_tokens": 5, "do_sample": False}
-    sampled = protocol.decode({"prompt": ["a", "b"], "temperature": 0.7, "seed": 3}, GENERATION)
+    sampled = protocol.read({"prompt": ["a", "b"], "temperature": 0.7, "seed": 3}, GENERATION)
     assert sampled.params == {"seed": 3, "do_sample": True, "temperature": 0.7} and sampled.texts == ["a", "b"]
     parts = [{"type": "text", "text": "be"}, {"type": "text", "text": " brief"}]
-    chat = ChatCompletionsProtocol().decode({"messages": [{"role": "developer", "content": parts}]}, GENERATION)
-    assert chat.texts == ["system: be brief"] and chat.meta["id"].startswith("chatcmpl-")
+    chat = ChatCompletionsProtocol().read({"messages": [{"role": "developer", "content": parts}]}, GENERATION)
+    assert chat.texts == ["system: be brief"] and chat.form.completion_id.startswith("chatcmpl-")
 
 
 @pytest.mark.parametrize(
@@ -121,7 +119,7 @@ def test_unserved_completion_fields_are_refused_by_name(body, param):
 
 def test_a_chat_stream_is_server_sent_events_with_a_role_first_and_done_last():
     protocol = ChatCompletionsProtocol()
-    request = protocol.decode(
+    request = protocol.read(
         {"messages": [{"role": "user", "content": "x"}], "stream": True, "stream_options": {"include_usage": True}},
         GENERATION,
     )

@@ -61,6 +61,15 @@ def test_rows_fill_up_to_the_budget_longest_first_and_a_longer_text_rides_alone(
     assert packing.pack_rows([2] * 6, 64, (16, 32, 64)) == [[0, 1, 2, 3], [4, 5]]
 
 
+def test_a_length_group_masks_its_padding_and_its_dummy_rows_attend_one_token():
+    call = layout.Call(buckets.Group((0, 1), batch_size=4, seq_len=8), ((0,), (1,)))  # 2 dummy rows: static batch
+    ids = layout.BatchIds([[5, 6, 7], [5, 6]])
+    inputs = layout.call_inputs(ids, call, ids.placement(call), layout.Layout(), pad_id=0)
+    assert set(inputs) == {"input_ids", "attention_mask"}
+    assert inputs["input_ids"].tolist() == [[5, 6, 7, 0, 0, 0, 0, 0], [5, 6, 0, 0, 0, 0, 0, 0]] + [[0] * 8] * 2
+    assert inputs["attention_mask"].sum(dim=1).tolist() == [3, 2, 1, 1]
+
+
 def test_each_text_gets_positions_from_the_first_and_a_segment_of_its_own():
     call = layout.Call(buckets.Group((0,), 1, 8), ((0, 1),))
     ids = layout.BatchIds([[9, 5, 9], [9, 7, 8, 9]])
@@ -166,7 +175,7 @@ def test_a_bad_request_in_a_packed_batch_gets_its_own_400_and_padding_is_counted
 
 def test_packed_traffic_compiles_nothing_after_ready(handlers):
     handler = handlers["embedding"]
-    assert handlers["embedding graphs"] == handler.graphs_needed(handler.engine.plan) == 1
+    assert handlers["embedding graphs"] == handler.worker.task.graphs_needed(handler.engine.plan) == 1
     graphs = compiled_graph_count()
     for lengths in ([5, 9, 60, 3], [64], [16, 16, 16, 16, 33, 2], [40] * 9, [2] * 40):
         rows(handler, texts_of(handler, lengths))

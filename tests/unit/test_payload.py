@@ -1,6 +1,6 @@
 import pytest
 
-from ts_compiled_handlers.payload import RequestError, boolean_param, decode
+from ts_compiled_handlers.payload import RequestError, body_value, boolean_param
 from ts_compiled_handlers.protocols import RequestSpec
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 
@@ -8,7 +8,7 @@ PARAMS = {"normalize": boolean_param}
 
 
 def parse_one(body, content_type="application/json", max_inputs=4):
-    return PlainProtocol().decode(decode({"body": body}, content_type), RequestSpec(PARAMS, max_inputs))
+    return PlainProtocol().read(body_value(body, content_type), RequestSpec(PARAMS, max_inputs))
 
 
 def test_raw_text_json_string_and_list():
@@ -40,7 +40,7 @@ def test_raw_text_json_string_and_list():
 def test_bad_requests_get_their_own_4xx(body, code, fragment):
     with pytest.raises(RequestError) as error:
         parse_one(body)
-    assert error.value.code == code
+    assert error.value.status == code
     assert fragment in error.value.message
     assert error.value.body() == {"error": error.value.message, "code": code}
 

@@ -13,12 +13,13 @@ from ts.metrics.metric_cache_errors import MetricsCacheKeyError
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.metrics.metric_type_enum import MetricTypes
 
-from ts_compiled_handlers import async_handle
+from ts_compiled_handlers import ts_async
 from ts_compiled_handlers.buckets import BucketPlan
 from ts_compiled_handlers.config import ConfigError, parse
 from ts_compiled_handlers.embedding import EmbeddingHandler
 from ts_compiled_handlers.scheduler import TokenScheduler
 from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.worker import Worker
 
 
 class GatedCall:
@@ -156,9 +157,13 @@ TEXTS = ["a", "alice walks to paris with bob " * 3, "bob", "the river runs past 
 class RecordingBuild(EmbeddingHandler):
     """Records the thread that built and warmed the engine."""
 
-    def build(self, context) -> None:
-        self.built_in = threading.current_thread().name
-        super().build(context)
+    class worker_class(Worker):
+        built_in = None
+
+        @classmethod
+        def build(cls, *args, **kwargs):
+            cls.built_in = threading.current_thread().name
+            return super().build(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -174,15 +179,15 @@ def handlers(tiny_models):
     torch.set_num_threads(threads)  # this test process's thread is not an event loop's: give it back
     batched = ready_handler(EmbeddingHandler, tiny_models["embedding"], **grid)
     yield scheduled, batched, held_threads
-    scheduled.model_thread.executor.shutdown()
+    scheduled.loop.model_thread.executor.shutdown()
 
 
 def test_the_model_is_built_and_called_in_one_thread_and_the_loop_thread_starts_no_team(handlers):
     scheduled, _, held_threads = handlers
-    model_thread = scheduled.model_thread
-    assert scheduled.scheduler.executor is model_thread.executor
-    assert scheduled.built_in == model_thread.run(lambda: threading.current_thread().name)
-    assert "model-call" in scheduled.built_in
+    model_thread = scheduled.loop.model_thread
+    assert scheduled.loop.scheduler.executor is model_thread.executor
+    assert scheduled.worker_class.built_in == model_thread.run(lambda: threading.current_thread().name)
+    assert "model-call" in scheduled.worker_class.built_in
     assert model_thread.run(torch.get_num_threads) == scheduled.threads.threads
     if "ATen parallel backend: OpenMP" in torch.__config__.parallel_info():  # the caller was held to 1
         assert held_threads == 1
@@ -223,16 +228,16 @@ def test_past_max_queue_requests_get_503_at_once_and_the_held_ones_are_served(ha
     assert statuses.count(200) >= 4 and set(statuses) == {200, 503}
     refused = [json.loads(as_client_sees(messages)[1]) for messages in sent.values() if messages[0]["code"] == 503]
     assert all("max_queue" in body["error"] for body in refused)
-    assert scheduled.scheduler.held == 0
+    assert scheduled.loop.scheduler.held == 0
 
 
 def test_an_answer_that_cannot_be_sent_the_async_way_goes_plain_and_handle_never_raises(handlers, monkeypatch):
     scheduled, _, _ = handlers
 
-    def broken(message):
-        raise OSError("socket gone")
+    def broken():
+        raise LookupError("no out-queue here")
 
-    monkeypatch.setattr(async_handle.OUT, "put", broken)
+    monkeypatch.setattr(ts_async, "out_queue", broken)
     sent = served(scheduled, {"r": {"inputs": "hello"}})
     (plain,) = sent["r"]  # one message: the answer itself, with its status and no header
     assert plain["code"] == 200 and "ts_stream_next" not in plain["headers"]

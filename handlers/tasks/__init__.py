@@ -1,0 +1,83 @@
+"""Tasks as plain objects: what a model reads, which request parameters it takes, what it answers per text.
+
+A task knows nothing of servers or loops. Building reads its hooks (the module to compile, the
+length limit, the bucket plan, the engine: handlers/serving.py's `Task` contract); the worker
+(handlers/worker.py) reads the rest: `protocols`, `param_checks`, `model_texts` and `answer`.
+One subclass per task: embedding, classification, token classification, generation.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ts_compiled_handlers import buckets
+from ts_compiled_handlers.config import HandlerConfig
+from ts_compiled_handlers.engine import Engine
+from ts_compiled_handlers.layout import Layout
+from ts_compiled_handlers.model_runner import ModelRunner
+from ts_compiled_handlers.payload import ParamCheck, boolean_param, choice_param
+from ts_compiled_handlers.protocols import Protocol, Request
+from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
+from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.tokenizing import SIDES, Accepted
+
+# Per request: `truncate: false` refuses a text over the limit (413) whatever `buckets.overflow`
+# says, `true` cuts it; `truncation_direction` says which end is cut (TEI's and vLLM's names).
+TRUNCATION_PARAMS = {"truncate": boolean_param, "truncation_direction": choice_param(*SIDES)}
+
+
+class Task:
+    """The hooks every task shares, with their defaults."""
+
+    PARAMS: dict[str, ParamCheck] = {}
+    PER_TOKEN = False  # the model's outputs are per token (token classification), not per text
+    PAIRS = False  # the task takes text pairs (a cross-encoder)
+    # Tried in order for a request's route; a protocol is one module (handlers/protocols/).
+    protocols: tuple[Protocol, ...] = (KServeV2Protocol(), PlainProtocol())
+
+    def __init__(self, config: HandlerConfig):
+        self.config = config
+
+    # -- building (handlers/serving.py's Task contract) ---------------------------------------
+    def build_model(self, model_dir: Path) -> torch.nn.Module:
+        """The float32 module to compile: forward(input_ids, attention_mask) -> (batch, ...)."""
+        raise NotImplementedError
+
+    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
+        """The model's own length limit, if it has one; it caps the largest bucket."""
+        return None
+
+    def configure_tokenizer(self, tokenizer) -> None:
+        """Task-specific tokenizer settings (e.g. which side truncation cuts)."""
+
+    def read_settings(self, serving) -> None:
+        """What the task reads from the model's files besides the module (labels, pooling): a
+        worker serving an AOT package never builds the module."""
+
+    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig) -> buckets.BucketPlan:
+        return plan
+
+    def graphs_needed(self, plan: buckets.BucketPlan) -> int:
+        """Graphs the warm-up grid must compile (more means graph breaks or lost guards)."""
+        return buckets.expected_graphs(plan)
+
+    def engine(self, model: ModelRunner, serving, dtype: torch.dtype, layout: Layout) -> Engine:
+        return Engine(model, layout, serving.plan, dtype, serving.device, serving.pad_id, self.PER_TOKEN)
+
+    # -- requests and answers -------------------------------------------------------------------
+    def param_checks(self) -> dict[str, ParamCheck]:
+        """The request parameters this task accepts, each with its check: its own and how to truncate."""
+        return {**TRUNCATION_PARAMS, **self.PARAMS}
+
+    def adapt_body(self, value: Any) -> Any:
+        """A task's own request form rewritten to the common one (chat messages to a prompt)."""
+        return value
+
+    def model_texts(self, request: Request) -> list:
+        """The texts the model reads for a request (a task may prepend a prompt)."""
+        return request.texts
+
+    def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
+        """One answer per text of the request, from its output rows (one per text, in order)."""
+        raise NotImplementedError
