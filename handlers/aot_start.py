@@ -15,7 +15,8 @@ from ts_compiled_handlers import aot_package, hardware, packing, warmup
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.layout import Layout
 from ts_compiled_handlers.model_runner import EagerRunner
-from ts_compiled_handlers.serving import HARDWARE, Serving, Started, Task
+from ts_compiled_handlers.serving import HARDWARE, Serving, Started
+from ts_compiled_handlers.tasks import Task
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,8 @@ from ts_compiled_handlers.compiling import CompiledModel
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.layout import Layout
 from ts_compiled_handlers.model_runner import EagerRunner
-from ts_compiled_handlers.serving import HARDWARE, Serving, Started, Task
+from ts_compiled_handlers.serving import HARDWARE, Serving, Started
+from ts_compiled_handlers.tasks import Task
 
 logger = logging.getLogger(__name__)
 

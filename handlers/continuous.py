@@ -86,7 +86,6 @@ class Running:
     error: str | None = None
     status: int = 200  # a refusal's, sent with its answer
     content_type: str = "application/json"
-    route: str = ""
 
     @property
     def done(self) -> bool:

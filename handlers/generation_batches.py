@@ -29,6 +29,7 @@ class GenerationBatches(RequestBatches):
     def inference(self, batch: Batch) -> Batch:
         """Generate for every accepted prompt; a failing group is split until the failing request is alone."""
         task = self.worker.task
+        self.worker.follow_worker_count()
         for accepted in batch.accepted:
             batch.replies[accepted.index].content_type = task.content_type(accepted)
         live = batch.live(batch.accepted)
@@ -38,6 +39,7 @@ class GenerationBatches(RequestBatches):
                 self.fail(batch, accepted.index, "inference", outcome)
             elif outcome is not None:
                 batch.outputs[accepted.index] = outcome
+        self.worker.report_recompiles()
         return batch
 
     def generate(self, batch: Batch, requests: list[Accepted]) -> list[list[Job] | None]:

@@ -1,11 +1,9 @@
 """The worker's metrics, named once for every server: what they are, and the sink they go to.
 
 A worker reports through a `MetricsSink`, which each server implements its own way (TorchServe's:
-handlers/ts_metrics.py); `NullSink` drops everything (in-process use, tests). The names are the
-same on every server, so a dashboard reads them alike.
+handlers/ts_metrics.py); the base class itself keeps nothing (in-process use, tests). The names
+are the same on every server, so a dashboard reads them alike.
 """
-
-from typing import Protocol
 
 GAUGES = (
     "CompileSeconds",
@@ -28,25 +26,14 @@ COUNTERS = {
 HISTOGRAMS = ("CallKilotokens", "SchedulerQueueTime")
 
 
-class MetricsSink(Protocol):
-    """Where a worker's metrics go; each call is about this worker's model."""
+class MetricsSink:
+    """Where a worker's metrics go, each call about this worker's model; this one keeps nothing."""
 
-    def gauge(self, name: str, value: float, unit: str) -> None: ...
+    def gauge(self, name: str, value: float, unit: str) -> None:
+        """Set the gauge `name` (GAUGES)."""
 
     def count(self, name: str, label: str, value: int) -> None:
         """Add `value` to the counter `name` under its extra dimension's `label` (COUNTERS)."""
 
-    def observe(self, name: str, value: float, unit: str) -> None: ...
-
-
-class NullSink:
-    """A sink that keeps nothing."""
-
-    def gauge(self, name: str, value: float, unit: str) -> None:
-        pass
-
-    def count(self, name: str, label: str, value: int) -> None:
-        pass
-
     def observe(self, name: str, value: float, unit: str) -> None:
-        pass
+        """One observation of the histogram `name` (HISTOGRAMS)."""

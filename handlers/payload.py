@@ -1,12 +1,11 @@
-"""Request bodies in, per-request errors out: what a client sent, checked before any model work.
+"""What a client sent, checked before any model work, and the error a request gets.
 
-`body_value` turns what a server handed over into text or a JSON value; the checks here (texts,
-parameters) are shared by the protocols (handlers/protocols/). Anything wrong raises
-`RequestError` with a 4xx code and a message that says what was wrong without echoing the input
-back (request text is never logged or returned).
+Once a body is read into text or JSON (handlers/protocols/__init__.py), the protocols check its
+texts and parameters with the checks here. Anything wrong raises `RequestError` with a 4xx status
+and a message that says what was wrong without echoing the input back (request text is never
+logged or returned).
 """
 
-import json
 from typing import Any, Callable
 
 HTTP_PHRASES = {
@@ -19,9 +18,6 @@ HTTP_PHRASES = {
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
-# The deepest JSON any request needs is 4 levels (a KServe v2 body); deeper is refused before any
-# work, so no step ever recurses on what a client nested.
-MAX_JSON_DEPTH = 16
 
 
 def phrase(status: int) -> str:
@@ -88,39 +84,6 @@ def number_param(low: float, high: float) -> ParamCheck:
     return check
 
 
-def _from_bytes(raw: bytes | bytearray, content_type: str | None) -> Any:
-    try:
-        text = bytes(raw).decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise RequestError(400, "request body is not valid UTF-8") from error
-    if content_type and "json" in content_type:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as error:
-            raise RequestError(400, f"request body is not valid JSON ({error.msg} at position {error.pos})") from error
-        except RecursionError as error:
-            raise RequestError(400, f"JSON body is nested deeper than {MAX_JSON_DEPTH} levels") from error
-        except ValueError as error:  # e.g. an integer past Python's 4300-digit conversion limit
-            raise RequestError(400, "JSON body holds a number that cannot be read") from error
-    return text
-
-
-def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
-    """Refuse JSON nested deeper than `limit`, walking it without recursion."""
-    level = [value]
-    for _ in range(limit):
-        level = [
-            child
-            for node in level
-            if isinstance(node, (dict, list))
-            for child in (node.values() if isinstance(node, dict) else node)
-        ]
-        if not level:
-            return
-    if any(isinstance(node, (dict, list)) for node in level):
-        raise RequestError(400, f"JSON body is nested deeper than {limit} levels")
-
-
 def is_unicode_text(text: str) -> bool:
     """True unless `text` holds a lone surrogate (U+D800-U+DFFF), which JSON's \\u escapes allow but
     UTF-8 cannot encode; the tokenizer takes exactly the strings UTF-8 can encode (tests/unit/test_payload.py)."""
@@ -158,14 +121,3 @@ def check_params(values: dict, param_checks: dict[str, ParamCheck]) -> dict[str,
             raise RequestError(400, f"unknown parameter (names are not echoed back); allowed: {allowed}")
         params[name] = param_checks[name](value, name)
     return params
-
-
-def body_value(value: Any, content_type: str | None) -> Any:
-    """The body as a server handed it over (bytes, or text or JSON its frontend already read), as
-    text or a JSON value."""
-    if value is None or value in (b"", ""):
-        raise RequestError(400, 'empty request body: send text, or JSON {"inputs": ...}')
-    if isinstance(value, (bytes, bytearray)):
-        value = _from_bytes(value, content_type)
-    check_depth(value)
-    return value

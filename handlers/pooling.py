@@ -66,8 +66,15 @@ class SentenceEmbedder(torch.nn.Module):
         return pool_per_text(hidden, segments, self.modes)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Each row's pooled embedding (B, H * modes). A length group's row is one right-padded text,
-        so its attention mask is its segment ids (1: the text, 0: padding): the packed rows' pooling,
-        its one slot."""
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
-        return pool_per_text(hidden, attention_mask, self.modes)[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+        counts = mask.sum(dim=1).clamp(min=1e-9)  # (B, 1)
+        last = (attention_mask.sum(dim=1) - 1).clamp(min=0)  # (B,) each right-padded row's last token
+        pooled = {
+            "cls": lambda: hidden[:, 0],
+            "max": lambda: hidden.masked_fill(mask == 0, -1e9).max(dim=1).values,
+            "mean": lambda: (hidden * mask).sum(dim=1) / counts,
+            "mean_sqrt_len_tokens": lambda: (hidden * mask).sum(dim=1) / counts.sqrt(),
+            "lasttoken": lambda: hidden[torch.arange(hidden.shape[0], device=hidden.device), last],
+        }
+        return torch.cat([pooled[mode]() for mode in self.modes], dim=-1)  # (B, H * len(modes))

@@ -11,27 +11,12 @@ is its own reply (its protocol's error body, its status), never the other reques
 
 import contextlib
 import dataclasses
-import json
 from typing import Any
 
-from ts_compiled_handlers.outcome import isolate, refusal
-from ts_compiled_handlers.payload import RequestError
+from ts_compiled_handlers.outcome import isolate
 from ts_compiled_handlers.protocols import Answered
 from ts_compiled_handlers.tokenizing import Accepted
-from ts_compiled_handlers.worker import USAGE_HEADER, Incoming, Worker
-
-
-@dataclasses.dataclass
-class Reply:
-    """What one request gets back, for the server to send: its body (bytes or text, or a value
-    `replies` encodes), status, content type and headers. `last`, for loops that answer a request
-    more than once: whether this is its last reply (None: a plain reply, sent once)."""
-
-    body: Any = None
-    status: int = 200
-    content_type: str = "application/json"
-    headers: dict[str, str] = dataclasses.field(default_factory=dict)
-    last: bool | None = None
+from ts_compiled_handlers.worker import USAGE_HEADER, Incoming, Reply, Worker, as_json
 
 
 @dataclasses.dataclass
@@ -74,10 +59,7 @@ class RequestBatches:
         """Request `index` gets the error (a bug: 500, logged without the request's text)."""
         if index in batch.failed:
             return
-        if not isinstance(error, RequestError):
-            self.worker.metrics.count("RequestFailures", stage, 1)
-        refused = refusal(error, f"{stage} (request {index} of the batch)")
-        batch.replies[index] = Reply(self.worker.error_body(batch.incoming[index].route, refused), refused.status)
+        batch.replies[index] = self.worker.refused(batch.incoming[index].route, error, stage)
         batch.failed.add(index)
 
     def fail_all(self, incoming: list[Incoming], error: BaseException) -> list[Reply]:
@@ -102,8 +84,8 @@ class RequestBatches:
     def inference(self, batch: Batch) -> Batch:
         """The accepted requests' texts through the engine; a failing call split until it is isolated."""
         live = batch.live(batch.accepted)
-        on_split = self.count_split
-        for accepted, outcome in zip(live, isolate(live, self.worker.run, on_split) if live else [], strict=True):
+        outcomes = isolate(live, self.worker.run, self.count_split) if live else []
+        for accepted, outcome in zip(live, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 self.fail(batch, accepted.index, "inference", outcome)
             else:
@@ -126,15 +108,13 @@ class RequestBatches:
         are). An answer JSON cannot carry (NaN) is its request's 500."""
         for index, answer in enumerate(answers):
             reply = batch.replies[index]
-            reply.body = answer
-            if not isinstance(answer, (str, bytes, bytearray)):
-                try:
-                    reply.body = json.dumps(answer, allow_nan=False)
-                except (TypeError, ValueError) as error:  # a value JSON cannot carry (NaN)
-                    self.fail(batch, index, "postprocess", error)
-                    reply = batch.replies[index]
-                    reply.body = json.dumps(reply.body)
-                reply.content_type = "application/json"
+            if isinstance(answer, (str, bytes, bytearray)) or index in batch.failed:
+                reply.body = answer
+                continue
+            try:
+                reply.body, reply.content_type = as_json(answer), "application/json"
+            except (TypeError, ValueError) as error:  # a value JSON cannot carry (NaN)
+                self.fail(batch, index, "postprocess", error)
         return batch.replies
 
     def count_split(self, error: BaseException) -> None:
@@ -142,11 +122,8 @@ class RequestBatches:
 
     def serve(self, incoming: list[Incoming]) -> list[Reply]:
         """One batch, every step; never raises."""
-        self.worker.follow_worker_count()
         try:
             batch = self.inference(self.preprocess(incoming))
-            replies = self.replies(batch, self.postprocess(batch))
+            return self.replies(batch, self.postprocess(batch))
         except Exception as error:  # a defect past every per-request boundary
-            replies = self.fail_all(incoming, error)
-        self.worker.report_recompiles()
-        return replies
+            return self.fail_all(incoming, error)

@@ -7,17 +7,12 @@ work runs in the worker's one model thread (handlers/model_thread.py). A queue a
 `scheduler.max_queue` answers 503 at once.
 """
 
-import logging
-
 from ts_compiled_handlers.metrics import MetricsSink
 from ts_compiled_handlers.model_thread import ModelThread
 from ts_compiled_handlers.payload import RequestError
-from ts_compiled_handlers.request_batches import Reply, RequestBatches
+from ts_compiled_handlers.protocols import Answered
 from ts_compiled_handlers.scheduler import CallReport, TokenScheduler
-from ts_compiled_handlers.tokenizing import Accepted
-from ts_compiled_handlers.worker import Incoming, Worker
-
-logger = logging.getLogger(__name__)
+from ts_compiled_handlers.worker import Incoming, Reply, Worker, as_json
 
 FULL = "the server is at its queue limit (scheduler.max_queue); retry shortly"
 
@@ -28,42 +23,33 @@ class ScheduledRequests:
     def __init__(self, worker: Worker, model_thread: ModelThread):
         self.worker = worker
         self.model_thread = model_thread
-        self.batches = RequestBatches(worker)  # how a reply is encoded, and a request failed
         settings = worker.serving.config.scheduler
         budget = worker.engine.plan.full_call_tokens if settings.call_tokens == "auto" else settings.call_tokens
         metrics = worker.metrics
         self.scheduler = TokenScheduler(
-            self.call,
+            worker.run,
             budget,
             settings.max_queue,
             lambda made: report(metrics, made),
-            self.batches.count_split,
+            lambda error: metrics.count("BatchSplits", type(error).__name__, 1),
             model_thread.executor,
         )
 
-    def call(self, requests: list[Accepted]) -> list:
-        """One model call (in the model's thread: a re-trace never overlaps a call)."""
-        self.worker.follow_worker_count()
-        rows = self.worker.run(requests)
-        self.worker.report_recompiles()
-        return rows
-
     async def serve(self, incoming: Incoming) -> Reply:
         """The request's reply; never raises."""
-        batch = self.batches.preprocess([incoming])
-        if batch.accepted:
-            (accepted,) = batch.accepted
-            try:
-                if self.scheduler.full:
-                    raise RequestError(503, FULL)
-                batch.outputs[0] = await self.scheduler.submit(accepted, accepted.tokens)
-            except Exception as error:  # its own failure, isolated by the scheduler
-                self.batches.fail(batch, 0, "inference", error)
+        stage = "preprocess"
         try:
-            (reply,) = self.batches.replies(batch, self.batches.postprocess(batch))
-        except Exception as error:  # a defect past every per-request boundary
-            (reply,) = self.batches.fail_all([incoming], error)
-        return reply
+            accepted = self.worker.accept(incoming)
+            stage = "inference"
+            if self.scheduler.full:
+                raise RequestError(503, FULL)
+            rows = await self.scheduler.submit(accepted, accepted.tokens)
+            stage = "postprocess"
+            return self.worker.reply(accepted, rows)
+        except Answered as answered:  # answered without the model
+            return Reply(as_json(answered.body))
+        except Exception as error:  # its own failure (the scheduler isolates a failing call)
+            return self.worker.refused(incoming.route, error, stage)
 
 
 def report(metrics: MetricsSink, made: CallReport) -> None:

@@ -4,22 +4,22 @@ A server says where a worker sits (`Placement`: the archive's folder, the model'
 model-config.yaml, the batch size, the GPU); `read_serving(placement, task)` reads the
 configuration, shares the cores, loads the tokenizer and plans the buckets; the steps that build
 the engine (handlers/building.py, handlers/aot_start.py) take the `Serving` it returns and a task,
-of which they need only the `Task` contract.
+of which they need only its building hooks (handlers/tasks/__init__.py).
 """
 
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from ts_compiled_handlers import buckets, compile_cache, hardware, packing, process_settings, warmup
 from ts_compiled_handlers.config import CompileConfig, HandlerConfig, check_async_batch_size, parse
-from ts_compiled_handlers.engine import Engine
-from ts_compiled_handlers.layout import Layout
-from ts_compiled_handlers.model_runner import ModelRunner
+
+if TYPE_CHECKING:  # the tasks' own modules read Serving
+    from ts_compiled_handlers.tasks import Task
 
 logger = logging.getLogger(__name__)
 
@@ -43,25 +43,6 @@ class Placement:
     model_version: str | None = None
     batch_size: int | None = None  # as registered; None where the server does not batch requests
     gpu_id: int | None = None
-
-
-class Task(Protocol):
-    """What building needs of a task."""
-
-    def build_model(self, model_dir: Path) -> torch.nn.Module:
-        """The float32 module: forward(input_ids, attention_mask) -> rows; `packed(...)` if it packs."""
-
-    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
-        """The model's own length limit, if it has one."""
-
-    def configure_tokenizer(self, tokenizer) -> None: ...
-
-    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig) -> buckets.BucketPlan: ...
-
-    def graphs_needed(self, plan: buckets.BucketPlan) -> int: ...
-
-    def engine(self, model: ModelRunner, serving: "Serving", dtype: torch.dtype, layout: Layout) -> Engine:
-        """An engine over `model` (a check's eager model, or the served one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +77,7 @@ class Started:
     host_cache: compile_cache.HostCache | None = None
 
 
-def read_serving(placement: Placement, task: Task) -> tuple[Serving, process_settings.ThreadShare]:
+def read_serving(placement: Placement, task: "Task") -> tuple[Serving, process_settings.ThreadShare]:
     """Configuration, this worker's share of the cores, tokenizer and bucket plan."""
     config = parse(placement.yaml_config)
     if config.asynchronous:
@@ -125,7 +106,7 @@ def check_vocabulary(tokenizer, model_config) -> None:
         raise ValueError(f"the tokenizer makes token id {largest} but the model embeds only {rows} tokens")
 
 
-def task_plan(task: Task, config: HandlerConfig, model_dir: Path, tokenizer=None, model_config=None):
+def task_plan(task: "Task", config: HandlerConfig, model_dir: Path, tokenizer=None, model_config=None):
     """The bucket plan a worker of `task` serves this model with (the build estimates with it too)."""
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     model_config = model_config or AutoConfig.from_pretrained(model_dir, trust_remote_code=False)

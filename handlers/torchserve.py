@@ -24,13 +24,13 @@ from ts_compiled_handlers.continuous import DecodeLoop
 from ts_compiled_handlers.generation_batches import GenerationBatches
 from ts_compiled_handlers.model_thread import ModelThread
 from ts_compiled_handlers.payload import phrase
-from ts_compiled_handlers.request_batches import Batch, Reply, RequestBatches
+from ts_compiled_handlers.request_batches import Batch, RequestBatches
 from ts_compiled_handlers.scheduled import ScheduledRequests
 from ts_compiled_handlers.serving import Placement
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.generation import GenerationTask
 from ts_compiled_handlers.ts_metrics import TorchServeSink
-from ts_compiled_handlers.worker import Incoming, Worker
+from ts_compiled_handlers.worker import Incoming, Reply, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +82,11 @@ class TorchServeHandler(BaseHandler):
                 (context.request_ids[index], self.resent_or_incoming(index, body)) for index, body in enumerate(data)
             ]
             return write(self.loop.call(requests), context, stream_next=True)
-        self.worker.follow_worker_count()
         try:
             batch = self.inference(self.preprocess(data))
             replies = self.loop.replies(batch, self.postprocess(batch))
         except Exception as error:  # a defect past every per-request boundary: still answer everyone
             replies = self.loop.fail_all([Incoming(None) for _ in data], error)
-        self.worker.report_recompiles()
         return write(replies, context)
 
     # -- the steps of request batches, overridable ---------------------------------------------

@@ -8,10 +8,10 @@ from ts.metrics.dimension import Dimension
 from ts.metrics.metric_cache_errors import MetricsCacheKeyError
 from ts.metrics.metric_type_enum import MetricTypes
 
-from ts_compiled_handlers.metrics import COUNTERS
+from ts_compiled_handlers.metrics import COUNTERS, MetricsSink
 
 
-class TorchServeSink:
+class TorchServeSink(MetricsSink):
     """A MetricsSink writing to the metrics cache of the worker's context (`context.metrics`, read
     at each call; a context without one, as in process, keeps nothing). The context is the one
     `initialize` got: TorchServe's sync worker passes that same object to every `handle`, and its

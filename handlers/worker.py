@@ -15,6 +15,7 @@ traffic's statistics and the thread counts traced.
 """
 
 import dataclasses
+import json
 import logging
 import time
 from typing import Any
@@ -26,10 +27,11 @@ from ts_compiled_handlers.config import parse
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.layout import Call
 from ts_compiled_handlers.length_stats import LengthStats
-from ts_compiled_handlers.metrics import MetricsSink, NullSink
-from ts_compiled_handlers.payload import RequestError, body_value
+from ts_compiled_handlers.metrics import MetricsSink
+from ts_compiled_handlers.outcome import refusal
+from ts_compiled_handlers.payload import RequestError
 from ts_compiled_handlers.process_settings import ThreadShare
-from ts_compiled_handlers.protocols import Protocol, RequestSpec, Served, for_route, unknown_route
+from ts_compiled_handlers.protocols import RequestSpec, Served, for_route, read_request
 from ts_compiled_handlers.serving import HARDWARE, Placement, Serving, Started, read_serving  # noqa: F401 (detected at import)
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tokenizing import Accepted, TextTokenizer, Tokenized
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 # Every answer's token count (the request's texts after truncation, special tokens included), as
 # TEI reports it; bodies keep their shape (the OpenAI and rerank bodies carry it as `usage` too).
 USAGE_HEADER = "x-prompt-tokens"
-NULL_SINK = NullSink()
+NULL_SINK = MetricsSink()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +55,28 @@ class Incoming:
     route: str = ""
 
 
+@dataclasses.dataclass
+class Reply:
+    """What one request gets back, for the server to send: its body (bytes or text, or a value a
+    loop encodes), status, content type and headers. `last`, for loops that answer a request more
+    than once: whether this is its last reply (None: a plain reply, sent once)."""
+
+    body: Any = None
+    status: int = 200
+    content_type: str = "application/json"
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    last: bool | None = None
+
+
+def as_json(answer: Any) -> str:
+    """An answer as compact JSON text (a str goes as it is); NaN and other values JSON cannot carry raise."""
+    return answer if isinstance(answer, str) else json.dumps(answer, allow_nan=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class Worker:
+    """One model served: what was built for it, and the request path's three steps."""
+
     placement: Placement
     task: Task
     serving: Serving
@@ -114,22 +136,8 @@ class Worker:
     def accept(self, incoming: Incoming, index: int = 0) -> Accepted:
         """The request read by the first protocol of its route that takes its body, checked and
         tokenized; RequestError for a refusal, `Answered` for an answer without the model."""
-        protocols = self.protocols_for(incoming.route)
-        protocol = protocols[0]
-        if protocol.reads_body:
-            value = body_value(incoming.body, incoming.content_type)
-            protocol = next((candidate for candidate in protocols if candidate.accepts(value)), protocols[-1])
-        else:
-            value = None
-        request = protocol.read(value, self.spec)
+        request = read_request(incoming.body, incoming.content_type, incoming.route, self.task.protocols, self.spec)
         return Accepted(index, request, self.tokenized(request))
-
-    def protocols_for(self, route: str) -> list[Protocol]:
-        """The protocols of a route; a 404 for a route this model does not serve."""
-        protocols = for_route(route, self.task.protocols)
-        if not protocols:
-            raise unknown_route(route, self.task.protocols)
-        return protocols
 
     def tokenized(self, request) -> Tokenized:
         """The request's texts (as the task gives them to the model) tokenized, per its truncation."""
@@ -139,10 +147,13 @@ class Worker:
         return self.tokenize(self.task.model_texts(request), truncate, side)
 
     def run(self, requests: list[Accepted]) -> list[list[torch.Tensor]]:
-        """The engine over the requests' texts in one go: each request's output rows, in order."""
+        """The engine over the requests' texts in one go: each request's output rows, in order.
+        Runs where the model's calls run, so the cores are re-shared (and the grid re-traced) first."""
+        self.follow_worker_count()
         outputs = self.engine.run(
             [ids for request in requests for ids in request.token_ids], type_ids=type_ids_of(requests)
         )
+        self.report_recompiles()
         self.record_traffic(outputs.lengths, outputs.calls)
         rows, position = [], 0
         for request in requests:
@@ -155,10 +166,21 @@ class Worker:
         request = accepted.request
         return request.protocol.encode(request, self.task.answer(accepted, rows), self.served, accepted.tokens)
 
+    def reply(self, accepted: Accepted, rows: list[torch.Tensor]) -> "Reply":
+        """The request's reply, its body encoded once, its usage in a header."""
+        return Reply(as_json(self.respond(accepted, rows)), headers={USAGE_HEADER: str(accepted.tokens)})
+
     def error_body(self, route: str, error: RequestError) -> Any:
         """A refusal in the shape of the route's protocols (the plain one for an unknown route)."""
         protocols = for_route(route, self.task.protocols)
         return protocols[-1].error(error) if protocols else error.body()
+
+    def refused(self, route: str, error: BaseException, stage: str) -> "Reply":
+        """The reply to a request that failed in `stage`: a bug is counted and logged, and a 500."""
+        if not isinstance(error, RequestError):
+            self.metrics.count("RequestFailures", stage, 1)
+        refused = refusal(error, stage)
+        return Reply(as_json(self.error_body(route, refused)), refused.status)
 
     # -- what the worker keeps track of -------------------------------------------------------
     def record_traffic(self, lengths: list[int], calls: list[Call]) -> None:

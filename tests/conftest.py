@@ -16,7 +16,8 @@ MODEL_FIXTURES = {"tiny_models", "tiny_bert", "minilm_dir"}
 
 
 def pytest_collection_modifyitems(items):
-    """Mark as `heavy` every test that needs a model or a process: what remains is pure unit tests."""
+    """Mark as `heavy` every test that needs a model (tests that start a process carry the mark
+    themselves): what remains is pure unit tests."""
     for item in items:
         needs_model = MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
         if needs_model and not item.get_closest_marker("integration"):

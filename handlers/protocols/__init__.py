@@ -9,9 +9,14 @@ the task's per-text answers into the protocol's body, and a refusal into its err
 """
 
 import dataclasses
+import json
 from typing import Any, Callable, Literal
 
 from ts_compiled_handlers.payload import ParamCheck, RequestError
+
+# The deepest JSON any request needs is 4 levels (a KServe v2 body); deeper is refused before any
+# work, so no step ever recurses on what a client nested.
+MAX_JSON_DEPTH = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +73,7 @@ class Protocol:
     reads_body = True  # False: answered whatever the body (a GET without one)
 
     def accepts(self, value: Any) -> bool:
-        """Whether a body read from JSON or text (`payload.body_value`) is this protocol's."""
+        """Whether a body read from JSON or text (`body_value`) is this protocol's."""
         return True
 
     def read(self, value: Any, spec: RequestSpec) -> Request:
@@ -100,6 +105,62 @@ def unknown_route(route: str, protocols) -> RequestError:
     return RequestError(404, f"this model has no endpoint /{route}; its paths after the version: {', '.join(known)}")
 
 
+def read_request(body: Any, content_type: str | None, route: str, protocols, spec: RequestSpec) -> Request:
+    """The request a body makes, read by the first of the route's protocols that takes it; a 404
+    for a route no protocol serves, `Answered` for an answer without the model."""
+    served = for_route(route, protocols)
+    if not served:
+        raise unknown_route(route, protocols)
+    if not served[0].reads_body:
+        return served[0].read(None, spec)
+    value = body_value(body, content_type)
+    return next((protocol for protocol in served if protocol.accepts(value)), served[-1]).read(value, spec)
+
+
 def for_route(route: str, protocols) -> list[Protocol]:
     """The protocols that serve `route` (the `url_path` header, without slashes at its ends)."""
     return [protocol for protocol in protocols if route in protocol.routes]
+
+
+def body_value(value: Any, content_type: str | None) -> Any:
+    """The body as a server handed it over (bytes, or text or JSON its frontend already read), as
+    text or a JSON value."""
+    if value is None or value in (b"", ""):
+        raise RequestError(400, 'empty request body: send text, or JSON {"inputs": ...}')
+    if isinstance(value, (bytes, bytearray)):
+        value = _from_bytes(value, content_type)
+    check_depth(value)
+    return value
+
+
+def _from_bytes(raw: bytes | bytearray, content_type: str | None) -> Any:
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(400, "request body is not valid UTF-8") from error
+    if content_type and "json" in content_type:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise RequestError(400, f"request body is not valid JSON ({error.msg} at position {error.pos})") from error
+        except RecursionError as error:
+            raise RequestError(400, f"JSON body is nested deeper than {MAX_JSON_DEPTH} levels") from error
+        except ValueError as error:  # e.g. an integer past Python's 4300-digit conversion limit
+            raise RequestError(400, "JSON body holds a number that cannot be read") from error
+    return text
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
+    """Refuse JSON nested deeper than `limit`, walking it without recursion."""
+    level = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for node in level
+            if isinstance(node, (dict, list))
+            for child in (node.values() if isinstance(node, dict) else node)
+        ]
+        if not level:
+            return
+    if any(isinstance(node, (dict, list)) for node in level):
+        raise RequestError(400, f"JSON body is nested deeper than {limit} levels")

@@ -39,7 +39,7 @@ class Task:
     def __init__(self, config: HandlerConfig):
         self.config = config
 
-    # -- building (handlers/serving.py's Task contract) ---------------------------------------
+    # -- building (handlers/building.py, handlers/aot_start.py) --------------------------------
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         """The float32 module to compile: forward(input_ids, attention_mask) -> (batch, ...)."""
         raise NotImplementedError

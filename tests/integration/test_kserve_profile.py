@@ -65,7 +65,9 @@ def test_the_readiness_probe_passes_only_once_the_model_is_warm(pod):
     assert probes[-1][0] == 0, probes[-5:]
     not_ready = [lines for code, lines in probes if code != 0]
     assert not_ready and max(not_ready) == 0, "the probe failed after, or never during, the warm-up"
-    time.sleep(1)  # the log line may reach the file just after the worker is marked ready
+    deadline = time.monotonic() + 30  # the log line may reach the file just after the worker is marked ready
+    while ready_lines(server) == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert ready_lines(server) == 1
     assert requests.get(f"{server.inference_url}/ping", timeout=5).status_code == 200  # liveness, no token
 

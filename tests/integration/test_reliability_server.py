@@ -246,9 +246,15 @@ def test_request_text_is_never_logged_nor_echoed_back(server):
         {"inputs": f"{CANARY} " * 40},
         f'{{"inputs": "{CANARY}"'.encode(),
     ]
+    served = len(re.findall("/predictions/guarded", log_text(server, "access_log.log")))
     for body in bodies:
         assert CANARY not in server.predict("guarded", body).text
-    time.sleep(1)  # the log writer flushes
+    # The access log's line for the last request is written after the worker's lines about it.
+    wait_for(
+        lambda: len(re.findall("/predictions/guarded", log_text(server, "access_log.log"))) >= served + len(bodies),
+        30,
+        "the access log's lines for the canary requests",
+    )
     for log in (server.workdir / "logs").glob("*.log"):
         assert CANARY not in log.read_text(errors="replace"), log.name
 

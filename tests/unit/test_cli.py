@@ -22,6 +22,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) ->
     assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.heavy  # starts a process
 def test_help_lists_every_command_and_each_command_shows_its_defaults():
     result = hfserve("--help")
     assert result.returncode == 0
@@ -31,10 +32,12 @@ def test_help_lists_every_command_and_each_command_shows_its_defaults():
     assert "(default: 1.0)" in hfserve("build", "--help").stdout
 
 
+@pytest.mark.heavy  # starts a process
 def test_an_unknown_command_is_one_line():
     assert_one_line_error(hfserve("serve-all-the-things"), "unknown command 'serve-all-the-things'")
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.parametrize(
     "config, expected",
     [("handler: {dtype: [unclosed\n", "is not valid YAML"), ("handler: {dtype: int8}\n", "handler.dtype='int8'")],
@@ -48,6 +51,7 @@ def test_a_config_file_that_does_not_parse_or_has_a_bad_value_is_one_line(tiny_b
     assert_one_line_error(result, expected)
 
 
+@pytest.mark.heavy  # starts a process
 def test_an_existing_archive_is_not_overwritten_without_force(tmp_path, tiny_bert):
     (tmp_path / "minilm.mar").write_bytes(b"an earlier version")
     result = hfserve("build", "--model", str(tiny_bert), "--name", "minilm", "--export-path", str(tmp_path))
@@ -55,6 +59,7 @@ def test_an_existing_archive_is_not_overwritten_without_force(tmp_path, tiny_ber
     assert (tmp_path / "minilm.mar").read_bytes() == b"an earlier version"
 
 
+@pytest.mark.heavy  # starts a process
 def test_a_busy_port_is_one_line_naming_the_flag(tmp_path):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -64,6 +69,7 @@ def test_a_busy_port_is_one_line_naming_the_flag(tmp_path):
     assert_one_line_error(result, f"port {port} (--inference-port) is in use")
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.parametrize("command", [["register", "missing.mar"], ["list"]])
 def test_a_missing_archive_or_server_is_one_line(tmp_path, command):
     store = tmp_path / "store"
@@ -75,10 +81,12 @@ def test_a_missing_archive_or_server_is_one_line(tmp_path, command):
     assert_one_line_error(result, expected)
 
 
+@pytest.mark.heavy  # starts a process
 def test_a_command_without_a_started_server_is_one_line(tmp_path):
     assert_one_line_error(hfserve("describe", "minilm", "--workdir", str(tmp_path)), "no server was started")
 
 
+@pytest.mark.heavy  # starts a process
 def test_any_other_failure_is_one_line_too(tiny_bert, tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text("{not json")
@@ -88,6 +96,7 @@ def test_any_other_failure_is_one_line_too(tiny_bert, tmp_path):
     assert_one_line_error(result, "JSONDecodeError")
 
 
+@pytest.mark.heavy  # starts a process
 def test_init_writes_the_secure_config_metrics_and_a_model_store_and_keeps_edits(tmp_path):
     result = hfserve("init", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -100,6 +109,7 @@ def test_init_writes_the_secure_config_metrics_and_a_model_store_and_keeps_edits
     assert (tmp_path / "config.properties").read_text().endswith("job_queue_size=7\n")
 
 
+@pytest.mark.heavy  # starts a process
 def test_the_repository_config_is_what_init_writes_but_for_where_the_metrics_file_is(tmp_path):
     assert hfserve("init", cwd=tmp_path).returncode == 0
     root = Path(__file__).resolve().parents[2]
@@ -109,6 +119,7 @@ def test_the_repository_config_is_what_init_writes_but_for_where_the_metrics_fil
     )
 
 
+@pytest.mark.heavy  # starts a process
 def test_start_runs_a_copy_of_the_folder_config_with_its_metrics_file_else_the_package_ones(tmp_path):
     from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, METRICS, TEMPLATE, render_config
 
@@ -123,6 +134,7 @@ def test_start_runs_a_copy_of_the_folder_config_with_its_metrics_file_else_the_p
     assert TEMPLATE.parent == METRICS.parent
 
 
+@pytest.mark.heavy  # starts a process
 def test_start_serves_the_model_store_its_config_names(tmp_path):
     from ts_compiled_handlers.scripts.serve import TEMPLATE, model_store_of
 

@@ -138,6 +138,7 @@ def test_a_host_cache_that_cannot_be_copied_is_compiled_around(tmp_path, caplog,
     assert "Compile cache of this host UNREADABLE" in caplog.text and "No space left" in caplog.text
 
 
+@pytest.mark.heavy  # starts a process
 def test_copies_of_dead_workers_are_removed(tmp_path):
     root = tmp_path / "root"
     cache = HostCache(root, VALID_FOR)
@@ -167,6 +168,7 @@ def _start_worker(root: str, results, delay: float) -> None:
     results.put((lease.source, size))
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.parametrize("attempt", [1, 2, 3])
 def test_four_workers_started_at_once_compile_once(tmp_path, attempt):
     context = multiprocessing.get_context("fork")

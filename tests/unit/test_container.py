@@ -25,6 +25,7 @@ def entrypoint(tmp_path: Path, *args: str) -> list[str]:
     return done.stdout.splitlines()
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -51,6 +52,7 @@ def test_the_entry_point_runs_torchserve_in_the_foreground(tmp_path, args, expec
     assert entrypoint(tmp_path, *args) == expected.split()
 
 
+@pytest.mark.heavy  # starts a process
 def test_any_other_command_runs_as_given(tmp_path):
     env = {**os.environ, "MODEL_SERVER_HOME": str(tmp_path)}
     done = subprocess.run(["bash", str(ENTRYPOINT), "echo", "hi"], env=env, capture_output=True, text=True)
@@ -71,6 +73,7 @@ def test_the_dockerfile_installs_with_the_tested_script_as_a_non_root_user_on_to
     assert '"INSTALL": "wheel"' in wheel_test and '"scripts" / "install.sh"' in wheel_test
 
 
+@pytest.mark.heavy  # starts a process
 def test_a_sigterm_to_the_container_stops_torchserve_through_its_own_stop(tmp_path):
     stand_in = tmp_path / "bin" / "torchserve"
     stand_in.parent.mkdir()

@@ -19,6 +19,7 @@ def burn(seconds: float) -> None:
         pass
 
 
+@pytest.mark.heavy  # starts a process
 def test_the_meter_counts_this_process_as_the_clients_and_another_by_its_pid():
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -34,6 +35,7 @@ def test_the_meter_counts_this_process_as_the_clients_and_another_by_its_pid():
     assert spent["sleeper"] < 0.1
 
 
+@pytest.mark.heavy  # starts a process
 def test_process_seconds_reads_a_name_with_spaces_and_parentheses(tmp_path):
     """proc(5)'s second field is the command name in parentheses, and it may hold both."""
     odd = tmp_path / "a (b) c"

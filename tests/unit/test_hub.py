@@ -7,6 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
@@ -28,6 +30,7 @@ def hfserve_build(model: str, tmp_path: Path, cache: Path, *extra: str) -> subpr
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
 
 
+@pytest.mark.heavy  # starts a process
 def test_a_hub_id_builds_from_the_local_cache(tiny_bert, tmp_path):
     cache = cache_with(tiny_bert, tmp_path / "hub-cache", "tiny-org/tiny-embedder")
     built = hfserve_build("tiny-org/tiny-embedder", tmp_path, cache)
@@ -37,6 +40,7 @@ def test_a_hub_id_builds_from_the_local_cache(tiny_bert, tmp_path):
     assert "model.safetensors" in names and "1_Pooling/config.json" in names and "sentence_bert_config.json" in names
 
 
+@pytest.mark.heavy  # starts a process
 def test_an_id_absent_from_the_cache_is_one_line_naming_it(tmp_path):
     (tmp_path / "hub-cache").mkdir()
     built = hfserve_build("tiny-org/not-here", tmp_path, tmp_path / "hub-cache")

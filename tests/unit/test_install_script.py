@@ -28,6 +28,7 @@ def calls(tmp_path: Path) -> list[str]:
     return (tmp_path / "calls").read_text().splitlines()
 
 
+@pytest.mark.heavy  # starts a process
 def test_without_java_17_a_user_who_is_not_root_gets_the_command_and_nothing_is_installed(tmp_path):
     result = run_install(tmp_path, "11.0.2", uid=1000)
     assert result.returncode == 1
@@ -36,6 +37,7 @@ def test_without_java_17_a_user_who_is_not_root_gets_the_command_and_nothing_is_
     assert not (tmp_path / "venv").exists()
 
 
+@pytest.mark.heavy  # starts a process
 def test_without_java_17_root_installs_it_with_apt_then_goes_on(tmp_path):
     result = run_install(tmp_path, "11.0.2", uid=0)
     assert result.returncode == 3  # the stand-in python3 stopped it after the Java step
@@ -49,6 +51,7 @@ def test_without_java_17_root_installs_it_with_apt_then_goes_on(tmp_path):
 CUDA_INDEX = "https://download.pytorch.org/whl/cu126"
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.parametrize(
     "env, torch_install",
     [

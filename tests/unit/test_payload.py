@@ -1,7 +1,7 @@
 import pytest
 
-from ts_compiled_handlers.payload import RequestError, body_value, boolean_param
-from ts_compiled_handlers.protocols import RequestSpec
+from ts_compiled_handlers.payload import RequestError, boolean_param
+from ts_compiled_handlers.protocols import RequestSpec, body_value
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 
 PARAMS = {"normalize": boolean_param}

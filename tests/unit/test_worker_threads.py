@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from fakes import answered, ready_handler
 
@@ -32,6 +33,7 @@ def start_worker(model_dir) -> subprocess.Popen:
     return process
 
 
+@pytest.mark.heavy  # starts a process
 def test_workers_count_each_other_and_a_killed_one_drops_out(tmp_path):
     me = LiveWorkers(tmp_path)
     others = [start_worker(tmp_path) for _ in range(2)]
@@ -48,6 +50,7 @@ def test_workers_count_each_other_and_a_killed_one_drops_out(tmp_path):
     assert me.count() == 1
 
 
+@pytest.mark.heavy  # starts a process
 def test_the_share_follows_the_live_workers(tmp_path, monkeypatch):
     applied = []
     monkeypatch.setattr(torch, "set_num_threads", applied.append)
@@ -98,6 +101,7 @@ def test_without_a_writable_temp_dir_the_worker_keeps_the_starting_share(tmp_pat
     assert "Threads will not follow the live workers" in caplog.text
 
 
+@pytest.mark.heavy  # starts a process
 def test_a_new_thread_share_is_traced_once_and_never_answered_eagerly(tiny_bert, monkeypatch, caplog):
     handler = ready_handler(EmbeddingHandler, tiny_bert, buckets={"seq_lens": [8, 16], "batch_sizes": [1, 2]})
     before, graphs = handler.threads.threads, compiled_graph_count()
