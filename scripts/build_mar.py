@@ -33,6 +33,7 @@ from ts_compiled_handlers import aot_package, buckets, package_files
 from ts_compiled_handlers.config import TASKS, ConfigError, parse
 from ts_compiled_handlers.scripts import hub, precompile
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
+from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_task
 from ts_compiled_handlers.serving import task_plan
 
 HANDLER_FILES = {
@@ -300,7 +301,11 @@ def main(argv=None) -> Path:
     parser.add_argument(
         "--allow-download", action="store_true", help="with a Hub id: fetch it from the Hub if it is not cached"
     )
-    parser.add_argument("--task", choices=TASKS, default="embedding", help="which handler serves the model")
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        help="which handler serves the model (default: read from the model's own files, scripts/task_inference.py)",
+    )
     parser.add_argument("--model-name", "--name", dest="name", required=True, help="the archive is NAME.mar")
     parser.add_argument(
         "--config",
@@ -331,9 +336,10 @@ def main(argv=None) -> Path:
         chosen = {key: planned[key] for key in ("seq_lens", "pack_tokens") if key in planned}
         extra = merge(extra, {"handler": {"buckets": chosen}})
     try:
+        model_dir = hub.resolve(args.model, args.revision, args.allow_download)
         archive = build(
-            hub.resolve(args.model, args.revision, args.allow_download),
-            args.task,
+            model_dir,
+            args.task or (extra.get("handler") or {}).get("task") or inferred_task(model_dir),
             args.name,
             args.export_path,
             extra,
@@ -341,9 +347,15 @@ def main(argv=None) -> Path:
             precompile=args.precompile,
             version=args.version,
         )
-    except (BuildError, ConfigError, hub.HubError) as error:  # ConfigError: the config's own check
+    except (BuildError, ConfigError, hub.HubError, AmbiguousTask) as error:  # ConfigError: the config's own check
         raise UserError(str(error)) from error
     return archive
+
+
+def inferred_task(model_dir: Path) -> str:
+    task = infer_task(model_dir)
+    print(f"task: {task}, read from the model's files (--task chooses another)")
+    return task
 
 
 def read_config(path: Path) -> dict:

@@ -1,8 +1,8 @@
 """`hfserve`: the one command for what a user does with these handlers.
 
     hfserve init                       # ./config.properties (secure defaults, to edit) and ./model_store/
-    hfserve build --model DIR --task embedding --model-name minilm   # -> ./model_store/minilm.mar
-    hfserve start                      # TorchServe on loopback with ./config.properties (or ours), ./runs/server
+    hfserve build --model DIR --model-name minilm   # -> ./model_store/minilm.mar (the task read from DIR)
+    hfserve start                      # TorchServe with ./config.properties (or ours: loopback), ./runs/server
     hfserve register minilm.mar        # returns when the worker is warm
     hfserve list | describe NAME | scale NAME --workers N | set-default NAME VERSION | unregister NAME
     hfserve stop
@@ -18,6 +18,7 @@ any other failure, whose traceback `HFSERVE_TRACEBACK=1` shows.
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 
@@ -30,7 +31,7 @@ from ts_compiled_handlers import package_files
 COMMANDS = {
     "init": ("scripts.serve", "init", "write the secure config.properties and a model_store/ here, to edit"),
     "build": ("scripts.build_mar", None, "build a .mar archive from a model folder (into ./model_store)"),
-    "start": ("scripts.serve", "start", "start TorchServe on loopback with ./config.properties (or ours)"),
+    "start": ("scripts.serve", "start", "start TorchServe with ./config.properties (or ours: loopback)"),
     "stop": ("scripts.serve", "stop", "stop the server that start launched"),
     "register": ("scripts.serve", "register", "register an archive of the model store; returns when warm"),
     "list": ("scripts.serve", "list", "the registered models"),
@@ -70,13 +71,24 @@ def parser() -> argparse.ArgumentParser:
         epilog=f"commands:\n{commands}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    top.add_argument("--version", action="version", version=f"hfserve (ts-compiled-handlers) {version()}")
     top.add_argument("command", metavar="COMMAND", help="one of the commands below")
     top.add_argument("args", nargs=argparse.REMAINDER, help="the command's own flags (hfserve COMMAND --help)")
     return top
 
 
+def version() -> str:
+    try:
+        return importlib.metadata.version("ts-compiled-handlers")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def main(argv=None) -> None:
     top = parser()
+    if not (sys.argv[1:] if argv is None else argv):  # a bare `hfserve`: what it can do
+        top.print_help()
+        return
     args = top.parse_args(argv)
     if args.command not in COMMANDS:
         top.error(f"unknown command {args.command!r}; commands: {', '.join(COMMANDS)}")

@@ -8,8 +8,8 @@
 #                    checkout, installed as a user would (not editable, no extras): what the
 #                    Dockerfile runs, and what tests/integration/test_embedding_server.py runs too
 #   DIST             with INSTALL=wheel: where the wheel is built (default dist)
-#   TORCH_SPEC       which torch to install first (default torch==2.13.0: the CPU build this
-#                    project is tested with); e.g. torch==2.13.0 with TORCH_INDEX_URL for a CUDA build
+#   TORCH_SPEC       which torch to install first (default torch==2.13.0, the release this project
+#                    is tested with; which build comes, CPU or CUDA, is the index's: the script says)
 #   TORCH_INDEX_URL  the package index to take torch from (default: pip's own configuration);
 #                    PyTorch's wheel index for your CUDA version gives a CUDA build
 #   VENV             where the environment goes (default .venv)
@@ -56,4 +56,10 @@ else
   # their (heavy, server-side) dependencies, which the check does not need.
   "$VENV/bin/python" -m pip install -q --no-deps kserve==0.21.0 kubernetes==37.0.2
 fi
-echo "environment ready: $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'), java $(java_major))"
+build=$("$VENV/bin/python" -c 'import torch; print(f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU")')
+case "$build" in
+  CPU) other="for a CUDA build, TORCH_INDEX_URL=<PyTorch's wheel index for your CUDA version>" ;;
+  *) other="for the CPU build, TORCH_INDEX_URL=<PyTorch's CPU wheel index>" ;;
+esac
+torch_version=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')
+echo "environment ready: $VENV (torch $torch_version, a $build build: $other; java $(java_major))"

@@ -1,7 +1,7 @@
 """Start and stop TorchServe with our config.properties, and manage its models with its tokens.
 
     hfserve init                       # ./config.properties, ./metrics.yaml, ./model_store/: ours, to edit
-    hfserve start                      # loopback ports 8080-8082 (or --inference-port ...), ./model_store
+    hfserve start                      # ports 8080-8082 (or --inference-port ...) at the config's hosts, ./model_store
     hfserve register minilm.mar --workers 1
     hfserve list                       # registered models
     hfserve describe minilm            # versions, workers (pid, status), batch settings, queue
@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import requests
@@ -58,15 +59,33 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def port_settings(ports: dict[str, int]) -> dict[str, str]:
-    """config.properties keys for `ports`, every listener on loopback."""
+APIS = ("inference", "management", "metrics")
+
+
+def port_settings(ports: dict[str, int], hosts: dict[str, str] | None = None) -> dict[str, str]:
+    """config.properties keys for `ports`, each API on its host in `hosts` ("scheme://host"),
+    loopback where none is given."""
+    hosts = hosts or {}
     return {
-        "inference_address": f"http://127.0.0.1:{ports['INFERENCE_PORT']}",
-        "management_address": f"http://127.0.0.1:{ports['MANAGEMENT_PORT']}",
-        "metrics_address": f"http://127.0.0.1:{ports['METRICS_PORT']}",
+        **{f"{api}_address": f"{hosts.get(api, 'http://127.0.0.1')}:{ports[f'{api.upper()}_PORT']}" for api in APIS},
         "grpc_inference_port": str(ports["GRPC_INFERENCE_PORT"]),
         "grpc_management_port": str(ports["GRPC_MANAGEMENT_PORT"]),
     }
+
+
+def configured_hosts(text: str, bind: str | None = None) -> dict[str, str]:
+    """Each API's "scheme://host" as a config.properties text sets it; `bind` moves the inference
+    and metrics APIs (as `hfserve init --bind` does), the management API stays where it is."""
+    hosts = {}
+    for api in APIS:
+        address = urllib.parse.urlsplit(read_setting(text, f"{api}_address") or "")
+        if address.hostname:
+            hosts[api] = f"{address.scheme or 'http'}://{address.hostname}"
+    if bind:
+        for api in ("inference", "metrics"):
+            scheme = hosts.get(api, "http://").split("://")[0]
+            hosts[api] = f"{scheme}://{bind}"
+    return hosts
 
 
 def with_settings(text: str, settings: dict[str, str]) -> str:
@@ -80,15 +99,15 @@ def with_settings(text: str, settings: dict[str, str]) -> str:
     return "\n".join(lines + [f"{key}={settings[key]}" for key in sorted(missing)]) + "\n"
 
 
-def render_config(model_store: Path, ports: dict[str, int], base: Path | None = None) -> str:
+def render_config(model_store: Path, ports: dict[str, int], base: Path | None = None, bind: str | None = None) -> str:
     """`base` (default: the package's secure config) for a server run from another folder: absolute
-    paths, `ports`; its metrics_config where that file exists beside it, else ours; every other
-    setting kept."""
+    paths, `ports` on the hosts it names (`bind` moves inference and metrics); its metrics_config
+    where that file exists beside it, else ours; every other setting kept."""
     base = base or TEMPLATE
     store = model_store.resolve()
     declared = base.parent / (read_setting(base.read_text(), "metrics_config") or "metrics.yaml")
     settings = {
-        **port_settings(ports),
+        **port_settings(ports, configured_hosts(base.read_text(), bind)),
         "model_store": str(store),
         "allowed_urls": f"file://{store}/.*",
         "metrics_config": str((declared if declared.is_file() else METRICS).resolve()),
@@ -180,12 +199,14 @@ class TorchServe:
             time.sleep(1)
         raise TimeoutError(f"models {names} not ready within {timeout}s; see {self.workdir / 'logs'}")
 
-    def start(self, timeout: float = 120, config_text: str | None = None, base_config: Path | None = None) -> None:
+    def start(
+        self, timeout: float = 120, config_text: str | None = None, base_config: Path | None = None, bind=None
+    ) -> None:
         """Start with our config.properties, or with `config_text` (another profile: then return once
         TorchServe answers /ping at all, since its models may still be warming up)."""
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.properties"
-        config.write_text(config_text or render_config(self.model_store, self.ports, base_config))
+        config.write_text(config_text or render_config(self.model_store, self.ports, base_config, bind))
         recorded = {"ports": self.ports, "model_store": str(self.model_store)}
         (self.workdir / "ports.json").write_text(json.dumps(recorded))
         self.run("--start", "--ncs", "--ts-config", str(config), "--model-store", str(self.model_store))
@@ -313,7 +334,10 @@ def parse_args(argv):
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
 
-    start = command("start", "start TorchServe on loopback with a copy of config.properties (absolute paths, ports)")
+    start = command("start", "start TorchServe with a copy of config.properties (absolute paths, these ports)")
+    start.add_argument(
+        "--bind", help="the inference and metrics APIs' address (default: the config's; the package's is loopback)"
+    )
     start.add_argument(
         "--model-store", type=Path, help="folder of .mar archives (default: the config's model_store, or ./model_store)"
     )
@@ -333,7 +357,7 @@ def parse_args(argv):
     register.add_argument(
         "--batch-size",
         type=int,
-        help="TorchServe's batch size, over the archive's (encoder archives: 1, scheduled by tokens)",
+        help="TorchServe's batch size, over the archive's (an asyncCommunication archive: only 1)",
     )
     register.add_argument("--max-batch-delay", type=int, help="ms to wait to fill a batch, over the archive's")
     register.add_argument(
@@ -367,7 +391,7 @@ def start(args) -> TorchServe:
     if not config.is_file():
         raise UserError(f"no config file {config}")
     server = TorchServe(args.workdir, args.model_store or model_store_of(config), ports)
-    server.start(base_config=config)
+    server.start(base_config=config, bind=args.bind)
     print(f"started with a copy of {config} (absolute paths, these ports): {server.workdir / 'config.properties'}")
     print(f"TorchServe on {server.inference_url}; tokens in {server.key_file()}")
     return server

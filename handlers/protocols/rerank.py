@@ -5,7 +5,7 @@
 
 Each document is scored as the pair (query, document), with the score sentence-transformers'
 `CrossEncoder.predict` gives (its activation: handlers/labels.py). Ties keep the documents' order.
-Served on the model's own path and at `rerank` (TEI's path), and at `v1/rerank` in the body
+Served on the model's own path and at `rerank` (TEI's path, with our body, not TEI's), and at `v1/rerank` in the body
 Cohere and Jina answer with, `{"model", "results": [{"index", "relevance_score", "document":
 {"text"}}], "usage"}`, refusals in OpenAI's error shape (handlers/protocols/openai.py).
 """

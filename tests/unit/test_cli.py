@@ -4,6 +4,7 @@ import json
 import socket
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,35 @@ def test_help_lists_every_command_and_each_command_shows_its_defaults():
         assert f"\n  {command} " in result.stdout, command
     assert "(default: 8080)" in hfserve("start", "--help").stdout
     assert "(default: 1.0)" in hfserve("build", "--help").stdout
+
+
+@pytest.mark.heavy  # starts a process
+def test_a_bare_hfserve_lists_the_commands_and_version_names_the_release():
+    from importlib.metadata import version
+
+    bare = hfserve()
+    assert bare.returncode == 0 and "\n  build " in bare.stdout and "\n  loadtest " in bare.stdout
+    named = hfserve("--version")
+    assert (
+        named.returncode == 0
+        and named.stdout.strip() == f"hfserve (ts-compiled-handlers) {version('ts-compiled-handlers')}"
+    )
+
+
+@pytest.mark.heavy  # starts a process
+def test_build_reads_the_task_from_the_model_and_names_the_choices_when_it_cannot(tiny_models, tmp_path):
+    built = hfserve("build", "--model", str(tiny_models["cross-encoder"]), "--model-name", "ranker", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    assert "task: text-classification, read from the model's files" in built.stdout
+    with zipfile.ZipFile(tmp_path / "model_store" / "ranker.mar") as mar:
+        assert json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]["handler"] == "classification.py"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        source = tiny_models["embedding"] / name
+        if source.is_file():
+            (bare / name).write_bytes(source.read_bytes())
+    assert_one_line_error(hfserve("build", "--model", str(bare), "--model-name", "bare", cwd=tmp_path), "pass --task")
 
 
 @pytest.mark.heavy  # starts a process
@@ -141,3 +171,25 @@ def test_start_serves_the_model_store_its_config_names(tmp_path):
     assert hfserve("init", "--model-store", "archives", cwd=tmp_path).returncode == 0
     assert model_store_of(tmp_path / "config.properties") == tmp_path / "archives"
     assert model_store_of(TEMPLATE) == Path("model_store")  # the package's own config: ./model_store
+
+
+def test_start_keeps_the_addresses_its_config_sets_and_bind_moves_inference_and_metrics(tmp_path):
+    from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TEMPLATE, read_setting, render_config
+
+    config = tmp_path / "config.properties"
+    text = TEMPLATE.read_text()
+    for api, host in (("inference", "0.0.0.0"), ("metrics", "0.0.0.0"), ("management", "127.0.0.1")):
+        text = "\n".join(
+            f"{api}_address=https://{host}:9999" if line.startswith(f"{api}_address=") else line
+            for line in text.splitlines()
+        )
+    config.write_text(text)
+    ports = {**DEFAULT_PORTS, "INFERENCE_PORT": 18080, "METRICS_PORT": 18082}
+    kept = render_config(tmp_path / "model_store", ports, config)
+    assert read_setting(kept, "inference_address") == "https://0.0.0.0:18080"
+    assert read_setting(kept, "metrics_address") == "https://0.0.0.0:18082"
+    assert read_setting(kept, "management_address") == f"https://127.0.0.1:{DEFAULT_PORTS['MANAGEMENT_PORT']}"
+    moved = render_config(tmp_path / "model_store", ports, config, bind="127.0.0.1")
+    assert read_setting(moved, "inference_address") == "https://127.0.0.1:18080"
+    assert read_setting(moved, "metrics_address") == "https://127.0.0.1:18082"
+    assert read_setting(render_config(tmp_path / "store", ports), "inference_address") == "http://127.0.0.1:18080"
