@@ -16,7 +16,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from ts_compiled_handlers import buckets, compile_cache, hardware, packing, process_settings, warmup
-from ts_compiled_handlers.config import CompileConfig, HandlerConfig, check_async_batch_size, parse
+from ts_compiled_handlers.config import CompileConfig, HandlerConfig, check_async_batch_size
 
 if TYPE_CHECKING:  # the tasks' own modules read Serving
     from ts_compiled_handlers.tasks import Task
@@ -79,7 +79,7 @@ class Started:
 
 def read_serving(placement: Placement, task: "Task") -> tuple[Serving, process_settings.ThreadShare]:
     """Configuration, this worker's share of the cores, tokenizer and bucket plan."""
-    config = parse(placement.yaml_config)
+    config = task.config  # parsed once, when the task was made
     if config.asynchronous:
         check_async_batch_size(placement.batch_size)  # a registration's own too
     model_dir = Path(placement.model_dir)

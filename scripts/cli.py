@@ -6,7 +6,7 @@
     hfserve register minilm.mar        # returns when the worker is warm
     hfserve list | describe NAME | scale NAME --workers N | set-default NAME VERSION | unregister NAME
     hfserve stop
-    hfserve plan --log runs/server/logs/model_log.log --model minilm   # length buckets for your traffic
+    hfserve plan --log runs/server/logs/model_log.log --model-name minilm   # length buckets for your traffic
     hfserve benchmark | loadtest       # compiled vs eager per bucket; ours vs stock TorchServe handlers
 
 Every path is relative to the folder it runs in, which may be any folder: nothing is written

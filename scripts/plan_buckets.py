@@ -1,13 +1,13 @@
 """Choose sequence-length buckets that minimize expected padding for a sample of request lengths.
 
-    python scripts/plan_buckets.py --lengths lengths.txt -k 5 --max-len 256 --out plan.json
-    python scripts/plan_buckets.py --log logs/model_log.log --model minilm -k 5 --out plan.json
+    python scripts/plan_buckets.py --lengths lengths.txt -k 5 --max-length 256 --out plan.json
+    python scripts/plan_buckets.py --log logs/model_log.log --model-name minilm -k 5 --out plan.json
     python scripts/build_mar.py --model DIR --task embedding --name minilm --plan plan.json
 
 Lengths are token counts (special tokens included): a file of integers (whitespace separated), a
 JSON list, a JSON object {length: count}, or the `LengthHistogram` line the handler logs every
 `buckets.histogram_every` texts. Every text is padded to the smallest bucket that holds it; the
-largest bucket is always `--max-len`, so nothing is truncated that was not before. The plan is exact:
+largest bucket is always `--max-length`, so nothing is truncated that was not before. The plan is exact:
 a dynamic program over the distinct (aligned) lengths, O(K * n^2).
 
 It also plans the pack budget (`buckets.pack_tokens`) for the encoder tasks, which pack a batch's
@@ -38,6 +38,7 @@ from ts_compiled_handlers.packing import AUTO_BUDGET
 from ts_compiled_handlers.scripts import plan_costs
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.plan_costs import Costs
+from ts_compiled_handlers.scripts.task_inference import infer_task
 from ts_compiled_handlers.serving import AUTO_MAX_TOKENS, doubling
 
 ASSUMED = Costs()  # a call's cost without --measure: its tokens and CALL_TOKENS per call
@@ -149,13 +150,25 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--lengths", type=Path, help="a file of lengths or a histogram (see above)")
     parser.add_argument("--log", type=Path, help="a TorchServe model_log.log with LengthHistogram lines")
-    parser.add_argument("--model", help="with --log: the model whose histogram to read")
+    parser.add_argument(
+        "--model-name",
+        "--name",
+        "--model",
+        dest="model",
+        help="with --log: the registered model whose histogram to read",
+    )
     parser.add_argument("-k", type=int, default=5, help="the most buckets (each may cost a graph)")
-    parser.add_argument("--max-len", type=int, help="the largest bucket (default: the longest length, aligned)")
-    parser.add_argument("--align", type=int, default=8, help="buckets are multiples of this (or --max-len)")
-    parser.add_argument("--batch", type=int, default=8, help="texts per batch, for the pack budget (batchSize)")
+    parser.add_argument(
+        "--max-length", "--max-len", dest="max_len", type=int, help="the largest bucket (default: the longest length)"
+    )
+    parser.add_argument("--align", type=int, default=8, help="buckets are multiples of this (or --max-length)")
+    parser.add_argument(
+        "--batch-size", "--batch", dest="batch", type=int, default=8, help="texts per batch, for the pack budget"
+    )
     parser.add_argument("--measure", type=Path, help="a model folder: measure its call costs, attention included")
-    parser.add_argument("--task", default="embedding", help="with --measure: the task that serves the model")
+    parser.add_argument(
+        "--task", help="with --measure: the task that serves the model (default: read from its files, as build does)"
+    )
     parser.add_argument("--out", type=Path, help="write the plan as JSON (build_mar.py --plan reads it)")
     args = parser.parse_args(argv)
     source = args.lengths or args.log
@@ -164,7 +177,8 @@ def main(argv=None) -> dict:
     histogram = read_lengths(source, args.model)
     if not histogram:
         parser.error(f"no lengths found in {source}")
-    costs, samples = plan_costs.measure(args.measure, args.task) if args.measure else (ASSUMED, [])
+    task = args.task or (infer_task(args.measure) if args.measure else None)
+    costs, samples = plan_costs.measure(args.measure, task) if args.measure else (ASSUMED, [])
     max_len = args.max_len or aligned(max(histogram), args.align, math.inf)
     chosen = plan(histogram, args.k, max_len, args.align, costs)
     rows = compare(histogram, {"planned": chosen, "powers of two (auto)": doubling(max_len)})
