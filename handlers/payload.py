@@ -38,10 +38,6 @@ class RequestError(Exception):
         self.field = field
         self.code = code
 
-    @property
-    def phrase(self) -> str:
-        return phrase(self.status)
-
     def body(self) -> dict:
         return {"error": self.message, "code": self.status}
 

@@ -12,7 +12,6 @@ the loop, and writes the replies back: status, content type and headers in, answ
   async worker's out-queue (handlers/ts_async.py).
 """
 
-import logging
 from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
@@ -31,8 +30,6 @@ from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.generation import GenerationTask
 from ts_compiled_handlers.ts_metrics import TorchServeSink
 from ts_compiled_handlers.worker import Incoming, Reply, Worker
-
-logger = logging.getLogger(__name__)
 
 
 class TorchServeHandler(BaseHandler):

@@ -37,7 +37,7 @@ def send_first(answers: list, context) -> list[str]:
         queue.put_nowait(
             create_predict_response(answers, context.request_ids, "Prediction success", 200, context=context)
         )
-    except Exception:  # noqa: BLE001 (loud: logged with its traceback)
+    except Exception:  # loud: logged with its traceback
         logger.exception("Could not send %d answers the async way; sending them plain", len(answers))
         context.stopping_criteria = None
         for index in range(len(answers)):

@@ -32,7 +32,7 @@ from ts_compiled_handlers.outcome import refusal
 from ts_compiled_handlers.payload import RequestError
 from ts_compiled_handlers.process_settings import ThreadShare
 from ts_compiled_handlers.protocols import RequestSpec, Served, for_route, read_request
-from ts_compiled_handlers.serving import HARDWARE, Placement, Serving, Started, read_serving  # noqa: F401 (detected at import)
+from ts_compiled_handlers.serving import Placement, Serving, Started, read_serving
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tokenizing import Accepted, TextTokenizer, Tokenized
 
