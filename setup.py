@@ -1,6 +1,7 @@
 from setuptools import setup
 
 PACKAGE = "ts_compiled_handlers"
+RAY = "ray[serve,data]==2.60.0"  # the release the Ray tests run on
 
 setup(
     name="ts-compiled-handlers",
@@ -36,7 +37,11 @@ setup(
         "requests",  # hfserve talks to TorchServe's APIs
     ],
     extras_require={
+        # Ray Serve across nodes and Ray Data for bulk jobs (handlers/ray_serve.py, handlers/ray_data.py);
+        # `data` brings pyarrow and pandas, which Serve alone does not.
+        "ray": [RAY],
         "test": [
+            RAY,
             "pytest",
             "requests",
             "sentence-transformers",

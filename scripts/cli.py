@@ -8,6 +8,7 @@
     hfserve stop
     hfserve plan --log runs/server/logs/model_log.log --model-name minilm   # length buckets for your traffic
     hfserve benchmark | loadtest       # compiled vs eager per bucket; ours vs stock TorchServe handlers
+    hfserve embed-corpus corpus.jsonl vectors.parquet --archive model_store/minilm.mar   # Ray Data
 
 Every path is relative to the folder it runs in, which may be any folder: nothing is written
 into the installed package. `hfserve COMMAND --help` shows each command's flags with their
@@ -42,6 +43,7 @@ COMMANDS = {
     "plan": ("scripts.plan_buckets", None, "choose length buckets from your traffic's lengths"),
     "benchmark": ("benchmarks.benchmark", None, "compiled vs eager per bucket, in process"),
     "loadtest": ("benchmarks.loadtest", None, "ours vs stock TorchServe handlers on the same traffic"),
+    "embed-corpus": ("scripts.embed_corpus", None, "embed a Parquet or JSONL corpus with Ray Data (the ray extra)"),
 }
 
 

@@ -18,7 +18,7 @@ def assert_same_answers(ours, reference, path="answer", tolerance=SCORE_TOLERANC
         assert len(ours) == len(reference), f"{path}: {len(ours)} items, pipeline has {len(reference)}"
         for index, (got, want) in enumerate(zip(ours, reference, strict=True)):
             assert_same_answers(got, want, f"{path}[{index}]", tolerance)
-    elif isinstance(reference, str):
+    elif isinstance(reference, str) or reference is None or isinstance(reference, bool):
         assert ours == reference, f"{path}: {ours!r} != {reference!r}"
     else:  # numbers, numpy scalars included
         assert math.isclose(float(ours), float(reference), abs_tol=tolerance), f"{path}: {ours} != {reference}"

@@ -125,10 +125,10 @@ def for_route(route: str, protocols) -> list[Protocol]:
 def body_value(value: Any, content_type: str | None) -> Any:
     """The body as a server handed it over (bytes, or text or JSON its frontend already read), as
     text or a JSON value."""
-    if value is None or value in (b"", ""):
-        raise RequestError(400, 'empty request body: send text, or JSON {"inputs": ...}')
     if isinstance(value, (bytes, bytearray)):
-        value = _from_bytes(value, content_type)
+        value = _from_bytes(value, content_type) if value else ""
+    if value is None or value == "":  # no body, or JSON's empty string (as TorchServe's backend reads it)
+        raise RequestError(400, 'empty request body: send text, or JSON {"inputs": ...}')
     check_depth(value)
     return value
 

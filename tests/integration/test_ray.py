@@ -1,0 +1,362 @@
+"""The same archives on Ray (handlers/ray_serve.py, handlers/ray_data.py), through a real Ray cluster
+of two nodes on this host (`ray.cluster_utils.Cluster`: a head and a worker node, one logical CPU
+each; a third joins for the node test), shared by every test of the module, in this order:
+
+- MiniLM's AOT archive, 2 replicas on 2 nodes: answers, keys, errors, metrics;
+- a replica killed under load, a node removed: the others answer, the replica comes back;
+- tiny archives of the other tasks, and the fuzz test's hostile bodies against TorchServe's answers;
+- autoscaling from 1 replica to 2 and back;
+- Ray Data, after the Serve applications are gone: 2,000 texts, and `hfserve embed-corpus`.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+import requests
+import torch
+from archives import SMALL_GRID
+from fuzzing import hostile_cases
+from parity import assert_same_answers, generate_alone
+from sentence_transformers import SentenceTransformer
+from transformers import pipeline
+
+from ts_compiled_handlers.scripts.build_mar import build
+from ts_compiled_handlers.scripts.serve import free_ports
+
+ray = pytest.importorskip("ray", reason="the ray extra: pip install 'ts-compiled-handlers[ray]'")
+from ray import serve  # noqa: E402
+from ray._private import state  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from ts_compiled_handlers.ray_serve import app  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.heavy]
+
+KEY = "ray-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+TEXTS = [
+    "hello world",
+    "Ray Serve answers embedding requests from a compiled model.",
+    "Die Katze schläft auf dem Sofa, und der Hund bellt.",
+    "word " * 400,  # truncated at the model's limit, as encode does
+]
+READY_SECONDS = 300
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and a worker node, one CPU each; Serve's HTTP proxy on a free loopback port."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    context = ray.init(address=cluster.address)
+    port = free_ports(1)[0]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    cluster.url = f"http://127.0.0.1:{port}"
+    cluster.dashboard_url = context.dashboard_url
+    try:
+        yield cluster
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def minilm_archive(tmp_path_factory, minilm_dir):
+    store = tmp_path_factory.mktemp("ray_store")
+    return build(minilm_dir, "embedding", "minilm", store, {"handler": {"dtype": "float32"}}, precompile="aot")
+
+
+@pytest.fixture(scope="module")
+def minilm(cluster, minilm_archive):
+    """MiniLM's AOT archive, 2 replicas, at most one per node: so one on each (half a CPU each, so
+    that the other tasks' replicas fit beside them on these one-CPU nodes)."""
+    options = {"num_replicas": 2, "max_replicas_per_node": 1, "ray_actor_options": {"num_cpus": 0.5}}
+    deploy(minilm_archive, "minilm", route_prefix="/", **options)
+    return cluster.url
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir):
+    return SentenceTransformer(str(minilm_dir), device="cpu")
+
+
+def deploy(archive, app_name: str, route_prefix: str | None = None, **options) -> None:
+    """An application of the archive: at "/" (TorchServe's whole surface, /ping included), or at its
+    own /predictions/NAME beside others (docs/scale-out.md)."""
+    settings = {"archive": str(archive), "api_key": KEY, **options}
+    serve.run(app(settings), name=app_name, route_prefix=route_prefix or f"/predictions/{app_name}")
+
+
+def replicas(app_name: str) -> list[dict]:
+    """The application's live replica actors: pid and node."""
+    actors = state.actors().values()
+    return [
+        {"pid": actor["Pid"], "node": actor["Address"]["NodeID"]}
+        for actor in actors
+        if actor["ActorClassName"].startswith(f"ServeReplica:{app_name}:") and actor["State"] == "ALIVE"
+    ]
+
+
+def running(app_name: str) -> int:
+    status = serve.status().applications.get(app_name)
+    return 0 if status is None else sum(d.replica_states.get("RUNNING", 0) for d in status.deployments.values())
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.5)
+
+
+def cosines(got, wanted) -> list[float]:
+    return torch.nn.functional.cosine_similarity(torch.tensor(got), torch.as_tensor(wanted), dim=1).tolist()
+
+
+def embed(base: str, texts: list[str], timeout: float = 60) -> requests.Response:
+    return requests.post(f"{base}/predictions/minilm", json={"inputs": texts}, headers=AUTH, timeout=timeout)
+
+
+class Load:
+    """`clients` threads sending short requests until stopped; each result with its send time."""
+
+    def __init__(self, send, clients: int):
+        self.results: list[tuple[float, object]] = []
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(send,)) for _ in range(clients)]
+        for thread in self.threads:
+            thread.start()
+
+    def run(self, send) -> None:
+        while not self.stopped.is_set():
+            sent = time.monotonic()
+            try:
+                self.results.append((sent, send().status_code))
+            except requests.RequestException as error:
+                self.results.append((sent, type(error).__name__))
+
+    def stop(self) -> list[tuple[float, object]]:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+        return self.results
+
+
+# -- MiniLM on two nodes ----------------------------------------------------------------------------
+def test_two_replicas_on_two_nodes_answer_as_sentence_transformers(cluster, minilm, reference):
+    placed = replicas("minilm")
+    assert len(placed) == 2 and len({replica["node"] for replica in placed}) == 2, placed
+    base = minilm
+    answers = [embed(base, TEXTS) for _ in range(6)]  # both replicas answer some
+    wanted = reference.encode(TEXTS)
+    for response in answers:
+        assert response.status_code == 200, response.text
+        assert min(cosines([item["embedding"] for item in response.json()], wanted)) >= 0.9999
+        assert int(response.headers["x-prompt-tokens"]) > len(TEXTS)
+    client = openai.OpenAI(base_url=f"{base}/predictions/minilm/1.0/v1", api_key=KEY, max_retries=0)
+    vectors = client.embeddings.create(model="minilm", input=TEXTS[:3]).data
+    assert min(cosines([vector.embedding for vector in vectors], wanted[:3])) >= 0.9999
+
+
+def test_only_ping_answers_without_the_key(cluster, minilm):
+    base = minilm
+    assert requests.get(f"{base}/ping", timeout=10).json() == {"status": "Healthy"}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        response = requests.post(f"{base}/predictions/minilm", json={"inputs": "a"}, headers=headers, timeout=10)
+        assert response.status_code == 401 and response.json()["type"] == "Unauthorized"
+    missing = requests.post(f"{base}/predictions/other", json={"inputs": "a"}, headers=AUTH, timeout=10)
+    assert missing.status_code == 404 and missing.json()["type"] == "ModelNotFoundException"
+    version = requests.post(f"{base}/predictions/minilm/9.9", json={"inputs": "a"}, headers=AUTH, timeout=10)
+    assert version.status_code == 404 and "9.9" in version.json()["message"]
+    route = requests.post(f"{base}/predictions/minilm/1.0/v1/nothing", json={}, headers=AUTH, timeout=10)
+    assert route.status_code == 404
+    assert cluster.dashboard_url.startswith("127.0.0.1:")  # Ray's dashboard and job API: loopback only
+
+
+def test_metrics_carry_torchserves_names(cluster, minilm):
+    """Through Ray's metrics API to each node's Prometheus endpoint; Ray's OpenTelemetry exporter
+    prefixes `ray_` and lowercases (AotPackage is ray_aotpackage)."""
+    embed(minilm, TEXTS)
+    ports = {node["MetricsExportPort"] for node in ray.nodes() if node["Alive"]}
+
+    def exported() -> list[str]:
+        text = "".join(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text for port in ports)
+        return [line for line in text.splitlines() if 'ModelName="minilm"' in line]
+
+    wait_for(lambda: any(line.startswith("ray_bucketrequests") for line in exported()), 60, "the metrics exported")
+    lines = exported()
+    for name in ("aotpackage", "compilefallback", "recompilesafterready", "paddedtokenratio", "callkilotokens"):
+        assert any(line.startswith(f"ray_{name}") for line in lines), name
+
+    def values(name: str) -> list[float]:
+        return [float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(f"ray_{name}{{")]
+
+    assert values("aotpackage") and set(values("aotpackage")) == {1.0}  # served from the archive's AOT package
+    assert values("recompilesafterready") and set(values("recompilesafterready")) == {0.0}
+    assert set(values("compilefallback")) == {0.0}
+
+
+# -- faults -------------------------------------------------------------------------------------------
+def test_a_replica_killed_under_load_leaves_no_request_unanswered_from_5_s_after(cluster, minilm):
+    base = minilm
+    victim = replicas("minilm")[0]
+    load = Load(lambda: embed(base, TEXTS[:2], timeout=30), clients=4)
+    time.sleep(3)
+    killed = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    time.sleep(20)
+    results = load.stop()
+    after = Counter(status for sent, status in results if sent >= killed + 5)
+    assert after and set(after) == {200}, after
+    during = Counter(status for sent, status in results if killed <= sent < killed + 5)
+    print(f"requests sent in the 5 s after the kill: {dict(during)}; after that: {dict(after)}")
+    wait_for(lambda: running("minilm") == 2, 180, "the killed replica replaced")
+    assert victim["pid"] not in [replica["pid"] for replica in replicas("minilm")]
+
+
+def test_a_removed_node_s_replica_moves_to_a_spare_node(cluster, minilm):
+    spare = cluster.add_node(num_cpus=1)
+    worker_node = next(node for node in cluster.worker_nodes if node is not spare)
+    moved = next(replica for replica in replicas("minilm") if replica["node"] == worker_node.node_id)
+    cluster.remove_node(worker_node)
+    wait_for(lambda: running("minilm") == 2 and len(replicas("minilm")) == 2, 240, "a replica on the spare node")
+    assert spare.node_id in {replica["node"] for replica in replicas("minilm")}
+    assert moved["pid"] not in [replica["pid"] for replica in replicas("minilm")]
+    assert all(embed(minilm, TEXTS[:1]).status_code == 200 for _ in range(4))
+
+
+# -- every task, and hostile bodies ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm):
+    """The other tasks' tiny archives, one replica each, while MiniLM's two stay up."""
+    store = tmp_path_factory.mktemp("ray_tiny_store")
+    names = {"embedder": "embedding", "classifier": "text-classification", "generator": "text-generation"}
+    for name, task in names.items():
+        extra = {"generation": {"max_new_tokens": 64}} if task == "text-generation" else {}
+        archive = build(tiny_models[task], task, name, store, {"handler": {**SMALL_GRID, **extra}})
+        deploy(archive, name, ray_actor_options={"num_cpus": 0.25})
+    return names
+
+
+def test_classification_and_generation_replicas_answer_as_transformers(cluster, tiny_archives, tiny_models):
+    texts = ["alice walks to paris quickly", "the cat sat on the red mat in berlin"]
+    response = requests.post(f"{cluster.url}/predictions/classifier", json={"inputs": texts}, headers=AUTH, timeout=60)
+    reference = pipeline("text-classification", model=str(tiny_models["text-classification"]))
+    assert_same_answers(response.json(), [[answer] for answer in reference(texts)])
+    generator = f"{cluster.url}/predictions/generator"
+    bodies = [{"inputs": "the cat", "max_new_tokens": 12}, {"inputs": "hello there", "max_new_tokens": 5}]
+    with ThreadPoolExecutor(2) as pool:  # in the decode loop together
+        answers = list(pool.map(lambda body: requests.post(generator, json=body, headers=AUTH, timeout=60), bodies))
+    for body, answer in zip(bodies, answers, strict=True):
+        wanted = generate_alone(tiny_models["text-generation"], body["inputs"], body["max_new_tokens"])
+        assert answer.status_code == 200 and answer.json()["generated_text"] == wanted
+    streamed = requests.post(generator, json={**bodies[0], "stream": True}, headers=AUTH, stream=True, timeout=60)
+    chunks = [chunk for chunk in streamed.iter_content(chunk_size=None) if chunk]
+    assert streamed.status_code == 200 and len(chunks) > 1
+    refused = requests.post(generator, json={"inputs": "a", "top_k": -1}, headers=AUTH, timeout=60)
+    assert refused.status_code == 400 and "top_k" in refused.json()["error"]
+
+
+def test_hostile_bodies_get_the_same_answers_as_on_torchserve(cluster, tiny_archives, task_server):
+    """The fuzz test's cases for the embedder, each sent to TorchServe and to the replica."""
+    base = cluster.url
+    differences = []
+    for case in hostile_cases("embedding", 7, 150, "embedder"):
+        if case.content_type == "application/x-www-form-urlencoded":
+            continue  # TorchServe's frontend decodes these itself, before any handler (test_fuzz_server.py)
+        path = f"predictions/embedder/1.0/{case.route}" if case.route else "predictions/embedder"  # v2: by its body
+        headers = {"Content-Type": case.content_type}
+        theirs = requests.post(
+            f"{task_server.inference_url}/{path}",
+            data=case.body,
+            headers={**headers, **task_server.headers("inference")},
+            timeout=60,
+        )
+        ours = requests.post(f"{base}/{path}", data=case.body, headers={**headers, **AUTH}, timeout=60)
+        assert ours.status_code < 500, f"{ours.status_code} for {case}"
+        try:
+            assert ours.status_code == theirs.status_code
+            assert_same_answers(body_of(ours), body_of(theirs))  # refusals word for word, vectors within 1e-4
+        except AssertionError as error:
+            differences.append(
+                f"{case}: TorchServe {theirs.status_code} {theirs.text[:200]}, Ray {ours.status_code}: {error}"
+            )
+    assert not differences, "\n".join(differences[:10])
+
+
+def body_of(response: requests.Response):
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
+
+
+# -- autoscaling ------------------------------------------------------------------------------------------
+def test_autoscaling_adds_a_replica_under_load_and_removes_it_when_idle(cluster, minilm_archive, tiny_archives):
+    for name in ("minilm", *tiny_archives):
+        serve.delete(name)
+    scaling = {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_ongoing_requests": 2,
+        "upscale_delay_s": 1,
+        "downscale_delay_s": 5,  # Serve's default is 600 s
+    }
+    deploy(minilm_archive, "scaled", "/", name="minilm", autoscaling_config=scaling)
+    assert running("scaled") == 1
+    base = cluster.url
+    load = Load(lambda: embed(base, TEXTS, timeout=60), clients=8)
+    try:
+        wait_for(lambda: running("scaled") == 2, 180, "a second replica under load")
+    finally:
+        results = load.stop()
+    assert set(Counter(status for _, status in results)) == {200}
+    wait_for(lambda: running("scaled") == 1, 120, "back to one replica when idle")
+    serve.delete("scaled")
+
+
+# -- Ray Data ---------------------------------------------------------------------------------------------
+def test_ray_data_embeds_2000_texts_as_sentence_transformers(cluster, minilm_archive, reference):
+    from ts_compiled_handlers.ray_data import Embedder
+
+    wait_for(lambda: not serve.status().applications, 60, "the Serve applications gone")
+    texts = [f"{TEXTS[index % 3]} number {index}" for index in range(2000)]
+    dataset = ray.data.from_items([{"text": text, "row": index} for index, text in enumerate(texts)])
+    embedded = dataset.map_batches(
+        Embedder,
+        fn_constructor_kwargs={"archive": str(minilm_archive)},
+        compute=ray.data.ActorPoolStrategy(size=2),
+        num_cpus=1,
+        batch_size=200,
+    )
+    rows = sorted(embedded.take_all(), key=lambda row: row["row"])
+    assert [row["text"] for row in rows] == texts
+    got = [row["embedding"].tolist() for row in rows]
+    assert min(cosines(got, reference.encode(texts, batch_size=64))) >= 0.9999
+
+
+def test_embed_corpus_writes_jsonl_and_parquet(cluster, minilm_archive, reference, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    texts = [f"document {index}: {TEXTS[index % 3]}" for index in range(50)]
+    corpus.write_text("".join(json.dumps({"text": text, "id": index}) + "\n" for index, text in enumerate(texts)))
+    for output in (tmp_path / "vectors.jsonl", tmp_path / "vectors.parquet"):
+        command = [sys.executable, "-m", "ts_compiled_handlers.scripts.cli", "embed-corpus", str(corpus), str(output)]
+        command += ["--archive", str(minilm_archive), "--address", cluster.address]  # one actor: a CPU left to read
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"50 rows embedded into {output}" in done.stdout
+    rows = [json.loads(line) for line in (tmp_path / "vectors.jsonl").read_text().splitlines()]
+    assert [row["id"] for row in rows] == list(range(50))
+    assert min(cosines([row["embedding"] for row in rows], reference.encode(texts))) >= 0.9999
+    table = ray.data.read_parquet(str(tmp_path / "vectors.parquet")).take_all()
+    assert sorted(row["id"] for row in table) == list(range(50))

@@ -1,0 +1,210 @@
+"""The parts of the Ray servers that need no cluster: TorchServe's inference API outside TorchServe,
+archives opened outside TorchServe, the replica's configuration and key, and the continuous-batching
+driver (tests/integration/test_ray.py runs them all on a real cluster)."""
+
+import asyncio
+import json
+import os
+import stat
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from ts_compiled_handlers import inference_api, package_files
+from ts_compiled_handlers.archive import Archive, ArchiveError, with_threads
+from ts_compiled_handlers.continuous_requests import ContinuousRequests
+from ts_compiled_handlers.inference_api import Route, route_of
+from ts_compiled_handlers.tasks.embedding import EmbeddingTask
+from ts_compiled_handlers.worker import Incoming, Reply
+
+ray_serve = pytest.importorskip("ts_compiled_handlers.ray_serve", reason="the ray extra")
+
+
+@pytest.mark.parametrize(
+    "path, route",
+    [
+        ("/predictions/minilm", Route("minilm", None, "")),
+        ("/predictions/minilm/", Route("minilm", None, "")),
+        ("/predictions/minilm/1.0", Route("minilm", "1.0", "")),
+        ("/predictions/minilm/1.0/v1/embeddings", Route("minilm", "1.0", "v1/embeddings")),
+        ("/v2/models/minilm/infer", Route("minilm", None, "")),
+        ("/v2/models/minilm/versions/2.0/infer", Route("minilm", "2.0", "")),
+        ("/predictions", None),
+        ("/predictions//1.0", None),
+        ("/v2/models/minilm", None),
+        ("/v2/models/minilm/ready/infer", None),
+        ("/models/minilm", None),
+    ],
+)
+def test_paths_read_as_torchserve_routes_them(path, route):
+    assert route_of(path) == route
+
+
+def test_the_key_is_checked_by_its_digest_and_only_as_a_bearer_token():
+    digest = inference_api.key_digest("s3cret")
+    assert inference_api.authorized("Bearer s3cret", digest)
+    assert inference_api.authorized("bearer  s3cret ", digest)
+    for header in (None, "", "s3cret", "Basic s3cret", "Bearer s3cre", "Bearer s3cret2"):
+        assert not inference_api.authorized(header, digest), header
+    assert "s3cret" not in digest
+
+
+def test_the_frontend_s_refusals_have_torchserves_shape():
+    def refused(path, method="POST"):
+        reply = inference_api.refusal(path, method, route_of(path), "minilm", "1.0")
+        return None if reply is None else (reply.status, json.loads(reply.body)["type"])
+
+    assert refused("/predictions/minilm") is None
+    assert refused("/predictions/minilm/1.0/v1/models", "GET") is None
+    assert refused("/predictions/other") == (404, "ModelNotFoundException")
+    assert refused("/predictions/minilm/2.0") == (404, "ModelVersionNotFoundException")
+    assert refused("/metrics") == (404, "ResourceNotFoundException")
+    assert refused("/predictions/minilm", "DELETE") == (405, "MethodNotAllowedException")
+    assert inference_api.unauthorized().headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_a_replica_serves_requests_one_at_a_time_with_its_cpus_as_threads():
+    encoder = ray_serve.for_replica(
+        {"batchSize": 8, "maxBatchDelay": 5, "minWorkers": 2, "handler": {"task": "embedding"}}, 2
+    )
+    assert encoder == {"minWorkers": 1, "asyncCommunication": True, "handler": {"task": "embedding", "threads": 2}}
+    generator = ray_serve.for_replica({"continuousBatching": True, "handler": {"task": "text-generation"}}, 0.5)
+    assert generator["continuousBatching"] and not generator["asyncCommunication"]
+    assert generator["handler"]["threads"] == 1  # a fraction of a CPU is still one thread
+    assert with_threads({"handler": {"task": "embedding", "threads": 4}}, 1)["handler"]["threads"] == 4  # fixed: kept
+    assert with_threads({"handler": {"task": "embedding"}}, None) == {"handler": {"task": "embedding"}}  # outside Ray
+
+
+def test_the_key_comes_from_the_argument_the_environment_or_a_file_made_once(tmp_path, monkeypatch):
+    monkeypatch.delenv(ray_serve.KEY_ENV, raising=False)
+    assert ray_serve.api_key("given", None, "m") == "given"
+    monkeypatch.setenv(ray_serve.KEY_ENV, "from-env")
+    assert ray_serve.api_key(None, None, "m") == "from-env"
+    monkeypatch.delenv(ray_serve.KEY_ENV)
+    path = tmp_path / "keys" / "m.key"
+    made = ray_serve.api_key(None, str(path), "m")
+    assert len(made) >= 32 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert ray_serve.api_key(None, str(path), "m") == made  # the same key for every later build
+
+
+def fake_archive(folder, handler_source: str | None = None, member_names=()) -> "os.PathLike":
+    """A .mar as our build lays one out, without a model: manifest, model-config.yaml, handler file."""
+    path = folder / "model.mar"
+    manifest = {
+        "model": {
+            "modelName": "fake",
+            "modelVersion": "2.0",
+            "handler": "embedding.py",
+            "configFile": "model-config.yaml",
+        }
+    }
+    handler = handler_source or (package_files.PACKAGE / "embedding.py").read_text()
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+        archive.writestr("model-config.yaml", yaml.safe_dump({"handler": {"task": "embedding"}}))
+        archive.writestr("embedding.py", handler)
+        for name in member_names:
+            archive.writestr(name, "x")
+    return path
+
+
+def test_an_archive_is_unpacked_once_per_machine_and_names_its_task(tmp_path):
+    path = fake_archive(tmp_path)
+    first = Archive.open(path, root=tmp_path / "unpacked")
+    again = Archive.open(path, root=tmp_path / "unpacked")
+    assert first == again and len(list((tmp_path / "unpacked").iterdir())) == 1
+    assert (first.model_name, first.model_version, first.yaml_config) == (
+        "fake",
+        "2.0",
+        {"handler": {"task": "embedding"}},
+    )
+    assert first.handler_class().task_class is EmbeddingTask
+    placement = first.placement({"handler": {}}, "renamed")
+    assert (placement.model_name, placement.model_version, placement.batch_size) == ("renamed", "2.0", None)
+
+
+def test_archives_that_cannot_be_served_are_refused_with_the_reason(tmp_path):
+    with pytest.raises(ArchiveError, match="every node"):
+        Archive.open(tmp_path / "missing.mar")
+    (tmp_path / "not.mar").write_text("text")
+    with pytest.raises(ArchiveError, match="not a .mar"):
+        Archive.open(tmp_path / "not.mar")
+    escaping = tmp_path / "escaping"
+    escaping.mkdir()
+    with pytest.raises(ArchiveError, match="outside the archive"):
+        Archive.open(fake_archive(escaping, member_names=["../evil.py"]), root=tmp_path / "unpacked")
+    two = tmp_path / "two"
+    two.mkdir()
+    source = (package_files.PACKAGE / "embedding.py").read_text() + "\n\nclass Second(EmbeddingHandler):\n    pass\n"
+    with pytest.raises(ArchiveError, match="one subclass"):
+        Archive.open(fake_archive(two, source), root=tmp_path / "unpacked").handler_class()
+
+
+class ScriptedLoop:
+    """A decode loop that answers by a script: per request id, its replies in order. Records each call."""
+
+    def __init__(self, script: dict[str, list[Reply]]):
+        self.script = script
+        self.calls: list[list[tuple[str, bool]]] = []
+
+    def call(self, requests):
+        self.calls.append([(request_id, incoming is not None) for request_id, incoming in requests])
+        return [self.script[request_id].pop(0) for request_id, _ in requests]
+
+
+def test_the_driver_calls_the_loop_while_requests_are_open_and_hands_each_its_replies():
+    script = {
+        "0": [Reply("", last=False), Reply("a", last=False), Reply("b", last=True)],  # streamed over 3 calls
+        "1": [Reply('{"error": "no"}', 400, last=None)],  # refused: one plain reply
+    }
+    loop = ScriptedLoop(script)
+
+    async def run():
+        driver = ContinuousRequests(loop, SimpleNamespace(executor=ThreadPoolExecutor(1)))
+
+        async def collect(body):
+            return [reply async for reply in driver.serve(Incoming(body))]
+
+        return await asyncio.gather(collect("first"), collect("second"))
+
+    first, second = asyncio.run(run())
+    assert [reply.body for reply in first] == ["", "a", "b"]
+    assert [(reply.status, reply.last) for reply in second] == [(400, None)]
+    # Each new request's body goes to the loop once, then it is resent as None; an ended one is never resent.
+    assert loop.calls == [[("0", True), ("1", True)], [("0", False)], [("0", False)]]
+
+
+def test_a_client_that_leaves_is_no_longer_sent_to_the_loop():
+    later = [Reply(text, last=False) for text in "xyz"] + [Reply("w", last=True)]
+    loop = ScriptedLoop({"0": [Reply("", last=False)] * 4, "1": later})
+
+    async def run():
+        driver = ContinuousRequests(loop, SimpleNamespace(executor=ThreadPoolExecutor(1)))
+        leaving = driver.serve(Incoming("left"))
+        staying = asyncio.ensure_future(_all(driver.serve(Incoming("stays"))))
+        await anext(leaving)
+        await leaving.aclose()  # the client went away after its first reply
+        return await staying
+
+    assert [reply.body for reply in asyncio.run(run())] == ["x", "y", "z", "w"]
+    assert all(request_id != "0" for request_id, _ in loop.calls[-1])
+
+
+async def _all(replies):
+    return [reply async for reply in replies]
+
+
+def test_a_defect_in_the_loop_ends_every_open_request_with_a_500():
+    class Broken:
+        def call(self, requests):
+            raise RuntimeError("a bug")
+
+    async def run():
+        driver = ContinuousRequests(Broken(), SimpleNamespace(executor=ThreadPoolExecutor(1)))
+        return [reply async for reply in driver.serve(Incoming("x"))]
+
+    (reply,) = asyncio.run(run())
+    assert reply.status == 500 and "a bug" not in reply.body
