@@ -24,6 +24,7 @@ KINDS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): "V1beta1InferenceService",
     ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
     ("v1", "Pod"): "V1Pod",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
 }
 # Strings take numbers too: quantities ("2" or 2) and int-or-string fields are written either way.
 SCALARS = {
