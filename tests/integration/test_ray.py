@@ -4,7 +4,7 @@ each; a third joins for the node test), shared by every test of the module, in t
 
 - MiniLM's AOT archive, 2 replicas on 2 nodes: answers, keys, errors, metrics;
 - a replica killed under load, a node removed: the others answer, the replica comes back;
-- tiny archives of the other tasks, and the fuzz test's hostile bodies against TorchServe's answers;
+- tiny archives of every task, and the fuzz test's hostile bodies against TorchServe's answers;
 - autoscaling from 1 replica to 2 and back;
 - Ray Data, after the Serve applications are gone: 2,000 texts, and `hfserve embed-corpus`.
 """
@@ -240,7 +240,12 @@ def test_a_removed_node_s_replica_moves_to_a_spare_node(cluster, minilm):
 def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm):
     """The other tasks' tiny archives, one replica each, while MiniLM's two stay up."""
     store = tmp_path_factory.mktemp("ray_tiny_store")
-    names = {"embedder": "embedding", "classifier": "text-classification", "generator": "text-generation"}
+    names = {
+        "embedder": "embedding",
+        "classifier": "text-classification",
+        "tagger": "token-classification",
+        "generator": "text-generation",
+    }
     for name, task in names.items():
         extra = {"generation": {"max_new_tokens": 64}} if task == "text-generation" else {}
         archive = build(tiny_models[task], task, name, store, {"handler": {**SMALL_GRID, **extra}})
@@ -248,11 +253,15 @@ def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm):
     return names
 
 
-def test_classification_and_generation_replicas_answer_as_transformers(cluster, tiny_archives, tiny_models):
+def test_every_task_s_replica_answers_as_transformers(cluster, tiny_archives, tiny_models):
     texts = ["alice walks to paris quickly", "the cat sat on the red mat in berlin"]
     response = requests.post(f"{cluster.url}/predictions/classifier", json={"inputs": texts}, headers=AUTH, timeout=60)
     reference = pipeline("text-classification", model=str(tiny_models["text-classification"]))
     assert_same_answers(response.json(), [[answer] for answer in reference(texts)])
+    body = {"inputs": texts, "aggregation_strategy": "simple"}
+    tagged = requests.post(f"{cluster.url}/predictions/tagger", json=body, headers=AUTH, timeout=60)
+    tagger = pipeline("token-classification", model=str(tiny_models["token-classification"]))
+    assert_same_answers(tagged.json(), tagger(texts, aggregation_strategy="simple"))
     generator = f"{cluster.url}/predictions/generator"
     bodies = [{"inputs": "the cat", "max_new_tokens": 12}, {"inputs": "hello there", "max_new_tokens": 5}]
     with ThreadPoolExecutor(2) as pool:  # in the decode loop together
