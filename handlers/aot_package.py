@@ -344,9 +344,10 @@ class AotModel(ModelRunner):
     def is_compiled(self) -> bool:
         return self.runner is not None
 
-    def fall_back_to_eager(self, reason: str) -> None:
-        logger.error("Serving the model EAGERLY (AOT package dropped): %s", reason)
+    def fall_back_to_eager(self, fallback) -> None:
+        logger.error("Serving the model EAGERLY (AOT package dropped): %s", fallback)
         self.runner = None
+        self.fallback = fallback
 
     def fits(self, inputs: dict) -> bool:
         shape = inputs["input_ids"].shape

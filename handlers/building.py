@@ -20,7 +20,15 @@ from pathlib import Path
 
 import torch
 
-from ts_compiled_handlers import aot_start, compile_cache, hardware, packing, process_settings, warmup
+from ts_compiled_handlers import (
+    aot_start,
+    compile_cache,
+    eager_fallback,
+    hardware,
+    packing,
+    process_settings,
+    warmup,
+)
 from ts_compiled_handlers.compiling import CompiledModel
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.layout import Layout
@@ -166,7 +174,7 @@ def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupRep
         if not config.compile.enable:
             raise
         on_failure(config.compile.on_failure, error)
-        model.fall_back_to_eager(f"{type(error).__name__}: {error}")
+        model.fall_back_to_eager(eager_fallback.fallback_of(error))
         report = warmup.run_grid(engine, 1, serving.probes.filler, None)
         return dataclasses.replace(report, graphs=0)
 
@@ -181,6 +189,7 @@ def trace_again(engine: Engine, serving: Serving, threads: int) -> None:
         engine.model.retrace(lambda: warmup.run_grid(engine, 1, serving.probes.filler, None))
     except Exception as error:  # as at start: a compile error can be of any type
         logger.exception("Tracing the grid again at %d threads failed", threads)
-        engine.model.fall_back_to_eager(f"tracing again at {threads} threads: {type(error).__name__}: {error}")
+        detail = f"tracing again at {threads} threads: {eager_fallback.fallback_of(error)}"
+        engine.model.fall_back_to_eager(eager_fallback.Fallback("retrace_failed", detail))
         return
     logger.info("Grid traced again at %d threads in %.1fs", threads, time.perf_counter() - began)

@@ -135,9 +135,10 @@ class CompiledModel(ModelRunner):
     def is_compiled(self) -> bool:
         return self.compiled is not None
 
-    def fall_back_to_eager(self, reason: str) -> None:
-        logger.error("Serving the model EAGERLY (compilation off): %s", reason)
+    def fall_back_to_eager(self, fallback) -> None:
+        logger.error("Serving the model EAGERLY (compilation off): %s", fallback)
         self.compiled = None
+        self.fallback = fallback
 
     def retrace(self, run_grid: Callable[[], object]) -> None:
         """Let `run_grid` compile the grid again under a new process state (dynamo's guards cover

@@ -27,6 +27,7 @@ class ModelRunner:
         self._eager = eager
         self.ready = False
         self.recompiles_after_ready = 0
+        self.fallback = None  # why a model meant to be compiled serves eagerly (eager_fallback.Fallback)
 
     @property
     def eager(self) -> torch.nn.Module:
@@ -40,8 +41,10 @@ class ModelRunner:
     def mark_ready(self) -> None:
         self.ready = True
 
-    def fall_back_to_eager(self, reason: str) -> None:
-        """Serve eagerly from now on; the caller has already logged why."""
+    def fall_back_to_eager(self, fallback) -> None:
+        """Serve eagerly from now on, for `fallback` (eager_fallback.Fallback); the caller has
+        already logged the error."""
+        self.fallback = fallback
 
     def _fast(self, inputs: dict) -> torch.Tensor | object:
         return NOT_SERVED

@@ -13,9 +13,11 @@ logger = logging.getLogger(__name__)
 
 
 def model_source(engine: Engine, started: Started) -> str:
-    """What the worker serves from: `aot package`, `archive cache`, `host cache`, `compiled` or `eager`."""
+    """What the worker serves from: `aot package`, `archive cache`, `host cache`, `compiled` or
+    `eager`, with why where compiling was meant and failed."""
     if not engine.model.is_compiled:
-        return "eager"
+        fallback = engine.model.fallback
+        return f"eager ({fallback})" if fallback else "eager"
     sources = {"aot": "aot package", "archive": "archive cache", "host": "host cache"}
     return sources.get(started.cache_source, "compiled")
 
@@ -32,6 +34,8 @@ def announce(
     metrics.gauge("CompileCacheHit", int(started.cache_source in ("archive", "host")), "Count")
     metrics.gauge("CompileFallback", int(options.enable and not engine.model.is_compiled), "Count")
     metrics.gauge("AotPackage", int(source == "aot package"), "Count")
+    if engine.model.fallback is not None:
+        metrics.count("EagerFallbacks", engine.model.fallback.reason, 1)
     logger.info(
         "Ready in %.1fs from %s: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, "
         "lengths %s x batches %s, %d graphs, model load %.1fs, first pass over the grid %.1fs, warm-up %.1fs, "

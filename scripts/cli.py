@@ -5,6 +5,7 @@
     hfserve start                      # TorchServe with ./config.properties (or ours: loopback), ./runs/server
     hfserve register minilm.mar        # returns when the worker is warm
     hfserve list | describe NAME | scale NAME --workers N | set-default NAME VERSION | unregister NAME
+    hfserve health [--live]            # a probe: exit 0 when ready (or, --live, when TorchServe answers)
     hfserve stop
     hfserve plan --log runs/server/logs/model_log.log --model-name minilm   # length buckets for your traffic
     hfserve benchmark | loadtest       # compiled vs eager per bucket; ours vs stock TorchServe handlers
@@ -40,6 +41,7 @@ COMMANDS = {
     "scale": ("scripts.serve", "scale", "set a model's number of workers; returns when new ones are warm"),
     "set-default": ("scripts.serve", "set-default", "the version that /predictions/NAME answers"),
     "unregister": ("scripts.serve", "unregister", "remove a model or one of its versions"),
+    "health": ("scripts.serve", "health", "exit 0 if the server is ready (every model warm), else 1: a probe"),
     "plan": ("scripts.plan_buckets", None, "choose length buckets from your traffic's lengths"),
     "benchmark": ("benchmarks.benchmark", None, "compiled vs eager per bucket, in process"),
     "loadtest": ("benchmarks.loadtest", None, "ours vs stock TorchServe handlers on the same traffic"),

@@ -5,8 +5,8 @@
 #
 #   INSTALL          dev (default): this checkout, editable, with the test extra and the manifest
 #                    checker's models (what the tests run in); wheel: a wheel built from this
-#                    checkout, installed as a user would (not editable, no extras): what the
-#                    Dockerfile runs, and what tests/integration/test_embedding_server.py runs too
+#                    checkout, installed as a user would (not editable, no extras): what
+#                    tests/integration/test_embedding_server.py runs
 #   DIST             with INSTALL=wheel: where the wheel is built (default dist)
 #   TORCH_SPEC       which torch to install first (default torch==2.13.0, the release this project
 #                    is tested with; which build comes, CPU or CUDA, is the index's: the script says)

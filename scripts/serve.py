@@ -8,15 +8,18 @@
     hfserve scale minilm --workers 2   # up or down; returns when the new workers are warm
     hfserve set-default minilm 2.0     # which version /predictions/minilm answers
     hfserve unregister minilm [1.0]
+    hfserve health [--live]            # exit 0 once every registered model has a READY worker: a probe
     hfserve stop
 
 (`python scripts/serve.py COMMAND ...` is the same.)
 
 Each server gets its own working directory (key_file.json, ports.json, logs, TMPDIR with
 TorchServe's pid file), so tests can run several side by side and stop exactly the one they
-started; every command but `start` finds the server by `--workdir` (default runs/server under the
-current folder). `start` takes `--ts-config`, else ./config.properties where there is one, else the
-package's own secure config; the copy it runs is in the working directory.
+started; every command but `start` finds the server by `--workdir` (default $HFSERVE_WORKDIR, else
+runs/server under the current folder): its ports.json, or the config.properties of a server
+started there by hand (`torchserve --start --ts-config config.properties`, as the image does).
+`start` takes `--ts-config`, else ./config.properties where there is one, else the package's own
+secure config; the copy it runs is in the working directory.
 """
 
 import argparse
@@ -71,6 +74,17 @@ def port_settings(ports: dict[str, int], hosts: dict[str, str] | None = None) ->
         "grpc_inference_port": str(ports["GRPC_INFERENCE_PORT"]),
         "grpc_management_port": str(ports["GRPC_MANAGEMENT_PORT"]),
     }
+
+
+def configured_ports(text: str) -> dict[str, int]:
+    """The ports a config.properties text sets (TorchServe's defaults where it sets none)."""
+    ports = dict(DEFAULT_PORTS)
+    for api in APIS:
+        port = urllib.parse.urlsplit(read_setting(text, f"{api}_address") or "").port
+        ports[f"{api.upper()}_PORT"] = port or ports[f"{api.upper()}_PORT"]
+    for key in ("GRPC_INFERENCE_PORT", "GRPC_MANAGEMENT_PORT"):
+        ports[key] = int(read_setting(text, key.lower()) or ports[key])
+    return ports
 
 
 def configured_hosts(text: str, bind: str | None = None) -> dict[str, str]:
@@ -135,6 +149,11 @@ def init(folder: Path, force: bool = False, bind: str = "127.0.0.1", store: str 
     settings = {"model_store": store, "allowed_urls": f"{store}/[A-Za-z0-9_.-]+[.]mar"}
     for api in ("inference", "metrics"):
         settings[f"{api}_address"] = read_setting(text, f"{api}_address").replace("127.0.0.1", bind)
+    # the comments say what this file sets: its model store, and where it listens
+    text = text.replace("--model-store model_store", f"--model-store {store}")
+    if bind != "127.0.0.1":
+        listeners = f"# Inference and metrics on {bind}; management and gRPC on loopback only;"
+        text = text.replace("# Every listener on loopback only, gRPC too;", listeners)
     (folder / store).mkdir(parents=True, exist_ok=True)
     written[0].write_text(with_settings(text, settings))
     written[1].write_text(METRICS.read_text())
@@ -177,9 +196,15 @@ class TorchServe:
 
     @classmethod
     def attach(cls, workdir: Path) -> "TorchServe":
-        """The server that `start` launched from `workdir` (its ports and model store are recorded there)."""
-        recorded = json.loads((Path(workdir) / "ports.json").read_text())
-        return cls(workdir, Path(recorded["model_store"]), recorded["ports"])
+        """The server started from `workdir`: by `start` (its ports and model store are recorded in
+        ports.json), or by `torchserve --start` run there with its config.properties (the image's
+        entry point does so), read from that config."""
+        workdir = Path(workdir)
+        if (workdir / "ports.json").is_file():
+            recorded = json.loads((workdir / "ports.json").read_text())
+            return cls(workdir, Path(recorded["model_store"]), recorded["ports"])
+        text = (workdir / "config.properties").read_text()
+        return cls(workdir, workdir / (read_setting(text, "model_store") or "model_store"), configured_ports(text))
 
     def run(self, *args: str) -> None:
         """`torchserve ARGS` in the working directory, as a user would type it there."""
@@ -324,7 +349,7 @@ class TorchServe:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    workdir = Path("runs") / "server"
+    workdir = Path(os.environ.get("HFSERVE_WORKDIR", Path("runs") / "server"))
     parser.add_argument("--workdir", type=Path, default=workdir, help="the server's working directory")
     common = argparse.ArgumentParser(add_help=False)  # --workdir after the command too (the newer spelling)
     text = f"the server's working directory (default: {workdir})"
@@ -375,6 +400,14 @@ def parse_args(argv):
     scale.add_argument("name")
     scale.add_argument("--workers", type=int, required=True, help="workers to run (min = max)")
     scale.add_argument("--version", help="default: the default version")
+    health_command = command(
+        "health",
+        "exit 0 when TorchServe answers /ping (with its key) and every registered model has a READY "
+        "worker, else say what is missing and exit 1: a readiness probe",
+    )
+    health_command.add_argument(
+        "--live", action="store_true", help="only whether TorchServe answers /ping: a liveness probe"
+    )
     default = command("set-default", "the version that /predictions/NAME answers")
     default.add_argument("name")
     default.add_argument("version")
@@ -415,6 +448,22 @@ def register(server: TorchServe, args) -> dict:
     return server.register(args.archive, args.batch_size, args.max_batch_delay, args.workers)
 
 
+def health(server: TorchServe, live: bool) -> None:
+    """Probe the server the way Kubernetes needs it: TorchServe's /ping takes the inference key and
+    says 200 before models are warm, so readiness also asks the management API for READY workers."""
+    try:
+        answer = server.ping()
+        if answer.status_code != 200:
+            raise UserError(f"TorchServe answers /ping with HTTP {answer.status_code}")
+        waiting = [] if live else [model["modelName"] for model in server.list_models()]
+        waiting = [name for name in waiting if not server.worker_pids(name)]
+    except (requests.RequestException, ValueError, KeyError) as error:  # not up yet, or its key file half-written
+        raise UserError(f"no TorchServe answers yet ({type(error).__name__})") from error
+    if waiting:
+        raise UserError(f"not ready: no READY worker yet for {', '.join(waiting)}")
+    print("alive" if live else "ready")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.command == "start":
@@ -423,7 +472,7 @@ def main(argv=None) -> None:
     if args.command == "init":
         print("wrote " + ", ".join(str(path) for path in init(args.folder, args.force, args.bind, args.store)))
         return
-    if not (args.workdir / "ports.json").is_file():
+    if not any((args.workdir / name).is_file() for name in ("ports.json", "config.properties")):
         raise UserError(f"no server was started from {args.workdir}; run hfserve start (or pass its --workdir)")
     server = TorchServe.attach(args.workdir)
     calls = {
@@ -434,6 +483,7 @@ def main(argv=None) -> None:
         "scale": lambda: server.scale(args.name, args.workers, args.version),
         "set-default": lambda: server.set_default(args.name, args.version),
         "unregister": lambda: server.unregister(args.name, args.version),
+        "health": lambda: health(server, args.live),
     }
     try:
         result = calls[args.command]()

@@ -25,6 +25,10 @@ KINDS = {
     ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
     ("v1", "Pod"): "V1Pod",
     ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("v1", "Service"): "V1Service",
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "V2HorizontalPodAutoscaler",
 }
 # Strings take numbers too: quantities ("2" or 2) and int-or-string fields are written either way.
 SCALARS = {

@@ -1,5 +1,5 @@
 """A fresh venv with the package installed from a wheel of this checkout (scripts/install.sh with
-INSTALL=wheel, the Dockerfile's steps), and its commands. The install starts in the background
+INSTALL=wheel, as a user installs), and its commands. The install starts in the background
 when a test that needs it is collected (tests/integration/conftest.py), so its minute of pip runs
 beside the tests before it rather than in front of its own."""
 

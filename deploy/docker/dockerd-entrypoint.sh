@@ -5,6 +5,9 @@
 # given, so KServe's TorchServe runtime can pass its own `torchserve --start ...`. TorchServe runs
 # in the foreground, and a SIGTERM or SIGINT to the container (docker stop, a pod's termination)
 # stops it with `torchserve --stop`, so the frontend shuts its workers down instead of being killed.
+# TorchServe runs in the home folder whatever the working directory (`docker run -w`): it writes its
+# key_file.json there, where `hfserve register/describe/health ...` (HFSERVE_WORKDIR) read it with
+# the config's ports. Other commands run where they are started.
 set -euo pipefail
 HOME_DIR="${MODEL_SERVER_HOME:-/home/model-server}"
 if [ $# -eq 0 ] || [ "$1" = serve ] || [[ "$1" == -* ]]; then
@@ -15,6 +18,7 @@ if [ "$1" != torchserve ] || [[ " $* " != *" --start "* ]]; then
   exec "$@"
 fi
 [[ " $* " == *" --foreground "* ]] || set -- "$@" --foreground
+cd "$HOME_DIR"
 "$@" &
 server=$!
 trap 'torchserve --stop || kill -TERM "$server"' TERM INT

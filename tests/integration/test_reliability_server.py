@@ -150,8 +150,12 @@ def test_a_compile_failure_with_on_failure_eager_serves_eagerly_and_says_so(serv
         atol=1e-5,
     )
     log = log_text(server, "model_log.log")
-    assert re.search(r"broken_1\.0-stdout MODEL_LOG - Serving the model EAGERLY .*BackendCompilerFailed", log)
+    eager = r"broken_1\.0-stdout MODEL_LOG - Serving the model EAGERLY \(compilation off\): compile_error: "
+    assert re.search(eager, log)
     assert INJECTED in log
+    # the ready line says why, without the traceback (inductor's error, unwrapped)
+    ready = re.search(r"broken_1\.0-stdout MODEL_LOG - Ready in \S+ from eager \((.*?)\): ", log)
+    assert ready and ready[1] == f"compile_error: RuntimeError: {INJECTED}"
 
 
 def test_a_compile_failure_with_on_failure_fail_refuses_the_registration_fast(server):
@@ -296,6 +300,9 @@ def test_prometheus_metrics_show_compile_state_and_requests_per_bucket(server):
     assert added(after) == 4
     assert metric(after, "CompileFallback", ModelName="broken") == 1
     assert metric(after, "CompileFallback", ModelName="truncating") == 0
+    # the reason it serves eagerly: inductor failed on the model, not for want of a C++ compiler
+    assert metric(after, "EagerFallbacks", ModelName="broken", Reason="compile_error") == 1
+    assert metric(after, "EagerFallbacks", ModelName="truncating") == 0
     assert metric(after, "AotPackage", ModelName="guarded") == 1
     assert metric(after, "AotPackage", ModelName="truncating") == 0
     for name in ("CompileSeconds", "WarmupSeconds", "PaddedTokenRatio"):

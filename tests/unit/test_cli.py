@@ -112,6 +112,26 @@ def test_a_missing_archive_or_server_is_one_line(tmp_path, command):
 
 
 @pytest.mark.heavy  # starts a process
+def test_health_finds_a_server_started_by_hand_from_its_config_and_fails_in_one_line_while_it_is_down(tmp_path):
+    from ts_compiled_handlers.scripts.serve import TorchServe, init
+
+    init(tmp_path, bind="0.0.0.0", store="model-store")  # what the image's home holds
+    written = (tmp_path / "config.properties").read_text()  # its comments say what it sets
+    assert "# Inference and metrics on 0.0.0.0; management and gRPC on loopback only" in written
+    assert "--model-store model-store --models" in written and "model_store" not in written.replace("model_store=", "")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there once closed
+    config = tmp_path / "config.properties"
+    config.write_text(config.read_text().replace("0.0.0.0:8080", f"0.0.0.0:{port}"))
+    server = TorchServe.attach(tmp_path)
+    assert server.inference_url == f"http://127.0.0.1:{port}" and server.management_url == "http://127.0.0.1:8081"
+    assert server.model_store == (tmp_path / "model-store").resolve()
+    for flags in ([], ["--live"]):
+        assert_one_line_error(hfserve("health", "--workdir", str(tmp_path), *flags), "no TorchServe answers yet")
+
+
+@pytest.mark.heavy  # starts a process
 def test_a_command_without_a_started_server_is_one_line(tmp_path):
     assert_one_line_error(hfserve("describe", "minilm", "--workdir", str(tmp_path)), "no server was started")
 
