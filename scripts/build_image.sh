@@ -36,11 +36,12 @@ as_root() {
 
 # A docker client whose `build` has BuildKit (--secret): Debian's 20.10 has it built in; 23 and
 # newer hand BuildKit to the buildx plugin.
+client_major() { "$1" version --format '{{.Client.Version}}' 2>/dev/null | cut -d. -f1 || true; }
 buildkit_client() {
   local candidate major
   for candidate in $(type -ap docker) /usr/bin/docker; do
     [ -x "$candidate" ] || continue
-    major=$("$candidate" version --format '{{.Client.Version}}' 2>/dev/null | cut -d. -f1 || true)
+    major=$(client_major "$candidate")
     if [[ "$major" =~ ^[0-9]+$ ]] && { [ "$major" -lt 23 ] || "$candidate" buildx version >/dev/null 2>&1; }; then
       echo "$candidate"
       return
@@ -108,12 +109,12 @@ wheels=deploy/docker/wheels
 cleanup() { rm -rf "$secrets"; find "$wheels" -name '*.whl' -delete; }
 trap cleanup EXIT
 cert=$(python3 deploy/docker/pip_config.py "$secrets/pip.conf" "$wheels")
-args=(--secret "id=pip.conf,src=$secrets/pip.conf")
-[ -z "$cert" ] || args+=(--secret "id=ca-certificates,src=$cert")
-[ "$("$DOCKER" version --format '{{.Client.Version}}' | cut -d. -f1)" -lt 23 ] || args=(buildx build --load "${args[@]}")
-[ "${args[0]}" = buildx ] || args=(build "${args[@]}")
+build=(build)
+[ "$(client_major "$DOCKER")" -lt 23 ] || build=(buildx build --load)
+secret_args=(--secret "id=pip.conf,src=$secrets/pip.conf")
+[ -z "$cert" ] || secret_args+=(--secret "id=ca-certificates,src=$cert")
 say "building $IMAGE on $BASE_IMAGE"
-DOCKER_BUILDKIT=1 "$DOCKER" "${args[@]}" --progress plain \
+DOCKER_BUILDKIT=1 "$DOCKER" "${build[@]}" "${secret_args[@]}" --progress plain \
   --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "TORCH_SPEC=$TORCH_SPEC" --build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL" \
   -t "$IMAGE" .
 say "built $IMAGE: $("$DOCKER" image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.1f GB", $1 / 1e9}')"

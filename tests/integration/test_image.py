@@ -2,13 +2,11 @@
 scripts/build_image.sh, MiniLM's archive built inside it from a mounted folder, served by the
 entry point (from another working directory), compiled, probed, answering as
 sentence-transformers does; a second archive registered with `docker exec ... hfserve register`;
-`docker stop` ending it cleanly.
-
-Where Docker cannot run (no daemon, not root) the module is skipped, unless
-HFSERVE_REQUIRE_DOCKER=1 (CI sets it: there the script installs and starts Docker itself)."""
+`docker stop` ending it cleanly. The `image` fixture (tests/integration/conftest.py) builds it in
+the background from collection on; where Docker cannot run (no daemon, not root) the module is
+skipped, unless HFSERVE_REQUIRE_DOCKER=1 (CI sets it: there the script installs and starts Docker)."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -25,7 +23,6 @@ from archives import SMALL_GRID
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "ts-compiled-handlers:latest"
 HOME = "/home/model-server"
 TEXTS = ["hello world", "The cat sat on the mat.", "A longer sentence about serving compiled transformer models."]
 
@@ -42,28 +39,6 @@ def readable_copy(model: Path, folder: Path) -> Path:
     for path in copy.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return copy
-
-
-def docker_usable() -> bool:
-    if os.geteuid() == 0:
-        return True  # the build script installs and starts Docker where it is missing
-    try:
-        return docker("info", timeout=30, check=False).returncode == 0
-    except FileNotFoundError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def image():
-    if not docker_usable():
-        if os.environ.get("HFSERVE_REQUIRE_DOCKER") == "1":
-            pytest.fail("HFSERVE_REQUIRE_DOCKER=1 but Docker cannot run here (no daemon, not root)")
-        pytest.skip("no Docker daemon, and not root to start one (HFSERVE_REQUIRE_DOCKER=1 makes this a failure)")
-    began = time.monotonic()
-    built = subprocess.run(["bash", "scripts/build_image.sh"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    print(f"image built in {time.monotonic() - began:.0f}s: {built.stderr.strip().splitlines()[-1]}")
-    return IMAGE
 
 
 @pytest.fixture(scope="module")
