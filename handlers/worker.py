@@ -15,6 +15,7 @@ traffic's statistics and the thread counts traced.
 """
 
 import dataclasses
+import importlib.metadata
 import json
 import logging
 import time
@@ -106,7 +107,16 @@ class Worker:
             started,
             threads,
             TextTokenizer(serving.tokenizer, engine.plan.max_seq_len, config.buckets.overflow == "reject"),
-            RequestSpec(task.param_checks(), config.max_inputs, task.adapt_body, task.PAIRS, placement.model_name),
+            RequestSpec(
+                task.param_checks(),
+                config.max_inputs,
+                task.adapt_body,
+                task.PAIRS,
+                placement.model_name,
+                serving.tokenizer,
+                tei_info(placement, task, engine, config),
+                getattr(task, "prompts", {}),
+            ),
             LengthStats(placement.model_name, config.buckets.histogram_every),
             metrics,
             {threads.threads},
@@ -210,6 +220,24 @@ class Worker:
         if changed and model.is_compiled and model.guards_thread_count and threads not in self.traced_threads:
             self.traced_threads.add(threads)
             building.trace_again(self.engine, self.serving, threads)
+
+
+def tei_info(placement: Placement, task: Task, engine: Engine, config) -> dict:
+    """What TEI's `GET info` answers (handlers/protocols/tei.py): the model, its limits, this release."""
+    try:
+        version = importlib.metadata.version("ts-compiled-handlers")
+    except importlib.metadata.PackageNotFoundError:  # served from an archive's copy alone
+        version = None
+    return {
+        "model_id": placement.model_name,
+        "model_dtype": str(engine.dtype).removeprefix("torch."),
+        "model_type": task.tei_model_type(),
+        "max_input_length": engine.plan.max_seq_len,
+        "max_batch_tokens": max(engine.plan.batch_sizes) * engine.plan.max_seq_len,
+        "max_client_batch_size": config.max_inputs,
+        "auto_truncate": config.buckets.overflow != "reject",
+        "version": version,
+    }
 
 
 def type_ids_of(requests: list[Accepted]) -> list[list[int]] | None:

@@ -1,5 +1,6 @@
 """`hfserve`: the one command for what a user does with these handlers.
 
+    hfserve serve ./my-model --port 8080   # all of the below in one command, in the foreground
     hfserve init                       # ./config.properties (secure defaults, to edit) and ./model_store/
     hfserve build --model DIR --model-name minilm   # -> ./model_store/minilm.mar (the task read from DIR)
     hfserve start                      # TorchServe with ./config.properties (or ours: loopback), ./runs/server
@@ -31,6 +32,7 @@ from ts_compiled_handlers import package_files
 
 # command: (module of this package, its own subcommand or None, what it does)
 COMMANDS = {
+    "serve": ("scripts.serve_model", None, "one command: build MODEL's archive if needed, start, register, serve"),
     "init": ("scripts.serve", "init", "write the secure config.properties and a model_store/ here, to edit"),
     "build": ("scripts.build_mar", None, "build a .mar archive from a model folder (into ./model_store)"),
     "start": ("scripts.serve", "start", "start TorchServe with ./config.properties (or ours: loopback)"),

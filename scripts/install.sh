@@ -55,6 +55,10 @@ else
   # The KServe and Kubernetes API models, read as source by scripts/validate_manifests.py; without
   # their (heavy, server-side) dependencies, which the check does not need.
   "$VENV/bin/python" -m pip install -q --no-deps kserve==0.21.0 kubernetes==37.0.2
+  # LangChain's TEI client, for the TEI tests: 1.2.1, the last release that takes a server's URL as
+  # `model` (1.2.2 refuses URLs: langchain-ai/docs#4364). It caps huggingface_hub below the 2.x
+  # that transformers brings; its one call, InferenceClient.feature_extraction, works on 2.x.
+  "$VENV/bin/python" -m pip install -q --no-deps langchain-huggingface==1.2.1
 fi
 build=$("$VENV/bin/python" -c 'import torch; print(f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU")')
 case "$build" in

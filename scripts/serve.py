@@ -394,10 +394,10 @@ def parse_args(argv):
     command("list", "registered models")
     for name, text in (("describe", "versions, workers, batch settings, queue"), ("unregister", "remove")):
         sub = command(name, text)
-        sub.add_argument("name")
+        model_name_arguments(sub)
         sub.add_argument("version", nargs="?", help="default: the default version")
     scale = command("scale", "set the number of workers; returns when new workers are warm")
-    scale.add_argument("name")
+    model_name_arguments(scale)
     scale.add_argument("--workers", type=int, required=True, help="workers to run (min = max)")
     scale.add_argument("--version", help="default: the default version")
     health_command = command(
@@ -409,9 +409,30 @@ def parse_args(argv):
         "--live", action="store_true", help="only whether TorchServe answers /ping: a liveness probe"
     )
     default = command("set-default", "the version that /predictions/NAME answers")
-    default.add_argument("name")
+    model_name_arguments(default)
     default.add_argument("version")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if hasattr(args, "name_option"):
+        settle_model_name(parser, args)
+    return args
+
+
+def model_name_arguments(command: argparse.ArgumentParser) -> None:
+    """The model's name as the first argument, or as --name / --model-name (the build's flags)."""
+    command.add_argument("name", nargs="?", help="the model's name (or --name)")
+    command.add_argument("--name", "--model-name", dest="name_option", metavar="NAME", help="the model's name")
+
+
+def settle_model_name(parser: argparse.ArgumentParser, args) -> None:
+    if args.name_option is None:
+        if args.name is None:
+            parser.error(f"{args.command}: the model's name is missing (NAME or --name NAME)")
+        return
+    if args.name is not None:  # `describe --name m 2.0`: the one argument given is the version
+        if getattr(args, "version", None) is not None:
+            parser.error(f"{args.command}: the model's name is given twice (NAME and --name)")
+        args.version = args.name
+    args.name = args.name_option
 
 
 def start(args) -> TorchServe:

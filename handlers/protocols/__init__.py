@@ -29,6 +29,9 @@ class RequestSpec:
     adapt: Callable[[Any], Any] = lambda value: value
     pairs: bool = False  # the task takes text pairs (a cross-encoder: query and passage)
     model_name: str = ""  # the archive's name, as registered (the OpenAI bodies name it)
+    tokenizer: Any = None  # the model's tokenizer, for routes answered without the model (TEI's tokenize)
+    info: dict = dataclasses.field(default_factory=dict)  # what TEI's `info` says of the model
+    prompts: dict = dataclasses.field(default_factory=dict)  # the model's named prompts (embedders)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,8 @@
 
 Each document is scored as the pair (query, document), with the score sentence-transformers'
 `CrossEncoder.predict` gives (its activation: handlers/labels.py). Ties keep the documents' order.
-Served on the model's own path and at `rerank` (TEI's path, with our body, not TEI's), and at `v1/rerank` in the body
+Served on the model's own path and at `rerank` (where TEI's own body, with `texts`, goes to
+handlers/protocols/tei.py), and at `v1/rerank` in the body
 Cohere and Jina answer with, `{"model", "results": [{"index", "relevance_score", "document":
 {"text"}}], "usage"}`, refusals in OpenAI's error shape (handlers/protocols/openai.py).
 """
@@ -58,14 +59,15 @@ class RerankProtocol(Protocol):
         return ranked(request, [answer["score"] for answer in answers])
 
 
-def ranked(request: Request, scores: list[float]) -> list[dict]:
-    """`{index, score[, document]}` per document, best first, the first `top_n`."""
+def ranked(request: Request, scores: list[float], text_key: str = "document") -> list[dict]:
+    """`{index, score[, document]}` per document, best first, the first `top_n` (TEI names the
+    text `text`)."""
     order = sorted(range(len(scores)), key=lambda index: -scores[index])[: request.form.top_n]
     results = []
     for index in order:
         result = {"index": index, "score": scores[index]}
         if request.form.return_documents:
-            result["document"] = request.texts[index][1]
+            result[text_key] = request.texts[index][1]
         results.append(result)
     return results
 

@@ -78,6 +78,10 @@ class Task:
         """The texts the model reads for a request (a task may prepend a prompt)."""
         return request.texts
 
+    def tei_model_type(self) -> dict | None:
+        """The model's kind as TEI's `info` names it (None: not one of TEI's)."""
+        return None
+
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         """One answer per text of the request, from its output rows (one per text, in order)."""
         raise NotImplementedError

@@ -23,11 +23,13 @@ from ts_compiled_handlers.labels import (
 )
 from ts_compiled_handlers.layout import Layout
 from ts_compiled_handlers.model_runner import ModelRunner
-from ts_compiled_handlers.payload import RequestError
+from ts_compiled_handlers.payload import RequestError, boolean_param
 from ts_compiled_handlers.pooling import read_json
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.rerank import CohereRerankProtocol, RerankProtocol
+from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
+from ts_compiled_handlers.protocols.tei import TeiPredictProtocol, TeiRerankProtocol
 from ts_compiled_handlers.serving import Serving
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tokenizing import Accepted
@@ -36,9 +38,17 @@ from ts_compiled_handlers.tokenizing import Accepted
 class ClassificationTask(Task):
     """`{"inputs": "text", "top_k": 1}` -> `[{"label": ..., "score": ...}]`; a list in gets a list of those."""
 
-    PARAMS = {"top_k": optional_top_k}
+    PARAMS = {"top_k": optional_top_k, "raw_scores": boolean_param}  # raw_scores: the logits, as TEI's
     PAIRS = True
-    protocols = (KServeV2Protocol(), RerankProtocol(), CohereRerankProtocol(), PlainProtocol())
+    protocols = (
+        KServeV2Protocol(),
+        TeiRerankProtocol(),  # before ours at `rerank`: it takes TEI's `texts` bodies, ours `documents`
+        RerankProtocol(),
+        CohereRerankProtocol(),
+        PlainProtocol(),
+        TeiPredictProtocol(),
+        *TEI_ROUTES,
+    )
 
     def read_settings(self, serving: Serving) -> None:
         model_dir, model_config = serving.model_dir, serving.model_config
@@ -66,6 +76,13 @@ class ClassificationTask(Task):
         if request.scoring == "rerank":
             if len(self.id2label) != 1:
                 raise RequestError(400, f"reranking needs a one-label cross-encoder; this one has {len(self.id2label)}")
-            return [{"score": self.rerank_scores(row)[0].item()} for row in rows]
+            scores = (lambda row: row.float()) if request.params.get("raw_scores") else self.rerank_scores
+            return [{"score": scores(row)[0].item()} for row in rows]
         top_k = request.params.get("top_k", 1)
-        return [top_labels(self.scores(row), self.id2label, top_k) for row in rows]
+        scores = (lambda row: row.float()) if request.params.get("raw_scores") else self.scores
+        return [top_labels(scores(row), self.id2label, top_k) for row in rows]
+
+    def tei_model_type(self) -> dict:
+        labels = {"id2label": {str(index): label for index, label in self.id2label.items()}}
+        labels["label2id"] = {label: index for index, label in self.id2label.items()}
+        return {"reranker" if len(self.id2label) == 1 else "classifier": labels}

@@ -20,6 +20,8 @@ from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
+from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tokenizing import Accepted
 
@@ -27,7 +29,14 @@ from ts_compiled_handlers.tokenizing import Accepted
 class EmbeddingTask(Task):
     """`{"inputs": "text"}` -> `{"embedding": [...]}`; a list in gets a list out."""
 
-    protocols = (KServeV2Protocol(), PlainProtocol(), EmbeddingsProtocol(), ModelsProtocol())
+    protocols = (
+        KServeV2Protocol(),
+        PlainProtocol(),
+        EmbeddingsProtocol(),
+        ModelsProtocol(),
+        TeiEmbedProtocol(),
+        *TEI_ROUTES,
+    )
 
     def read_settings(self, serving) -> None:
         model_dir, model_config = serving.model_dir, serving.model_config
@@ -79,6 +88,9 @@ class EmbeddingTask(Task):
         if value not in self.dimension_sizes:
             raise RequestError(400, f"parameter '{name}' must be one of {sorted(self.dimension_sizes)}", name)
         return value
+
+    def tei_model_type(self) -> dict:
+        return {"embedding": {"pooling": "+".join(self.pooling)}}
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         from transformers import AutoModel  # the model classes cost a worker that serves a package a second

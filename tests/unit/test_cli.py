@@ -213,3 +213,20 @@ def test_start_keeps_the_addresses_its_config_sets_and_bind_moves_inference_and_
     assert read_setting(moved, "inference_address") == "https://127.0.0.1:18080"
     assert read_setting(moved, "metrics_address") == "https://127.0.0.1:18082"
     assert read_setting(render_config(tmp_path / "store", ports), "inference_address") == "http://127.0.0.1:18080"
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["describe", "m"], ("m", None)),
+        (["describe", "--name", "m", "2.0"], ("m", "2.0")),
+        (["unregister", "--model-name", "m"], ("m", None)),
+        (["scale", "--model-name", "m", "--workers", "2"], ("m", None)),
+        (["set-default", "--name", "m", "2.0"], ("m", "2.0")),
+    ],
+)
+def test_management_commands_take_the_name_as_build_does(argv, expected):
+    from ts_compiled_handlers.scripts.serve import parse_args
+
+    args = parse_args(argv)
+    assert (args.name, args.version) == expected

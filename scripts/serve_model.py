@@ -1,0 +1,147 @@
+"""`hfserve serve MODEL`: one command from a model to a warm server, as TEI's router and `vllm serve` are.
+
+    hfserve serve ./my-model --name mine --port 8080      # or a Hub id from the local cache
+    hfserve serve BAAI/bge-small-en-v1.5 --dtype float32 --max-client-batch-size 64
+
+It builds `model_store/NAME.mar` unless an archive built from the same model files, options and
+release is there (then it is reused, and with it this host's compile cache), starts TorchServe,
+registers the archive, waits until its worker is warm, and prints one ready line with the URLs
+and the key file. It stays in the foreground: SIGINT or SIGTERM stops TorchServe and exits 0.
+Everything it writes is under the folder it runs in: model_store/ and runs/serve-NAME/ (the
+server's config, logs and key_file.json). TorchServe's keys expire after its token_expiration_min
+(60 minutes): clients re-read key_file.json, as `hfserve` does (docs/coming-from.md).
+
+Flags carry TEI's and vLLM's names where they mean the same; `--config` takes the rest (a
+model-config.yaml, merged under them).
+"""
+
+import argparse
+import hashlib
+import json
+import signal
+import threading
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from ts_compiled_handlers.config import ConfigError
+from ts_compiled_handlers.scripts import build_mar, hub
+from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
+from ts_compiled_handlers.scripts.serve import TEMPLATE, TorchServe, busy, free_ports
+from ts_compiled_handlers.scripts.task_inference import TASKS, AmbiguousTask
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="hfserve serve", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("model", help="a model folder (save_pretrained output) or a Hub id in the local cache")
+    parser.add_argument("--name", "--model-name", dest="name", help="the archive's name (default: the model's)")
+    parser.add_argument("--port", type=int, default=8080, help="inference; management and metrics take the next two")
+    parser.add_argument("--hostname", default="127.0.0.1", help="the inference and metrics APIs' address")
+    parser.add_argument("--task", choices=TASKS, help="default: read from the model's own files")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="handler.dtype")
+    parser.add_argument("--revision", help="with a Hub id: the branch, tag or commit")
+    parser.add_argument("--max-batch-tokens", type=int, help="most tokens per model call (buckets.max_tokens)")
+    parser.add_argument("--max-client-batch-size", type=int, help="the most texts one request may send (max_inputs)")
+    parser.add_argument(
+        "--auto-truncate",
+        action=argparse.BooleanOptionalAction,
+        help="cut texts over the longest bucket (default), or refuse them with 413 (--no-auto-truncate)",
+    )
+    parser.add_argument("--config", type=Path, help="model-config.yaml keys for the rest, merged under these flags")
+    return parser.parse_args(argv)
+
+
+def handler_settings(args) -> dict:
+    """The flags as model-config.yaml's handler keys (only those given)."""
+    settings = {}
+    if args.dtype:
+        settings["dtype"] = args.dtype
+    if args.max_batch_tokens:
+        settings["buckets"] = {"max_tokens": args.max_batch_tokens}
+    if args.auto_truncate is not None:
+        settings.setdefault("buckets", {})["overflow"] = "truncate" if args.auto_truncate else "reject"
+    if args.max_client_batch_size:
+        settings["max_inputs"] = args.max_client_batch_size
+    return settings
+
+
+def fingerprint(model_dir: Path, task: str, config: dict) -> str:
+    """What the archive was built from: the model's files (names, sizes, times), task, config, release."""
+    try:
+        release = version("ts-compiled-handlers")
+    except PackageNotFoundError:
+        release = "unknown"
+    files = sorted(
+        (str(path.relative_to(model_dir)), path.stat().st_size, path.stat().st_mtime_ns)
+        for path in model_dir.rglob("*")
+        if path.is_file()
+    )
+    made_from = {"model": str(model_dir.resolve()), "files": files, "task": task, "config": config, "release": release}
+    return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()
+
+
+def archive(model_dir: Path, task: str, name: str, config: dict, store: Path) -> Path:
+    """model_store/NAME.mar, built unless the one there was built from the same things."""
+    target, record = store / f"{name}.mar", store / f"{name}.built-from"
+    wanted = fingerprint(model_dir, task, config)
+    if target.is_file() and record.is_file() and record.read_text() == wanted:
+        print(f"reusing {target} (built from the same model files, options and release)")
+        return target
+    target.unlink(missing_ok=True)
+    built = build_mar.build(model_dir, task, name, store, config)
+    record.write_text(wanted)
+    return built
+
+
+def ports_from(args) -> dict[str, int]:
+    ports = {
+        "INFERENCE_PORT": args.port,
+        "MANAGEMENT_PORT": args.port + 1,
+        "METRICS_PORT": args.port + 2,
+    }
+    for key, port in ports.items():
+        if busy(port):
+            raise UserError(f"port {port} ({key.split('_')[0].lower()}) is in use: pass another --port")
+    grpc = free_ports(2)
+    return {**ports, "GRPC_INFERENCE_PORT": grpc[0], "GRPC_MANAGEMENT_PORT": grpc[1]}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    name = args.name or Path(args.model.rstrip("/")).name  # a Hub id's last part, not its cache folder
+    ports = ports_from(args)
+    extra = build_mar.read_config(args.config) if args.config else {}
+    extra = build_mar.merge(extra, {"handler": handler_settings(args)})
+    try:
+        model_dir = hub.resolve(args.model, args.revision)
+        task = args.task or (extra.get("handler") or {}).get("task") or build_mar.inferred_task(model_dir)
+        built = archive(model_dir, task, name, extra, Path("model_store"))
+    except (build_mar.BuildError, ConfigError, hub.HubError, AmbiguousTask) as error:
+        raise UserError(str(error)) from error
+    server = TorchServe(Path("runs") / f"serve-{name}", built.parent, ports)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    server.start(base_config=TEMPLATE, bind=args.hostname)
+    try:
+        server.register(built.name)
+        url = f"http://{args.hostname}:{args.port}/predictions/{name}"
+        print(
+            f"ready: {url} (OpenAI base URL {url}/1.0/v1, TEI base URL {url}/1.0); "
+            f"the key: inference in {server.key_file()}",
+            flush=True,
+        )
+        while not stop.wait(1):
+            if not alive(server):
+                raise UserError(f"TorchServe stopped on its own; see {server.workdir / 'logs'}")
+    finally:
+        if alive(server):
+            server.run("--stop", "--foreground")  # TorchServe's stop, waiting until its frontend has ended
+    print("stopped")
+
+
+def alive(server: TorchServe) -> bool:
+    try:
+        server.ping()
+        return True
+    except (OSError, ValueError):  # refused (requests' errors are OSErrors), or the key file half-written
+        return False
