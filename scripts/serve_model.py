@@ -35,6 +35,8 @@ def parse_args(argv):
     parser.add_argument("model", help="a model folder (save_pretrained output) or a Hub id in the local cache")
     parser.add_argument("--name", "--model-name", dest="name", help="the archive's name (default: the model's)")
     parser.add_argument("--port", type=int, default=8080, help="inference; management and metrics take the next two")
+    parser.add_argument("--management-port", type=int, help="default: --port + 1 (always on loopback)")
+    parser.add_argument("--metrics-port", type=int, help="default: --port + 2")
     parser.add_argument("--hostname", default="127.0.0.1", help="the inference and metrics APIs' address")
     parser.add_argument("--task", choices=TASKS, help="default: read from the model's own files")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="handler.dtype")
@@ -95,8 +97,8 @@ def archive(model_dir: Path, task: str, name: str, config: dict, store: Path) ->
 def ports_from(args) -> dict[str, int]:
     ports = {
         "INFERENCE_PORT": args.port,
-        "MANAGEMENT_PORT": args.port + 1,
-        "METRICS_PORT": args.port + 2,
+        "MANAGEMENT_PORT": args.management_port or args.port + 1,
+        "METRICS_PORT": args.metrics_port or args.port + 2,
     }
     for key, port in ports.items():
         if busy(port):
@@ -118,12 +120,19 @@ def main(argv=None) -> None:
     except (build_mar.BuildError, ConfigError, hub.HubError, AmbiguousTask) as error:
         raise UserError(str(error)) from error
     server = TorchServe(Path("runs") / f"serve-{name}", built.parent, ports)
-    stop = threading.Event()
+    stop, serving = threading.Event(), threading.Event()
+
+    def on_signal(*_):
+        stop.set()
+        if not serving.is_set():
+            raise Stopped  # out of the start or the registration's wait, at once
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    server.start(base_config=TEMPLATE, bind=args.hostname)
+        signal.signal(signum, on_signal)
     try:
+        server.start(base_config=TEMPLATE, bind=args.hostname)
         server.register(built.name)
+        serving.set()
         url = f"http://{args.hostname}:{args.port}/predictions/{name}"
         print(
             f"ready: {url} (OpenAI base URL {url}/1.0/v1, TEI base URL {url}/1.0); "
@@ -133,10 +142,17 @@ def main(argv=None) -> None:
         while not stop.wait(1):
             if not alive(server):
                 raise UserError(f"TorchServe stopped on its own; see {server.workdir / 'logs'}")
+    except Stopped:
+        pass
     finally:
-        if alive(server):
+        serving.set()  # a second signal while stopping waits for the stop
+        if (server.workdir / "tmp" / ".model_server.pid").is_file():  # started (TorchServe's own record)
             server.run("--stop", "--foreground")  # TorchServe's stop, waiting until its frontend has ended
     print("stopped")
+
+
+class Stopped(Exception):
+    """SIGINT or SIGTERM before the model was ready."""
 
 
 def alive(server: TorchServe) -> bool:

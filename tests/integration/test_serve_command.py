@@ -101,3 +101,20 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path):
     )
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_signal_before_ready_stops_torchserve_at_once(tmp_path, minilm_dir):
+    port = three_free_ports()
+    command = [str(HFSERVE), "serve", str(minilm_dir), "--name", "minilm", "--port", str(port)]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_file = tmp_path / "runs" / "serve-minilm" / "tmp" / ".model_server.pid"
+    deadline = time.monotonic() + 300
+    while not pid_file.is_file():  # TorchServe started; MiniLM's worker compiles for 20 s or more
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.2)
+    time.sleep(1)  # the pid written in full
+    frontend = psutil.Process(int(pid_file.read_text().split()[0]))
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0 and out.strip().endswith("stopped") and "ready:" not in out, err
+    assert not frontend.is_running() or frontend.status() == psutil.STATUS_ZOMBIE
