@@ -1,10 +1,9 @@
-"""The image build of tests/integration/test_image.py (scripts/build_image.sh), started in the
-background at collection when that test is selected: its minute or two of apt and pip (and, on
-a fresh machine, of installing Docker and making the base) runs beside the tests before it."""
+"""The image of tests/integration/test_image.py, built by scripts/build_image.sh when the first
+test that needs it runs. Not in the background from collection on, as the wheel install is: on 2
+cores, installing Docker and building beside the load-test smoke run cost it requests."""
 
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,22 +20,10 @@ def docker_usable() -> bool:
         return False
 
 
-class ImageBuild:
-    def __init__(self):
-        self.log = tempfile.TemporaryFile("w+")  # read back when the build ends
-        script = ["bash", str(ROOT / "scripts" / "build_image.sh")]
-        self.building = subprocess.Popen(script, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, text=True)
-
-    def ready(self) -> str:
-        """The image, once the build has ended, which it must have done without error."""
-        code = self.building.wait(timeout=1500)
-        self.log.seek(0)
-        output = self.log.read()
-        assert code == 0, f"scripts/build_image.sh failed:\n{output[-5000:]}"
-        print(output.strip().splitlines()[-1])  # its size
-        return IMAGE
-
-    def stop(self) -> None:
-        self.building.kill()
-        self.building.wait()
-        self.log.close()
+def build() -> str:
+    """The image, built (or found up to date) by the script, which must succeed."""
+    script = ["bash", str(ROOT / "scripts" / "build_image.sh")]
+    done = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, f"scripts/build_image.sh failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    print(done.stderr.strip().splitlines()[-1])  # its size
+    return IMAGE

@@ -16,7 +16,6 @@ from ts_compiled_handlers.scripts.serve import TorchServe
 
 STARTUP_SECONDS = 600
 WHEEL_INSTALL: list = []  # the background wheel install of the run, if a selected test needs one
-IMAGE_BUILD: list = []  # the background image build, likewise (tests/image_build.py)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -24,26 +23,22 @@ def pytest_collection_modifyitems(session, config, items):
     uses it: its pip runs beside the tests before it."""
     if any("wheel_install" in getattr(item, "fixturenames", ()) for item in items):
         WHEEL_INSTALL.append(wheel_install_module.start())
-    if any("image" in getattr(item, "fixturenames", ()) for item in items) and image_build.docker_usable():
-        IMAGE_BUILD.append(image_build.ImageBuild())
 
 
 def pytest_sessionfinish(session, exitstatus):
     for install in WHEEL_INSTALL:
         install.remove()
-    for image_building in IMAGE_BUILD:
-        image_building.stop()
 
 
 @pytest.fixture(scope="session")
 def image():
-    """The image scripts/build_image.sh built, started at collection; skipped where Docker cannot
-    run, unless HFSERVE_REQUIRE_DOCKER=1 (CI) makes that a failure."""
-    if not IMAGE_BUILD:
+    """The image scripts/build_image.sh builds; skipped where Docker cannot run, unless
+    HFSERVE_REQUIRE_DOCKER=1 (CI) makes that a failure."""
+    if not image_build.docker_usable():
         if os.environ.get("HFSERVE_REQUIRE_DOCKER") == "1":
             pytest.fail("HFSERVE_REQUIRE_DOCKER=1 but Docker cannot run here (no daemon, not root)")
         pytest.skip("no Docker daemon, and not root to start one (HFSERVE_REQUIRE_DOCKER=1 makes this a failure)")
-    return IMAGE_BUILD[0].ready()
+    return image_build.build()
 
 
 @pytest.fixture(scope="session")

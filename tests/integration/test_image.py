@@ -2,9 +2,9 @@
 scripts/build_image.sh, MiniLM's archive built inside it from a mounted folder, served by the
 entry point (from another working directory), compiled, probed, answering as
 sentence-transformers does; a second archive registered with `docker exec ... hfserve register`;
-`docker stop` ending it cleanly. The `image` fixture (tests/integration/conftest.py) builds it in
-the background from collection on; where Docker cannot run (no daemon, not root) the module is
-skipped, unless HFSERVE_REQUIRE_DOCKER=1 (CI sets it: there the script installs and starts Docker)."""
+`docker stop` ending it cleanly. The `image` fixture (tests/integration/conftest.py) builds it;
+where Docker cannot run (no daemon, not root) the module is skipped, unless
+HFSERVE_REQUIRE_DOCKER=1 (CI sets it: there the script installs and starts Docker)."""
 
 import json
 import re
