@@ -32,6 +32,7 @@ RUN --mount=type=secret,id=pip.conf --mount=type=secret,id=ca-certificates \
     && python3 /src/requirements.py /dist/*.whl > /dist/requirements.txt
 
 FROM ${BASE_IMAGE}
+LABEL org.opencontainers.image.title=ts-compiled-handlers
 ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # Inductor's C++ includes Python.h: Debian's python3 needs python3-dev for it (python:*-slim has it).

@@ -117,4 +117,6 @@ say "building $IMAGE on $BASE_IMAGE"
 DOCKER_BUILDKIT=1 "$DOCKER" "${build[@]}" "${secret_args[@]}" --progress plain \
   --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "TORCH_SPEC=$TORCH_SPEC" --build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL" \
   -t "$IMAGE" .
+# The image this tag named before, if any, untagged now: removed (only ours, by the Dockerfile's label).
+"$DOCKER" image prune -f --filter label=org.opencontainers.image.title=ts-compiled-handlers >/dev/null
 say "built $IMAGE: $("$DOCKER" image inspect "$IMAGE" --format '{{.Size}}' | awk '{printf "%.1f GB", $1 / 1e9}')"

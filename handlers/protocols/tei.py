@@ -25,7 +25,7 @@ from ts_compiled_handlers.payload import RequestError, boolean_param, check_para
 from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served
 from ts_compiled_handlers.protocols.rerank import RerankForm, ranked
 
-ERROR_TYPES = {413: "Validation", 429: "Overloaded", 503: "Overloaded"}
+ERROR_TYPES = {429: "Overloaded", 503: "Overloaded"}  # other 4xx: Validation, other 5xx: Backend
 
 
 def body_object(value: Any, required: str) -> dict:
