@@ -115,7 +115,7 @@ class Worker:
                 placement.model_name,
                 serving.tokenizer,
                 tei_info(placement, task, engine, config),
-                getattr(task, "prompts", {}),
+                task.prompts,
             ),
             LengthStats(placement.model_name, config.buckets.histogram_every),
             metrics,

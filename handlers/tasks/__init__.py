@@ -33,6 +33,7 @@ class Task:
     PARAMS: dict[str, ParamCheck] = {}
     PER_TOKEN = False  # the model's outputs are per token (token classification), not per text
     PAIRS = False  # the task takes text pairs (a cross-encoder)
+    prompts: dict[str, str] = {}  # the model's named prompts (embedders read theirs in read_settings)
     # Tried in order for a request's route; a protocol is one module (handlers/protocols/).
     protocols: tuple[Protocol, ...] = (KServeV2Protocol(), PlainProtocol())
 

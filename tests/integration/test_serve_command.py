@@ -28,9 +28,14 @@ def three_free_ports() -> int:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        if port < 65000 and all(socket.socket().connect_ex(("127.0.0.1", port + i)) != 0 for i in range(3)):
+        if port < 65000 and not any(listening(port + i) for i in range(3)):
             return port
     raise RuntimeError("no three free ports in a row")
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Served:
@@ -82,7 +87,7 @@ def test_one_command_serves_minilm_as_sentence_transformers_and_stops_cleanly_th
 
     assert first.stop(signal.SIGINT).strip().endswith("stopped") and first.process.returncode == 0
     assert not psutil.pid_exists(first.torchserve[0].pid)  # the frontend ended before `serve` did
-    assert socket.socket().connect_ex(("127.0.0.1", port)) != 0 and first.left_running() == []
+    assert not listening(port) and first.left_running() == []
     archive = tmp_path / "model_store" / "minilm.mar"
     built_at = archive.stat().st_mtime_ns
 
