@@ -38,7 +38,7 @@ REFERENCE_FILE = "reference.safetensors"
 FORMAT = "aot-4"  # 4: packed rows are pooled inside the package (handlers/packing.py)
 # Tasks whose module is one forward pass over padded or packed rows. Generation keeps the
 # packed compile cache: its decode step and KV cache are not exported.
-TASKS = ("embedding", "text-classification", "token-classification")
+TASKS = ("embedding", "sparse-embedding", "text-classification", "token-classification")
 # Inductor settings of torch.compile's modes that have no meaning for an exported package.
 NOT_FOR_AOT = ("triton.cudagraphs",)
 
@@ -137,8 +137,12 @@ class Package:
 
 
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The module's parameters and buffers by name: the constants a package built from it needs."""
-    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    """The module's parameters and buffers by every name they have (a tied weight has two, both of
+    which export may read): the constants a package built from it needs."""
+    return {
+        **dict(module.named_parameters(remove_duplicate=False)),
+        **dict(module.named_buffers(remove_duplicate=False)),
+    }
 
 
 def as_loaded(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -173,17 +177,26 @@ def weight_sources(
 
     keys = checkpoint_keys(model_dir)
     tensors = weights(module)
-    sources, missing = {}, {}
+    sources, unfound, found = {}, [], {}
     for name in names:
+        if id(tensors[name]) in found:  # another name of a tied weight (an LM head, a SPLADE projection)
+            sources[name] = found[id(tensors[name])]
+            continue
         wanted = tensors[name].detach().cpu()
         for key in sorted((key for key in keys if same_path(name, key)), key=len, reverse=True):
             with safe_open(str(model_dir / keys[key]), framework="pt") as checkpoint:
                 loaded = as_loaded(checkpoint.get_tensor(key), dtype)
             if loaded.dtype == wanted.dtype and loaded.shape == wanted.shape and torch.equal(loaded, wanted):
-                sources[name] = [keys[key], key]
+                sources[name] = found[id(tensors[name])] = [keys[key], key]
                 break
         else:
-            missing[name] = wanted.clone().contiguous()
+            unfound.append(name)
+    missing = {}
+    for name in unfound:  # a tied weight's name the checkpoint lacks reads the key its other name found
+        if id(tensors[name]) in found:
+            sources[name] = found[id(tensors[name])]
+        else:
+            missing[name] = tensors[name].detach().cpu().clone().contiguous()
     return sources, missing
 
 
