@@ -11,7 +11,7 @@ generated from them (scripts/config_table.py).
 import dataclasses
 from typing import Any, Callable
 
-TASKS = ("embedding", "text-classification", "token-classification", "text-generation")
+TASKS = ("embedding", "sparse-embedding", "text-classification", "token-classification", "text-generation")
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Which tensor dimensions the compiled graphs treat as dynamic; see docs/design.md, "Shape strategy".

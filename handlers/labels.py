@@ -84,12 +84,13 @@ CROSS_ENCODER_ACTIVATIONS = {
 SCORE_FUNCTIONS["tanh"] = torch.tanh
 
 
-def cross_encoder_activation(config, saved: dict | None = None) -> str:
+def cross_encoder_activation(config, saved: dict | None = None, labels: int | None = None) -> str:
     """What `CrossEncoder.predict` applies to the logits, decided as sentence-transformers decides:
     `config_sentence_transformers.json`'s `activation_fn` (`saved`), else `config.json`'s
     `sentence_transformers.activation_fn` (or its pre-v4 key), else sigmoid for one label and none
-    for more. Only `torch.` classes are trusted, as CrossEncoder trusts them without remote code;
-    any other name is skipped, logged."""
+    for more (`labels` where the config's count is not the model's: an LLM reranker has one). Only
+    `torch.` classes are trusted, as CrossEncoder trusts them without remote code; any other name
+    is skipped, logged."""
     settings = getattr(config, "sentence_transformers", None) or {}
     for named in (
         (saved or {}).get("activation_fn"),
@@ -105,7 +106,7 @@ def cross_encoder_activation(config, saved: dict | None = None) -> str:
                 f"the model names the cross-encoder activation {named!r}; served: {sorted(CROSS_ENCODER_ACTIVATIONS)}"
             )
         logger.warning("cross-encoder activation %r is not a torch class: skipped, as CrossEncoder skips it", named)
-    return "sigmoid" if config.num_labels == 1 else "none"
+    return "sigmoid" if (config.num_labels if labels is None else labels) == 1 else "none"
 
 
 def top_labels(scores: torch.Tensor, id2label: dict[int, str], top_k: int | None) -> list[dict[str, Any]]:

@@ -97,6 +97,11 @@ def _into_slots(values: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
     return sums[:-1].view(rows, slots, width)
 
 
+def sum_per_text(values: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+    """The sum of each packed text's token values (rows, T, H): (rows, slots, H)."""
+    return _into_slots(values, segments)
+
+
 def starts_of_texts(segments: torch.Tensor) -> torch.Tensor:
     """(rows, T) true at each text's first token."""
     before = torch.nn.functional.pad(segments[:, :-1], (1, 0), value=-1)  # each token's left neighbour

@@ -49,11 +49,14 @@ class TextTokenizer:
     """Tokenizes texts at most `limit` tokens long: longer ones are truncated (on the tokenizer's
     side, or the side a request names) or refused with 413 (`reject`, or a request's `truncate:
     false`). Each text's ids are read from its encoding once (`Encoding.ids` makes a new list at
-    every access)."""
+    every access). `special_tokens: false` for texts already in the model's form (a rendered chat
+    template); `truncates: false` refuses every over-long text, for texts a cut would break."""
 
-    def __init__(self, tokenizer, limit: int, reject: bool):
+    def __init__(self, tokenizer, limit: int, reject: bool, special_tokens: bool = True, truncates: bool = True):
         self.limit = limit
-        self.reject = reject
+        self.reject = reject or not truncates
+        self.truncates = truncates
+        self.special_tokens = special_tokens
         self.by_side = {tokenizer.truncation_side: tokenizer}
         for side in SIDES:  # a copy per side: truncation_side is the tokenizer's state, shared by every call
             if side not in self.by_side:
@@ -63,14 +66,15 @@ class TextTokenizer:
         self.vocabulary = len(tokenizer)
 
     def __call__(self, texts: list, truncate: bool | None = None, side: str | None = None) -> Tokenized:
-        reject = self.reject if truncate is None else not truncate
+        reject = self._rejects(truncate)
         tokenizer = self.by_side[side or self.default_side]
         cut = self.limit + 1 if reject else self.limit  # one token over is enough to tell an over-long text
         if texts and isinstance(texts[0], tuple):
             firsts, seconds = zip(*texts, strict=True)
             encodings = tokenizer(list(firsts), list(seconds), truncation=True, max_length=cut).encodings
         else:
-            encodings = tokenizer(texts, truncation=True, max_length=cut).encodings
+            special = self.special_tokens
+            encodings = tokenizer(texts, truncation=True, max_length=cut, add_special_tokens=special).encodings
         token_ids = [encoding.ids for encoding in encodings]
         self._check_lengths(token_ids)
         pairs = bool(texts) and isinstance(texts[0], tuple)
@@ -85,19 +89,24 @@ class TextTokenizer:
                 raise RequestError(
                     400, f"'input'[{position}] holds a token id outside the vocabulary (0 to {top})", "input"
                 )
-        if not (self.reject if truncate is None else not truncate):
+        if not self._rejects(truncate):
             left = (side or self.default_side) == "left"
             token_ids = [ids[-self.limit :] if left else ids[: self.limit] for ids in token_ids]
         self._check_lengths(token_ids)
         return Tokenized([], [list(ids) for ids in token_ids])
+
+    def _rejects(self, truncate: bool | None) -> bool:
+        """Whether an over-long text is refused: the request's `truncate` where given, else the build's."""
+        return self.reject if truncate is None or not self.truncates else not truncate
 
     def _check_lengths(self, token_ids: list[list[int]]) -> None:
         for position, ids in enumerate(token_ids):
             if not ids:
                 raise RequestError(400, f"text {position} makes no tokens")
             if len(ids) > self.limit:
-                raise RequestError(
-                    413,
-                    f"text {position} is longer than {self.limit} tokens; shorten it, or send truncate: true "
-                    "(or build with overflow: truncate)",
+                remedy = (
+                    "shorten it, or send truncate: true (or build with overflow: truncate)"
+                    if self.truncates
+                    else "shorten it (this model's chat template ends each text where its score is read: no cut)"
                 )
+                raise RequestError(413, f"text {position} is longer than {self.limit} tokens; {remedy}")

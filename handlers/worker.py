@@ -106,7 +106,12 @@ class Worker:
             engine,
             started,
             threads,
-            TextTokenizer(serving.tokenizer, engine.plan.max_seq_len, config.buckets.overflow == "reject"),
+            TextTokenizer(
+                serving.tokenizer,
+                engine.plan.max_seq_len,
+                config.buckets.overflow == "reject",
+                **task.tokenizer_options(),
+            ),
             RequestSpec(
                 task.param_checks(),
                 config.max_inputs,

@@ -38,6 +38,7 @@ from ts_compiled_handlers.serving import task_plan
 
 HANDLER_FILES = {
     "embedding": "embedding.py",
+    "sparse-embedding": "sparse_embedding.py",
     "text-classification": "classification.py",
     "token-classification": "token_classification.py",
     "text-generation": "generation.py",

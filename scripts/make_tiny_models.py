@@ -117,6 +117,69 @@ def make_cross_encoder(folder: Path) -> Path:
     return _save(BertForSequenceClassification(config), folder)
 
 
+def make_sparse_encoder(folder: Path) -> Path:
+    """A SPLADE sparse encoder: a BERT masked LM saved by sentence-transformers' SparseEncoder
+    (a fill-mask Transformer, then SpladePooling: max over tokens of log1p(relu(logits)))."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+    from transformers import BertForMaskedLM
+
+    masked_lm_dir = folder / "masked_lm"
+    tokenizer = _bert_tokenizer(masked_lm_dir)
+    _save(BertForMaskedLM(_bert_config(tokenizer)), masked_lm_dir)
+    modules = [Transformer(str(masked_lm_dir), transformer_task="fill-mask", max_seq_length=64), SpladePooling("max")]
+    SparseEncoder(modules=modules, device="cpu").save(str(folder))
+    import shutil
+
+    shutil.rmtree(masked_lm_dir)
+    return folder
+
+
+# A reranker's chat template in the form sentence-transformers renders (query, document) pairs with:
+# the pair as `query` and `document` messages, a prompt as a `system` one.
+RERANK_CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}instruct: {{ m['content'] }}\n"
+    "{% elif m['role'] == 'query' %}query: {{ m['content'] }}\n"
+    "{% elif m['role'] == 'document' %}document: {{ m['content'] }}\n{% endif %}{% endfor %}relevant:"
+)
+
+
+def make_causal_reranker(folder: Path, chat: bool = False) -> Path:
+    """A Qwen3-Reranker-shaped LLM reranker: a bare Qwen3ForCausalLM (tied embeddings) whose tokenizer
+    has 'yes' and 'no', scored as CrossEncoder scores one (logit('yes') - logit('no') at the last
+    token). `chat`: its tokenizer has a chat template for query/document pairs and the folder is
+    saved by CrossEncoder with an instruction prompt, as sentence-transformers-ready rerankers ship."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = _bpe_tokenizer(folder)
+    tokenizer.add_tokens(["yes", "no"])
+    if chat:
+        tokenizer.chat_template = RERANK_CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        head_dim=8,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **sizes,
+    )
+    torch.manual_seed(0)
+    _save(Qwen3ForCausalLM(config), folder)
+    if chat:
+        from sentence_transformers import CrossEncoder
+
+        prompts = {"relevance": "does the document answer the query"}
+        model = CrossEncoder(str(folder), device="cpu", prompts=prompts, default_prompt_name="relevance")
+        model.save(str(folder))
+    return folder
+
+
 def make_decoder_embedding(folder: Path) -> Path:
     """A Qwen3-shaped decoder embedder in sentence-transformers' own layout: last-token pooling on the
     end-of-text token its tokenizer appends, left padding, a query instruction prompt, Normalize."""
@@ -363,6 +426,9 @@ MAKERS = {
     "text-classification-deberta": make_deberta_classification,
     "embedding-modernbert": make_modernbert_embedding,
     "text-generation-gpt2": make_gpt2_generation,
+    "sparse-embedding": make_sparse_encoder,
+    "reranker-causal": make_causal_reranker,
+    "reranker-causal-chat": lambda folder: make_causal_reranker(folder, chat=True),
 }
 
 

@@ -1,6 +1,7 @@
 """Which task serves a model, read from the model's own files, as its reference library would load it.
 
     sentence-transformers' modules.json with a Pooling module      -> embedding
+    a SparseEncoder's config_sentence_transformers.json            -> sparse-embedding
     a CrossEncoder's config_sentence_transformers.json             -> text-classification
     config.json `architectures`: *ForSequenceClassification        -> text-classification
                                  *ForTokenClassification           -> token-classification
@@ -52,7 +53,7 @@ def sentence_transformers_task(model_dir: Path) -> str | None:
     if kind == "CrossEncoder":
         return "text-classification"
     if kind == "SparseEncoder":
-        raise AmbiguousTask(f"{model_dir} is a sparse encoder (SPLADE), which is not served yet")
+        return "sparse-embedding"
     modules = read_json(model_dir / "modules.json")
     types = [str(module.get("type", "")) for module in modules or [] if isinstance(module, dict)]
     if any(kind.endswith("Pooling") for kind in types):

@@ -6,10 +6,17 @@ TASK_ARCHIVES = {  # archive name: task (its model: the task's tiny model)
     "classifier": "text-classification",
     "tagger": "token-classification",
     "generator": "text-generation",
+    "sparse-embedder": "sparse-embedding",
 }
 AUTO_GRID = {"buckets": {"seq_lens": "auto", "batch_sizes": [1, 4]}}  # lengths up to the model's own limit
 MODEL_ARCHIVES = {  # archive name: (tiny model, task, handler settings over SMALL_GRID): the models users bring
     "long-embedder": ("embedding-long", "embedding", AUTO_GRID),
     "reranker": ("cross-encoder", "text-classification", AUTO_GRID),
     "qwen-embedder": ("embedding-decoder", "embedding", AUTO_GRID),
+    "llm-reranker": ("reranker-causal", "text-classification", AUTO_GRID),
+}
+# Built with `--precompile aot`: served from the archive's AOTInductor package, nothing compiled.
+AOT_ARCHIVES = {
+    "sparse-embedder-aot": ("sparse-embedding", "sparse-embedding", AUTO_GRID),
+    "llm-reranker-aot": ("reranker-causal", "text-classification", AUTO_GRID),
 }

@@ -27,6 +27,7 @@ PARAMS = {
     "text-classification": ["top_k"],
     "token-classification": ["aggregation_strategy"],
     "text-generation": ["max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop", "stream"],
+    "sparse-embedding": ["top_k", "threshold", "prompt_name"],
 }
 GOOD_VALUES = {
     "normalize": [True, False],
@@ -39,6 +40,8 @@ GOOD_VALUES = {
     "seed": [0, 1, 2**63 - 1],
     "stop": [".", ["a", "\u2028"], "\U0001f600"],
     "stream": [False, True],
+    "threshold": [0, 0.05, 2.5],
+    "prompt_name": ["query", "document"],
 }
 ODD_VALUES = [
     None, True, 0, -1, 1, 2**63, 10**30, -(10**30), 1e-300, -0.0, 1e308, float("nan"), float("inf"),
@@ -139,6 +142,7 @@ OPENAI_ROUTES = {
     "text-classification": ["v1/rerank", "rerank"],
     "token-classification": ["v1/embeddings"],
     "text-generation": ["v1/completions", "v1/chat/completions", "v1/models"],
+    "sparse-embedding": ["embed_sparse", "embed", "v1/embeddings"],
 }
 OPENAI_FIELDS = [
     "model", "input", "prompt", "messages", "encoding_format", "dimensions", "max_tokens", "temperature", "top_p",
@@ -157,6 +161,8 @@ def openai_body(rng: random.Random, route: str, name: str) -> dict:
     elif route == "v1/chat/completions":
         content = rng.choice(["hi", [{"type": "text", "text": "hi"}], [{"type": "image_url"}], None])
         body.update(messages=[{"role": rng.choice(["user", "developer", "tool"]), "content": content}], max_tokens=3)
+    elif route.startswith("embed"):
+        body["inputs"] = rng.choice(["hello world", ["a", "b"], [], [1], "", None])
     elif route.endswith("rerank"):
         body.update(query=rng.choice(["q", "", 1]), documents=rng.choice([["a", "b"], [], "a", ["", 2]]))
     for field in rng.sample(OPENAI_FIELDS, rng.randint(0, 3)):

@@ -3,6 +3,8 @@ clients written for TEI work with the URL `/predictions/{name}/{version}` as the
 
     POST embed     {"inputs": "a" | ["a", "b"], "normalize", "truncate", "truncation_direction",
                     "prompt_name", "dimensions"}                     -> [[...], [...]] (always a list)
+    POST embed_sparse {"inputs", "truncate", "truncation_direction", "prompt_name", "top_k", "threshold"}
+                                                     -> [[{"index", "value"}, ...], ...] (sparse encoders)
     POST predict   {"inputs": "a" | ["q", "p"] | [...], "raw_scores", "truncate", ...}
                                                      -> [{"label", "score"}] best first (a list each for a batch)
     POST rerank    {"query", "texts", "raw_scores", "return_text", "truncate", ...}
@@ -67,6 +69,18 @@ class TeiEmbedProtocol(TeiProtocol):
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         return [answer["embedding"] for answer in answers]
+
+
+class TeiEmbedSparseProtocol(TeiEmbedProtocol):
+    """Sparse encoders: each text's non-zero entries, `[{"index", "value"}]` in index order."""
+
+    routes = ("embed_sparse",)
+
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
+        return [
+            [{"index": index, "value": value} for index, value in zip(answer["indices"], answer["values"], strict=True)]
+            for answer in answers
+        ]
 
 
 @dataclasses.dataclass(frozen=True)

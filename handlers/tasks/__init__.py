@@ -52,6 +52,11 @@ class Task:
     def configure_tokenizer(self, tokenizer) -> None:
         """Task-specific tokenizer settings (e.g. which side truncation cuts)."""
 
+    def tokenizer_options(self) -> dict:
+        """How the request path tokenizes the model's texts: handlers/tokenizing.py's TextTokenizer
+        options (`special_tokens`, `truncates`), read once the task has read the model's settings."""
+        return {}
+
     def read_settings(self, serving) -> None:
         """What the task reads from the model's files besides the module (labels, pooling): a
         worker serving an AOT package never builds the module."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ts_compiled_handlers import logit_score
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.labels import (
     SCORE_FUNCTIONS,
@@ -23,8 +24,9 @@ from ts_compiled_handlers.labels import (
 )
 from ts_compiled_handlers.layout import Layout
 from ts_compiled_handlers.model_runner import ModelRunner
+from ts_compiled_handlers.pair_texts import PairTexts
 from ts_compiled_handlers.payload import RequestError, boolean_param
-from ts_compiled_handlers.pooling import read_json
+from ts_compiled_handlers.pooling import named_prompts, read_json
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.rerank import CohereRerankProtocol, RerankProtocol
@@ -52,24 +54,44 @@ class ClassificationTask(Task):
 
     def read_settings(self, serving: Serving) -> None:
         model_dir, model_config = serving.model_dir, serving.model_config
-        self.id2label = {int(index): label for index, label in model_config.id2label.items()}
-        self.scores = SCORE_FUNCTIONS[score_function(model_config)]
+        self.causal = logit_score.is_causal_lm(model_config)  # an LLM reranker (handlers/logit_score.py)
+        if self.causal:
+            self.score_ids = logit_score.score_token_ids(model_dir, serving.tokenizer)
+            self.id2label = {0: "LABEL_0"}  # one score, as CrossEncoder has one label over LogitScore
+        else:
+            self.id2label = {int(index): label for index, label in model_config.id2label.items()}
+        labels = len(self.id2label)
+        self.scores = SCORE_FUNCTIONS["sigmoid" if self.causal else score_function(model_config)]
         # sentence-transformers reads its own file only in a folder it saved (one with modules.json)
         saved_by_st = (model_dir / "modules.json").is_file()
         saved = read_json(model_dir / "config_sentence_transformers.json", {}) if saved_by_st else {}
-        self.rerank_scores = SCORE_FUNCTIONS[cross_encoder_activation(model_config, saved)]
+        self.rerank_scores = SCORE_FUNCTIONS[cross_encoder_activation(model_config, saved, labels)]
         self.token_types = (getattr(model_config, "type_vocab_size", 0) or 0) > 1  # BERT's segment A / B
+        self.prompts = named_prompts(saved)
+        self.pair_texts = PairTexts(model_dir, serving.tokenizer, self.prompts, saved.get("default_prompt_name"))
+
+    def tokenizer_options(self) -> dict:
+        """A pair rendered by a chat template is one text whose end (where the score is read) a cut
+        would drop: it is tokenized as rendered, never truncated."""
+        return {"special_tokens": False, "truncates": False} if self.pair_texts.chat else {}
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModelForSequenceClassification
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-        model = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
-        )
-        return SequenceLogits(model)
+        load = {"dtype": torch.float32, "use_safetensors": True, "trust_remote_code": False}
+        if self.causal:
+            causal_lm = AutoModelForCausalLM.from_pretrained(model_dir, **load)
+            return logit_score.CausalLogitScore(causal_lm, *self.score_ids)
+        return SequenceLogits(AutoModelForSequenceClassification.from_pretrained(model_dir, **load))
+
+    def model_texts(self, request) -> list:
+        """Pairs as CrossEncoder reads them (its prompt, its chat template); single texts as sent."""
+        texts = request.texts
+        return self.pair_texts(texts) if texts and isinstance(texts[0], tuple) else texts
 
     def engine(self, model: ModelRunner, serving: Serving, dtype: torch.dtype, layout: Layout) -> Engine:
-        return super().engine(model, serving, dtype, dataclasses.replace(layout, token_types=self.token_types))
+        token_types = self.token_types and not self.pair_texts.chat  # a rendered pair is one text
+        return super().engine(model, serving, dtype, dataclasses.replace(layout, token_types=token_types))
 
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         request = accepted.request

@@ -15,7 +15,7 @@ import torch
 
 from ts_compiled_handlers.config import HandlerConfig
 from ts_compiled_handlers.payload import RequestError, boolean_param
-from ts_compiled_handlers.pooling import SentenceEmbedder, normalizes, pooling_modes, read_json
+from ts_compiled_handlers.pooling import SentenceEmbedder, named_prompts, normalizes, pooling_modes, read_json
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
@@ -42,13 +42,17 @@ class EmbeddingTask(Task):
         model_dir, model_config = serving.model_dir, serving.model_config
         self.normalize_default = normalizes(model_dir)
         self.pooling = pooling_modes(model_dir)
+        self.read_prompts(model_dir)
+        self.size = model_config.get_text_config().hidden_size * len(self.pooling)
+        self.dimension_sizes = self._dimension_sizes(model_config)
+
+    def read_prompts(self, model_dir: Path) -> None:
+        """The model's named prompts and its default one (config_sentence_transformers.json)."""
         settings = read_json(model_dir / "config_sentence_transformers.json", {})
-        self.prompts: dict[str, str] = settings.get("prompts") or {}
+        self.prompts = named_prompts(settings)
         self.default_prompt = settings.get("default_prompt_name")
         if self.default_prompt is not None and self.default_prompt not in self.prompts:
             raise ValueError(f"config_sentence_transformers.json: no prompt named {self.default_prompt!r}, the default")
-        self.size = model_config.get_text_config().hidden_size * len(self.pooling)
-        self.dimension_sizes = self._dimension_sizes(model_config)
 
     def _dimension_sizes(self, model_config) -> set[int] | None:
         """The `dimensions` a request may ask for: None where none, else the sizes (all up to `size`)."""

@@ -8,7 +8,7 @@ import image_build
 import pytest
 import torch
 import wheel_install as wheel_install_module
-from archives import MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
+from archives import AOT_ARCHIVES, MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ts_compiled_handlers.scripts.build_mar import build
@@ -56,17 +56,18 @@ def task_server(tmp_path_factory, tiny_models):
         # Four workers compile at once on as few as two cores: more time than one alone is given.
         config = {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **extra}}
         build(tiny_models[task], task, name, store, config)
-    for name, (model, task, settings) in MODEL_ARCHIVES.items():
+    for name, (model, task, settings) in {**MODEL_ARCHIVES, **AOT_ARCHIVES}.items():
         build(
             tiny_models[model],
             task,
             name,
             store,
             {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **settings}},
+            precompile="aot" if name in AOT_ARCHIVES else None,
         )
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("task_torchserve"), store)
     torchserve.start()
-    names = [*TASK_ARCHIVES, *MODEL_ARCHIVES]
+    names = [*TASK_ARCHIVES, *MODEL_ARCHIVES, *AOT_ARCHIVES]
     try:
         # All at once: their workers' start-ups (interpreter, imports, model load) overlap.
         with ThreadPoolExecutor(len(names)) as pool:

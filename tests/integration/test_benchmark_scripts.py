@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ts_compiled_handlers.benchmarks import benchmark, benchmark_aot, loadtest
+from ts_compiled_handlers.benchmarks import benchmark, benchmark_aot, benchmark_sparse, loadtest
 from ts_compiled_handlers.scripts import plan_buckets
 
 pytestmark = pytest.mark.integration
@@ -35,6 +35,16 @@ def test_benchmark_aot_quick_times_every_bucket_of_the_three_contenders(tmp_path
         assert row["eager_ms"] > 0 and row["compiled_ms"] > 0 and row["aot_ms"] > 0
         assert row["aot_vs_eager"]["min_cosine"] > 0.9999
     assert result["recompiles_after_ready"] == 0 and result["built"]["package_megabytes"] > 0
+
+
+def test_benchmark_sparse_quick_serves_both_and_measures_a_full_call(tmp_path):
+    out = tmp_path / "benchmark_sparse.json"
+    benchmark_sparse.main(["--quick", "--runs", "1", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["dense_texts_per_s"] > 0 and result["sparse_texts_per_s"] > 0 and result["texts"] == 64
+    memory = result["memory"]
+    assert memory["shape"] == "4x64" and memory["slices"] >= 1
+    assert memory["sparse_sliced_mib"] >= 0 and memory["sparse_unsliced_eager_mib"] >= 0
 
 
 def test_loadtest_quick_answers_every_request_of_every_contender(tmp_path, compile_cache):

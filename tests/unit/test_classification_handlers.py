@@ -102,7 +102,7 @@ def test_the_cross_encoder_activation_is_the_one_cross_encoder_picks(tiny_models
 
     import torch
     from sentence_transformers import CrossEncoder
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoTokenizer
 
     folder = tmp_path / "model"
     CrossEncoder(str(tiny_models[model]), device="cpu").save(str(folder))  # its own layout, modules.json too
@@ -114,6 +114,9 @@ def test_the_cross_encoder_activation_is_the_one_cross_encoder_picks(tiny_models
     saved_file["activation_fn"] = saved
     (folder / "config_sentence_transformers.json").write_text(json.dumps(saved_file))
     task = ClassificationTask(parse({}))
-    task.read_settings(SimpleNamespace(model_dir=folder, model_config=AutoConfig.from_pretrained(folder)))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    task.read_settings(
+        SimpleNamespace(model_dir=folder, model_config=AutoConfig.from_pretrained(folder), tokenizer=tokenizer)
+    )
     logits = torch.tensor([[-2.0, 0.5, 3.0]])
     assert torch.allclose(task.rerank_scores(logits), CrossEncoder(str(folder), device="cpu").activation_fn(logits))

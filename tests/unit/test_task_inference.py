@@ -11,9 +11,11 @@ from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_tas
 
 
 def expected_task(name: str) -> str:
-    """A tiny model's task, from its name: `cross-encoder` reranks (a classifier), the others say it."""
-    if name == "cross-encoder":
+    """A tiny model's task, from its name: the rerankers' are their files', the others' names say it."""
+    if name in ("cross-encoder", "reranker-causal-chat"):  # the second saved by CrossEncoder (LogitScore)
         return "text-classification"
+    if name == "reranker-causal":  # a bare causal LM: never guessed to be a reranker (--task decides)
+        return "text-generation"
     return next(task for task in sorted(TASKS, key=len, reverse=True) if name.startswith(task))
 
 
@@ -36,7 +38,9 @@ def test_a_causal_lm_is_never_guessed_to_be_a_reranker(tmp_path):
 def test_files_that_say_a_cross_encoder_or_a_sparse_encoder_decide(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
     (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "SparseEncoder"}))
-    with pytest.raises(AmbiguousTask, match="sparse encoder"):
-        infer_task(tmp_path)
+    assert infer_task(tmp_path) == "sparse-embedding"
     (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "CrossEncoder"}))
+    assert infer_task(tmp_path) == "text-classification"
+    # a causal LM saved by CrossEncoder (its LogitScore module): the files say reranker
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
     assert infer_task(tmp_path) == "text-classification"
