@@ -23,7 +23,7 @@ CONTENT_TYPES = [
 ]
 # Each task's request parameters, with values a client could plausibly get wrong.
 PARAMS = {
-    "embedding": ["normalize"],
+    "embedding": ["normalize", "prompt_name"],
     "text-classification": ["top_k"],
     "token-classification": ["aggregation_strategy"],
     "text-generation": ["max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop", "stream"],
@@ -142,7 +142,7 @@ OPENAI_ROUTES = {
     "text-classification": ["v1/rerank", "rerank"],
     "token-classification": ["v1/embeddings"],
     "text-generation": ["v1/completions", "v1/chat/completions", "v1/models"],
-    "sparse-embedding": ["embed_sparse", "embed", "v1/embeddings"],
+    "sparse-embedding": ["embed_sparse", "tokenize"],
 }
 OPENAI_FIELDS = [
     "model", "input", "prompt", "messages", "encoding_format", "dimensions", "max_tokens", "temperature", "top_p",
@@ -161,7 +161,7 @@ def openai_body(rng: random.Random, route: str, name: str) -> dict:
     elif route == "v1/chat/completions":
         content = rng.choice(["hi", [{"type": "text", "text": "hi"}], [{"type": "image_url"}], None])
         body.update(messages=[{"role": rng.choice(["user", "developer", "tool"]), "content": content}], max_tokens=3)
-    elif route.startswith("embed"):
+    elif route.startswith("embed") or route == "tokenize":
         body["inputs"] = rng.choice(["hello world", ["a", "b"], [], [1], "", None])
     elif route.endswith("rerank"):
         body.update(query=rng.choice(["q", "", 1]), documents=rng.choice([["a", "b"], [], "a", ["", 2]]))

@@ -38,6 +38,8 @@ def body_object(value: Any, required: str) -> dict:
     if not isinstance(parameters, dict):
         raise RequestError(422, "'parameters' must be an object", "parameters")
     merged = {key: item for key, item in {**value, **parameters}.items() if key != "parameters" and item is not None}
+    if required not in merged:  # sent as null
+        raise RequestError(422, f"'{required}' must not be null", required)
     if isinstance(merged.get("truncation_direction"), str):
         merged["truncation_direction"] = merged["truncation_direction"].lower()
     return merged

@@ -72,7 +72,7 @@ class EmbeddingTask(Task):
         }
 
     def _prompt_param(self, value: Any, name: str) -> str:
-        if value not in self.prompts:
+        if not isinstance(value, str) or value not in self.prompts:  # a list or object is no name (nor hashable)
             names = ", ".join(sorted(self.prompts)) or "none (this model has no prompts)"
             raise RequestError(400, f"parameter '{name}' must name one of the model's prompts: {names}", name)
         return value

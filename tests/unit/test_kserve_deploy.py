@@ -58,6 +58,7 @@ def test_the_kubernetes_profile_differs_from_the_default_only_where_it_says_why(
         "model_store",
         "allowed_urls",
         "metrics_config",
+        "vmargs",  # the log4j2.xml beside metrics.yaml in the storage
     }
     assert profile["management_address"].startswith("http://127.0.0.1:")
     assert profile["grpc_inference_address"] == profile["grpc_management_address"] == "127.0.0.1"

@@ -30,7 +30,7 @@ def test_parameters_merge_into_the_body_with_nulls_dropped_and_teis_directions_r
     assert body_object(body, "inputs") == {"inputs": "a", "normalize": False, "truncation_direction": "left"}
     request = TeiEmbedProtocol().read(body, SPEC)
     assert request.texts == ["a"] and request.params == {"normalize": False, "truncation_direction": "left"}
-    for broken in ({"input": "a"}, {"inputs": "a", "parameters": [1]}, ["a"]):
+    for broken in ({"input": "a"}, {"inputs": "a", "parameters": [1]}, ["a"], {"inputs": None}):
         with pytest.raises(RequestError) as refused:
             TeiEmbedProtocol().read(broken, SPEC)
         assert refused.value.status == 422
