@@ -20,7 +20,7 @@ setup(
         f"{PACKAGE}.scripts": "scripts",
         f"{PACKAGE}.benchmarks": "benchmarks",
     },
-    package_data={PACKAGE: ["metrics.yaml", "config.properties"]},
+    package_data={PACKAGE: ["metrics.yaml", "config.properties", "log4j2.xml"]},
     entry_points={"console_scripts": [f"hfserve = {PACKAGE}.scripts.cli:main"]},
     python_requires=">=3.10",
     # The floors are the lowest releases whose tests all pass (scripts/check_floors.sh, the tries

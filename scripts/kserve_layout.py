@@ -6,6 +6,7 @@ writes
     runs/kserve/config/config.properties   deploy/kserve/config.properties (the Kubernetes profile)
                                            with model_snapshot listing the archives
     runs/kserve/config/metrics.yaml        the package's metrics.yaml (our gauges and counters)
+    runs/kserve/config/log4j2.xml          the package's log4j2.xml (the frontend's logging, no lines per request)
     runs/kserve/config/ready.py            deploy/kserve/ready.py (the readiness probe)
     runs/kserve/model-store/<name>.mar     the archives, packed compile cache and all
 to be copied to the volume (deploy/kserve/storage.yaml says how). Each model's name and version
@@ -62,6 +63,7 @@ def write_layout(
     (out / "model-store").mkdir(parents=True, exist_ok=True)
     (out / "config" / "config.properties").write_text(render(model_snapshot(entries), profile))
     shutil.copy2(package_files.PACKAGE / "metrics.yaml", out / "config" / "metrics.yaml")
+    shutil.copy2(package_files.PACKAGE / "log4j2.xml", out / "config" / "log4j2.xml")
     shutil.copy2(profile.parent / "ready.py", out / "config" / "ready.py")
     for mar in archives:
         shutil.copy2(mar, out / "model-store" / mar.name)

@@ -1,6 +1,6 @@
 """Start and stop TorchServe with our config.properties, and manage its models with its tokens.
 
-    hfserve init                       # ./config.properties, ./metrics.yaml, ./model_store/: ours, to edit
+    hfserve init                       # ./config.properties, ./metrics.yaml, ./log4j2.xml, ./model_store/: ours
     hfserve start                      # ports 8080-8082 (or --inference-port ...) at the config's hosts, ./model_store
     hfserve register minilm.mar --workers 1
     hfserve list                       # registered models
@@ -40,6 +40,8 @@ from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 
 TEMPLATE = package_files.PACKAGE / "config.properties"  # the secure defaults `hfserve init` writes
 METRICS = package_files.PACKAGE / "metrics.yaml"  # our metrics, declared for TorchServe
+LOG_CONFIG = package_files.PACKAGE / "log4j2.xml"  # the frontend's logging without lines per request
+LOG_OPTION = "-Dlog4j.configurationFile="
 
 DEFAULT_PORTS = {  # the repository's config.properties: TorchServe's usual ports
     "INFERENCE_PORT": 8080,
@@ -126,7 +128,19 @@ def render_config(model_store: Path, ports: dict[str, int], base: Path | None = 
         "allowed_urls": f"file://{store}/.*",
         "metrics_config": str((declared if declared.is_file() else METRICS).resolve()),
     }
+    vmargs = read_setting(base.read_text(), "vmargs")
+    if vmargs:
+        settings["vmargs"] = " ".join(absolute_log_config(word, base.parent) for word in vmargs.split())
     return with_settings(base.read_text(), settings)
+
+
+def absolute_log_config(word: str, folder: Path) -> str:
+    """A JVM option as a server run from another folder needs it: a log configuration named
+    relative to the config's folder made absolute (the package's where that file is missing)."""
+    if not word.startswith(LOG_OPTION) or word[len(LOG_OPTION) :].startswith(("/", "file:")):
+        return word
+    named = folder / word[len(LOG_OPTION) :]
+    return LOG_OPTION + str((named if named.is_file() else LOG_CONFIG).resolve())
 
 
 def read_setting(text: str, key: str) -> str | None:
@@ -136,10 +150,10 @@ def read_setting(text: str, key: str) -> str | None:
 
 
 def init(folder: Path, force: bool = False, bind: str = "127.0.0.1", store: str = "model_store") -> list[Path]:
-    """Our secure config.properties and metrics.yaml in `folder`, and an empty model store there:
+    """Our secure config.properties, metrics.yaml and log4j2.xml in `folder`, and an empty model store there:
     what a plain `torchserve --start --ts-config config.properties` run there reads. `bind` moves
     the inference and metrics APIs (a container's published ports); management stays on loopback."""
-    written = [folder / "config.properties", folder / "metrics.yaml"]
+    written = [folder / "config.properties", folder / "metrics.yaml", folder / "log4j2.xml"]
     existing = [str(path) for path in written if path.exists()]
     if existing and not force:
         raise UserError(f"{', '.join(existing)} exists; pass --force to overwrite")
@@ -157,6 +171,7 @@ def init(folder: Path, force: bool = False, bind: str = "127.0.0.1", store: str 
     (folder / store).mkdir(parents=True, exist_ok=True)
     written[0].write_text(with_settings(text, settings))
     written[1].write_text(METRICS.read_text())
+    written[2].write_text(LOG_CONFIG.read_text())
     return [*written, folder / store]
 
 
@@ -372,7 +387,9 @@ def parse_args(argv):
     for key, port in DEFAULT_PORTS.items():
         start.add_argument(f"--{key.lower().replace('_', '-')}", type=int, default=port, help="loopback port")
     command("stop", "stop the server of --workdir")
-    init_command = command("init", "write config.properties, metrics.yaml and model_store/ into a folder, to edit")
+    init_command = command(
+        "init", "write config.properties, metrics.yaml, log4j2.xml and model_store/ into a folder, to edit"
+    )
     init_command.add_argument("folder", nargs="?", type=Path, default=Path("."), help="where they go")
     init_command.add_argument("--force", action="store_true", help="overwrite config.properties and metrics.yaml")
     init_command.add_argument("--bind", default="127.0.0.1", help="the inference and metrics APIs' address")

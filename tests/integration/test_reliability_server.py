@@ -264,6 +264,27 @@ def test_request_text_is_never_logged_nor_echoed_back(server):
 
 
 # -- observability ---------------------------------------------------------------------------
+def test_the_logs_keep_every_file_but_no_lines_per_request(server):
+    """The package's log4j2.xml (config.properties' vmargs): requests leave one access-log line
+    each, and nothing in ts_log.log or model_log.log; the ready lines and start-up stay."""
+    before = {name: log_text(server, name) for name in ("ts_log.log", "model_log.log")}
+    served = len(re.findall("/predictions/guarded", log_text(server, "access_log.log")))
+    for _ in range(5):
+        assert server.predict("guarded", {"inputs": ["a cat", "a dog"]}).status_code == 200
+    wait_for(
+        lambda: len(re.findall("/predictions/guarded", log_text(server, "access_log.log"))) >= served + 5,
+        30,
+        "the access log's lines for the requests",
+    )
+    assert "-Dlog4j.configurationFile=" in (server.workdir / "config.properties").read_text()
+    ts_log, model_log = log_text(server, "ts_log.log"), log_text(server, "model_log.log")
+    for per_request in ("Backend response time", "Looping backend response", "pattern=[METRICS]", "Flushing req"):
+        assert per_request not in ts_log, per_request
+    assert "Backend received inference at" not in model_log
+    assert ts_log.startswith(before["ts_log.log"]) and len(ts_log) == len(before["ts_log.log"])
+    assert "Ready in" in model_log and "Worker loaded the model successfully" in ts_log
+
+
 def metric(text: str, name: str, **labels) -> float:
     """Sum of the samples of `name` whose labels include `labels`."""
     total = 0.0

@@ -153,6 +153,7 @@ def test_init_writes_the_secure_config_metrics_and_a_model_store_and_keeps_edits
     config = (tmp_path / "config.properties").read_text()
     assert "disable_token_authorization=false" in config and "0.0.0.0" not in config
     assert "metrics_config=metrics.yaml" in config and (tmp_path / "metrics.yaml").is_file()
+    assert "vmargs=-Dlog4j.configurationFile=log4j2.xml" in config and (tmp_path / "log4j2.xml").is_file()
     assert (tmp_path / "model_store").is_dir()
     (tmp_path / "config.properties").write_text(config + "job_queue_size=7\n")
     assert_one_line_error(hfserve("init", cwd=tmp_path), "pass --force to overwrite")
@@ -166,16 +167,18 @@ def test_the_repository_config_is_what_init_writes_but_for_where_the_metrics_fil
     written = (tmp_path / "config.properties").read_text()
     assert (root / "config.properties").read_text() == written.replace(
         "metrics_config=metrics.yaml", "metrics_config=handlers/metrics.yaml"
-    )
+    ).replace("configurationFile=log4j2.xml", "configurationFile=handlers/log4j2.xml")
 
 
 @pytest.mark.heavy  # starts a process
 def test_start_runs_a_copy_of_the_folder_config_with_its_metrics_file_else_the_package_ones(tmp_path):
-    from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, METRICS, TEMPLATE, render_config
+    from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, LOG_CONFIG, METRICS, TEMPLATE, render_config
 
     assert hfserve("init", cwd=tmp_path).returncode == 0
     rendered = render_config(tmp_path / "model_store", DEFAULT_PORTS, tmp_path / "config.properties")
     assert f"metrics_config={tmp_path / 'metrics.yaml'}" in rendered
+    assert f"vmargs=-Dlog4j.configurationFile={tmp_path / 'log4j2.xml'}" in rendered  # TorchServe runs elsewhere
+    assert f"vmargs=-Dlog4j.configurationFile={LOG_CONFIG}" in render_config(tmp_path / "store", DEFAULT_PORTS)
     assert f"model_store={tmp_path / 'model_store'}" in rendered
     (tmp_path / "metrics.yaml").unlink()
     rendered = render_config(tmp_path / "model_store", DEFAULT_PORTS, tmp_path / "config.properties")

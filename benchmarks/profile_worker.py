@@ -1,0 +1,192 @@
+"""Where a served request's CPU goes, by component: one worker through a real TorchServe, sampled.
+
+One archive (MiniLM; `--async`: the token scheduler) on one server, driven by 16 then 32
+closed-loop clients on the load test's long-tailed traffic. During each load py-spy samples the
+worker's Python threads (idle ones left out) and /proc counts the CPU of the frontend and the
+worker. Each sample is put in the first component, in COMPONENTS' order, that a frame of its stack
+belongs to; a component's CPU per request is its samples over the sampling rate, over the requests
+answered. The model's share is the rest of the worker's CPU: its intra-op threads are native
+threads, which py-spy does not see, and the Python thread waiting on them is counted as the model.
+
+    python benchmarks/profile_worker.py                  # MiniLM, request batches, 30 s per load
+    python benchmarks/profile_worker.py --async          # MiniLM, the token scheduler
+    python benchmarks/profile_worker.py --torchserve-logging   # the frontend logging as TorchServe ships it
+    python benchmarks/profile_worker.py --quick          # tiny model, 3 s per load (a smoke run)
+
+Needs py-spy (`pip install py-spy`) and the right to trace the worker (root, or ptrace_scope 0).
+Prints a table and writes runs/profile_worker.json.
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from ts_compiled_handlers.benchmarks import cpu, loadtest, measure
+from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
+from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
+from ts_compiled_handlers.scripts.serve import TEMPLATE, TorchServe
+
+# Which component a frame of ours or TorchServe's belongs to, first match wins. A sample goes to
+# the frame nearest its leaf that one of these names (library frames below it, json or torch, are
+# that frame's work), except that time in the logging module is logging's unless a metric is
+# being written (TorchServe's metrics are log lines).
+COMPONENTS = (
+    # the compiled graph's own frames first: they run under packing.py's PackedModel.forward
+    (
+        "model call",
+        (
+            "torch/_inductor/",
+            "torch/_dynamo/",
+            "torch/nn/modules/",
+            "model_runner.py",
+            "compiling.py",
+            "aot_package.py",
+        ),
+    ),
+    ("metrics", ("ts_metrics.py", "ts/metrics/", "ts_compiled_handlers/metrics.py", "length_stats.py")),
+    ("tokenization", ("tokenizing.py",)),
+    ("layout and inputs", ("layout.py", "packing.py", "buckets.py", "engine.py")),
+    ("answers", ("/tasks/", "labels.py", "entities.py", "pooling.py", "Protocol.encode (", "ranked (")),
+    ("JSON", ("as_json (",)),
+    ("body decoding", ("payload.py", "/protocols/", "Worker.accept (")),
+    ("TorchServe messages", ("ts/protocol/", "ts/model_service_worker.py", "ts/service.py", "ts/async_service.py")),
+    ("other (ours)", ("ts_compiled_handlers/",)),  # the loops, the worker's bookkeeping
+)
+LOGGING = "logging"
+OTHER = "other (Python, no frame of ours or TorchServe's)"
+
+
+def component_of(stack: str) -> str:
+    """The component of one sampled stack (py-spy's raw format: frames root first, `;` apart)."""
+    logged = False
+    for frame in reversed(stack.split(";")):
+        logged = logged or "logging/" in frame
+        for name, marks in COMPONENTS:
+            if any(mark in frame for mark in marks):
+                return LOGGING if logged and name != "metrics" else name
+    return LOGGING if logged else OTHER
+
+
+def read_samples(raw: str) -> Counter:
+    """Samples per component from py-spy's raw output (`stack count` per line)."""
+    found = Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            found[component_of(stack)] += int(count)
+    return found
+
+
+def py_spy() -> str | None:
+    """py-spy beside this Python (a venv's), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else shutil.which("py-spy")
+
+
+def sampled_load(
+    server: TorchServe, name: str, texts: list, clients: int, seconds: float, rate: int, raw: Path
+) -> dict:
+    """One load: requests/s, and CPU ms per request of the frontend, the worker, and each component
+    (py-spy's samples kept in `raw`)."""
+    pid = server.worker_pids(name)[0]
+    meter = cpu.CpuMeter({"frontend": server.frontend_pid(), "worker": pid})
+    command = [py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", str(raw)]
+    spy = subprocess.Popen([*command, "--duration", str(int(seconds)), "--nonblocking"], stdout=subprocess.DEVNULL)
+    summary = loadtest.summarize_outcomes(loadtest.drive(server, name, texts, clients, seconds))
+    spy.wait(timeout=seconds + 60)
+    spent = meter.spent()
+    samples = read_samples(raw.read_text())
+    answered = max(summary["ok"], 1)
+    per_request = {part: 1000 * spent[part] / answered for part in ("frontend", "worker", "clients")}
+    parts = {component: 1000 * count / rate / answered for component, count in samples.items()}
+    parts["model call"] = per_request["worker"] - sum(value for key, value in parts.items() if key != "model call")
+    return {
+        "clients": clients,
+        "requests_per_second": summary["requests_per_second"],
+        "ok": summary["ok"],
+        "errors": summary["errors"] + summary["lost"],
+        "cpu_ms_per_request": per_request,
+        "worker_ms_per_request": dict(sorted(parts.items(), key=lambda item: -item[1])),
+    }
+
+
+def raw_path(out: Path, clients: int) -> Path:
+    """Where a load's py-spy samples are kept, beside the JSON (runs/profile_worker.16.raw.txt)."""
+    return out.with_name(f"{out.stem}.{clients}.raw.txt")
+
+
+def print_table(result: dict) -> None:
+    print(f"{result['machine']}, {result['contender']}, logging: {result['logging']}")
+    loads = result["loads"]
+    print(f"{'CPU ms per request':30}" + "".join(f"{load['clients']:>10} cl" for load in loads))
+    print(f"{'requests/s':30}" + "".join(f"{load['requests_per_second']:>13.1f}" for load in loads))
+    print(f"{'frontend':30}" + "".join(f"{load['cpu_ms_per_request']['frontend']:>13.2f}" for load in loads))
+    print(f"{'worker':30}" + "".join(f"{load['cpu_ms_per_request']['worker']:>13.2f}" for load in loads))
+    names = [name for name, _ in COMPONENTS] + [LOGGING, OTHER]
+    for name in names:
+        print(f"{'  ' + name:30}" + "".join(f"{load['worker_ms_per_request'].get(name, 0.0):>13.2f}" for load in loads))
+    non_model = [sum(v for k, v in load["worker_ms_per_request"].items() if k != "model call") for load in loads]
+    print(f"{'  (not the model)':30}" + "".join(f"{value:>13.2f}" for value in non_model))
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--model", type=Path, help="HF model folder (default: the embedded MiniLM)")
+    parser.add_argument("--async", dest="scheduled", action="store_true", help="the token scheduler")
+    parser.add_argument("--loads", type=int, nargs="+", default=[16, 32], help="clients of each load")
+    parser.add_argument("--duration", type=float, default=30, help="seconds per load")
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 3 s per load")
+    parser.add_argument(
+        "--torchserve-logging", action="store_true", help="TorchServe's own log4j2 configuration, not ours (a baseline)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("runs") / "profile_worker.json")
+    args = parser.parse_args(argv)
+    if py_spy() is None:
+        raise UserError("py-spy is not installed beside this Python or on PATH: pip install py-spy")
+    duration = 3 if args.quick else args.duration
+    contender = "scheduled" if args.scheduled else "batches"
+    with tempfile.TemporaryDirectory() as temp:
+        temp = Path(temp)
+        model_dir = args.model or loadtest.default_model(args.quick, temp)
+        config = {"asyncCommunication": True} if args.scheduled else {}
+        build_mar.build(model_dir, "embedding", contender, temp / "store", config)
+        from transformers import AutoTokenizer
+
+        lengths = traffic_lengths(5000, 0, high=256)
+        texts = list(zip(texts_of_lengths(AutoTokenizer.from_pretrained(model_dir), lengths, 0), lengths, strict=True))
+        server = TorchServe.on_free_ports(temp / "server", temp / "store")
+        base = None
+        if args.torchserve_logging:  # our config without the vmargs line that names our log4j2.xml
+            base = temp / "config.properties"
+            lines = TEMPLATE.read_text().splitlines()
+            base.write_text("\n".join(line for line in lines if not line.startswith("vmargs=")) + "\n")
+        server.start(base_config=base)
+        try:
+            server.register(f"{contender}.mar", workers=1)
+            loadtest.drive(server, contender, texts, max(args.loads), min(duration, 5))  # warm the sockets
+            time.sleep(1)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            loads = [
+                sampled_load(server, contender, texts, clients, duration, args.rate, raw_path(args.out, clients))
+                for clients in args.loads
+            ]
+        finally:
+            server.stop()
+    logging = "TorchServe's log4j2.xml" if args.torchserve_logging else "ours"
+    result = {"machine": measure.machine_summary(), "contender": contender, "logging": logging, "loads": loads}
+    print_table(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
