@@ -13,13 +13,19 @@ built with `--precompile aot`: the worker serves the AOT package), `ours-float32
 (ours with compilation and packing off, each batch padded to its longest text:
 benchmarks/longest_handler.py, float32 and the dtype auto picks) and `stock` (TorchServe's
 generalized transformers handler: every request padded to max_length, pt2 compile, no warm-up:
-benchmarks/stock_handler.py).
+benchmarks/stock_handler.py). Optional, never by default: Infinity's torch engine,
+`infinity-float32`, `infinity-bfloat16` and their `-compile` twins (its `--compile`), each started
+from the same model folder in a venv of its own (benchmarks/infinity_server.py, installed into
+runs/infinity-venv the first time) and sent the same texts; the run checks ours-auto against the
+best of them.
 
     hfserve loadtest                  # MiniLM, all contenders, 16 clients x 60 s each
     hfserve loadtest --quick          # CI smoke: tiny random model, 4 clients x 3 s each
     hfserve loadtest --contenders ours-auto --workers 1 2 --rounds 3   # 1 vs 2 workers, alternating
     hfserve loadtest --contenders ours-auto ours-aot --rounds 3      # AOT package vs torch.compile
     hfserve loadtest --contenders ours-float32 groups-float32 eager-longest --rounds 3   # packing
+    hfserve loadtest --contenders ours-auto infinity-float32 infinity-float32-compile infinity-bfloat16 \
+                     infinity-bfloat16-compile --rounds 3   # against Infinity, median of 3 interleaved runs
 
 Prints a table, writes runs/loadtest.json, runs/loadtest_latency.png, runs/loadtest_throughput.png
 and keeps the server logs in runs/loadtest_logs/ (plan_buckets.py --log reads them).
@@ -42,6 +48,7 @@ import torch
 import yaml
 
 from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.infinity_server import CONTENDERS as INFINITY
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
 from ts_compiled_handlers.process_settings import INDUCTOR_CACHE_ENV
 from ts_compiled_handlers.scripts import build_mar
@@ -69,6 +76,7 @@ TARGETS = [  # (contender, baseline, least ratio of median steady throughput ove
     ("ours-float32", "eager-longest", 1.6),
 ]
 PACKED = ("ours-auto", "ours-aot", "ours-float32")
+INFINITY_TARGET = 1.3  # ours-auto over Infinity's best configuration on the same machine and traffic
 MAX_PADDED_RATIO = 1.15  # computed tokens over real ones, packed contenders
 
 
@@ -97,6 +105,8 @@ def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, m
         "eager-longest-auto": build_mar.merge(longest, {"handler": {"dtype": "auto"}}),
     }
     for name in names:
+        if name.startswith("infinity-"):  # served by Infinity itself, from the model folder
+            continue
         if name == "stock":
             build_stock(model_dir, store, max_length)
         else:
@@ -126,10 +136,15 @@ def build_stock(model_dir: Path, store: Path, max_length: int) -> None:
 
 def drive(server: TorchServe, name: str, texts: list[tuple[str, int]], clients: int, duration: float) -> list:
     """`clients` closed-loop clients sending the next text of the stream until `duration` is up."""
-    stream = itertools.cycle(texts)
-    lock = threading.Lock()
     url = f"{server.inference_url}/predictions/{name}"
     headers = {**server.headers("inference"), "Content-Type": "text/plain; charset=utf-8"}
+    return drive_url(url, headers, str.encode, texts, clients, duration)
+
+
+def drive_url(url: str, headers: dict, body, texts: list[tuple[str, int]], clients: int, duration: float) -> list:
+    """`drive` against any server: each text sent as `body(text)` to `url`."""
+    stream = itertools.cycle(texts)
+    lock = threading.Lock()
     deadline = time.perf_counter() + duration
 
     def client() -> list[Outcome]:
@@ -140,7 +155,7 @@ def drive(server: TorchServe, name: str, texts: list[tuple[str, int]], clients: 
                     text, tokens = next(stream)
                 began = time.perf_counter()
                 try:
-                    status = session.post(url, data=text.encode(), headers=headers, timeout=300).status_code
+                    status = session.post(url, data=body(text), headers=headers, timeout=300).status_code
                 except requests.RequestException:
                     status = None
                 outcomes.append(Outcome(began, time.perf_counter() - began, status, tokens))
@@ -159,6 +174,8 @@ def gauge(metrics_text: str, name: str, model: str) -> float | None:
 
 def run_contender(server: TorchServe, name: str, texts, probe: list[str], args, workers: int = 1, label=None) -> dict:
     """Register with `workers` workers, time the first answer, drive the traffic, read the metrics, unregister."""
+    if name.startswith("infinity-"):
+        return run_infinity(name, texts, probe, args, label)
     began = time.perf_counter()
     server.register(f"{name}.mar", batch_size=args.batch_size, max_batch_delay=args.max_batch_delay, workers=workers)
     registered = time.perf_counter() - began
@@ -176,6 +193,35 @@ def run_contender(server: TorchServe, name: str, texts, probe: list[str], args, 
         "first_answer_seconds": first_answer if first.ok else None,
         "recompiles_after_ready": gauge(metrics, "RecompilesAfterReady", name),
         "padded_token_ratio": gauge(metrics, "PaddedTokenRatio", name),
+        **summarize_outcomes(outcomes),
+        "probe_answers": answers,
+    }
+
+
+def run_infinity(name: str, texts, probe: list[str], args, label=None) -> dict:
+    """Infinity in `name`'s configuration: started (its start timed to the first answer), driven, stopped."""
+    from ts_compiled_handlers.benchmarks.infinity_server import InfinityServer
+    from ts_compiled_handlers.scripts.serve import free_ports
+
+    began = time.perf_counter()
+    server = InfinityServer(name, args.model_dir, free_ports(1)[0], args.out.parent / f"{args.out.stem}_logs")
+    server.start()
+    first_answer = time.perf_counter() - began
+    try:
+        headers = {"Content-Type": "application/json"}
+        outcomes = drive_url(f"{server.url}/embeddings", headers, lambda text: server.body([text]), texts,
+                             args.clients, args.duration)  # fmt: skip
+        answers = [server.embedding(text) for text in probe]
+    finally:
+        server.stop()
+    return {
+        "contender": label or name,
+        "archive": name,
+        "workers": 1,
+        "register_seconds": None,
+        "first_answer_seconds": first_answer,
+        "recompiles_after_ready": None,
+        "padded_token_ratio": None,
         **summarize_outcomes(outcomes),
         "probe_answers": answers,
     }
@@ -239,9 +285,21 @@ def ratios(rows: list[dict]) -> list[dict]:
             met = padded is not None and padded <= MAX_PADDED_RATIO
             name = f"{row['contender']} padded tokens / real"
             checks.append({"check": name, "value": padded, "target": f"<= {MAX_PADDED_RATIO}", "met": met})
+    checks += infinity_checks(medians)
     lost = sum(row["lost"] for row in rows)
     checks.append({"check": "lost requests, all contenders", "value": lost, "target": "0", "met": lost == 0})
     return checks + worker_checks(rows)
+
+
+def infinity_checks(medians: dict[tuple[str, int], float]) -> list[dict]:
+    """Ours against Infinity's best configuration of the run, median steady req/s over the rounds."""
+    infinity = {archive: median for (archive, workers), median in medians.items() if archive.startswith("infinity-")}
+    if not infinity or ("ours-auto", 1) not in medians:
+        return []
+    best = max(infinity, key=infinity.get)
+    ratio = medians[("ours-auto", 1)] / infinity[best]
+    name = f"ours-auto / {best} (Infinity's best) steady req/s"
+    return [{"check": name, "value": ratio, "target": f">= {INFINITY_TARGET}", "met": ratio >= INFINITY_TARGET}]
 
 
 def median_throughputs(rows: list[dict]) -> dict[tuple[str, int], float]:
@@ -321,7 +379,13 @@ def plot(rows: list[dict], stem: Path) -> None:
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", type=Path, help="HF model folder (default: the embedded MiniLM)")
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), help="who serves")
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        choices=CONTENDERS + INFINITY,
+        default=list(CONTENDERS),
+        help="who serves; the infinity-* ones install Infinity into runs/infinity-venv the first time",
+    )
     parser.add_argument("--clients", type=int, default=16, help=f"concurrent clients (at most {MAX_CLIENTS})")
     parser.add_argument("--duration", type=float, default=60, help=f"seconds per contender (at most {MAX_DURATION})")
     parser.add_argument(
@@ -349,7 +413,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as temp:
         temp = Path(temp)
-        model_dir = args.model or default_model(args.quick, temp)
+        model_dir = args.model_dir = args.model or default_model(args.quick, temp)
         grid = {"seq_lens": [16, 64], "batch_sizes": [1, 8], "histogram_every": 100} if args.quick else {}
         grid["seq_lens"] = [n for n in grid.get("seq_lens", [16, 32, 64, 128, 256]) if n < args.max_length]
         grid["seq_lens"].append(args.max_length)

@@ -62,3 +62,27 @@ def test_more_workers_are_checked_by_their_median_over_rounds_against_one():
     assert check["check"] == "ours-auto 2 workers / 1, median steady req/s"
     assert check["value"] == 48 / 50 and check["met"]
     assert worker_checks(rows[:1]) == []
+
+
+def test_ours_is_checked_against_infinity_s_best_configuration_of_the_run():
+    from ts_compiled_handlers.benchmarks.loadtest import infinity_checks
+
+    medians = {("ours-auto", 1): 130.0, ("infinity-float32", 1): 80.0, ("infinity-bfloat16-compile", 1): 100.0}
+    (check,) = infinity_checks(medians)
+    assert "infinity-bfloat16-compile" in check["check"] and check["value"] == pytest.approx(1.3) and check["met"]
+    assert infinity_checks({("ours-auto", 1): 130.0}) == []
+
+
+def test_an_infinity_contender_is_its_torch_engine_at_its_dtype_with_or_without_compile(tmp_path):
+    from ts_compiled_handlers.benchmarks.infinity_server import InfinityServer
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "infinity_emb").write_text("")  # an installed venv: nothing is installed
+    server = InfinityServer("infinity-bfloat16-compile", tmp_path / "model", 7997, tmp_path, venv)
+    command = server.command()
+    assert command[:2] == [str(venv / "bin" / "infinity_emb"), "v2"]
+    assert command[command.index("--dtype") + 1] == "bfloat16" and "--compile" in command
+    assert command[command.index("--engine") + 1] == "torch" and command[command.index("--host") + 1] == "127.0.0.1"
+    plain = InfinityServer("infinity-float32", tmp_path / "model", 7997, tmp_path, venv).command()
+    assert plain[plain.index("--dtype") + 1] == "float32" and "--no-compile" in plain
