@@ -54,7 +54,7 @@ class TextTokenizer:
 
     def __init__(self, tokenizer, limit: int, reject: bool, special_tokens: bool = True, truncates: bool = True):
         self.limit = limit
-        self.reject = reject or not truncates
+        self.reject = reject
         self.truncates = truncates
         self.special_tokens = special_tokens
         self.by_side = {tokenizer.truncation_side: tokenizer}
@@ -97,7 +97,7 @@ class TextTokenizer:
 
     def _rejects(self, truncate: bool | None) -> bool:
         """Whether an over-long text is refused: the request's `truncate` where given, else the build's."""
-        return self.reject if truncate is None or not self.truncates else not truncate
+        return not self.truncates or (self.reject if truncate is None else not truncate)
 
     def _check_lengths(self, token_ids: list[list[int]]) -> None:
         for position, ids in enumerate(token_ids):

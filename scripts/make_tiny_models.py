@@ -32,6 +32,10 @@ SIZES = {
 }
 
 
+# The Qwen3-shaped models' (the decoder embedder, the LLM rerankers) tiny shape.
+QWEN3_SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
 def _bert_tokenizer(folder: Path):
     from transformers import BertTokenizerFast
 
@@ -157,7 +161,6 @@ def make_causal_reranker(folder: Path, chat: bool = False) -> Path:
     if chat:
         tokenizer.chat_template = RERANK_CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
-    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         head_dim=8,
@@ -167,7 +170,7 @@ def make_causal_reranker(folder: Path, chat: bool = False) -> Path:
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **sizes,
+        **QWEN3_SIZES,
     )
     torch.manual_seed(0)
     _save(Qwen3ForCausalLM(config), folder)
@@ -206,9 +209,8 @@ def make_decoder_embedding(folder: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=special[0], pad_token=special[1], padding_side="left"
     )
-    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
     config = Qwen3Config(
-        vocab_size=len(tokenizer), head_dim=8, intermediate_size=64, max_position_embeddings=1024, **sizes
+        vocab_size=len(tokenizer), head_dim=8, intermediate_size=64, max_position_embeddings=1024, **QWEN3_SIZES
     )
     transformer_dir = folder / "transformer"
     tokenizer.save_pretrained(transformer_dir)

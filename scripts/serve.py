@@ -391,7 +391,7 @@ def parse_args(argv):
         "init", "write config.properties, metrics.yaml, log4j2.xml and model_store/ into a folder, to edit"
     )
     init_command.add_argument("folder", nargs="?", type=Path, default=Path("."), help="where they go")
-    init_command.add_argument("--force", action="store_true", help="overwrite config.properties and metrics.yaml")
+    init_command.add_argument("--force", action="store_true", help="overwrite the files it writes")
     init_command.add_argument("--bind", default="127.0.0.1", help="the inference and metrics APIs' address")
     init_command.add_argument("--model-store", dest="store", default="model_store", help="the model store's folder")
     register = command("register", "register an archive of the model store; returns when its workers are warm")
