@@ -31,6 +31,8 @@ setup(
         "torchserve>=0.12",
         "torch-model-archiver>=0.12",
         "transformers>=5.22",
+        "numpy",  # the request path's index arithmetic (handlers/layout.py)
+        "orjson",  # answers encoded as JSON (handlers/json_text.py; the standard library where it is missing)
         "packaging",
         "safetensors",
         "pyyaml",

@@ -9,6 +9,9 @@ server (loopback, token auth, 1 worker each) and driven in turn, never at once:
 - saturated: `--saturate` (32) clients on the same traffic: real tokens served per second, against
   the same engine on the same texts in this process (the archive's settings, calls of the
   scheduler's token budget, the model calls alone timed).
+The lone query is also sent to TorchServe's floor, a handler that does nothing
+(benchmarks/floor_handler.py, same batchSize and maxBatchDelay), and timed in this process through
+the engine (a 1x16 call): a served lone query should cost at most the floor, the model and 3 ms.
 Every answer must be a 200; RecompilesAfterReady must stay 0. Each run also reports the CPU that
 the frontend, the worker and the clients spent per request (read from /proc), and from it the
 ceilings: what a scheduled worker costing only its model's in-process CPU could serve on these
@@ -23,6 +26,7 @@ Prints a table and writes runs/benchmark_scheduler.json.
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +48,10 @@ TARGETS = {  # check: (least or most, bound)
     "long-tailed req/s scheduled / batches": (">=", 1.25),
     "long-tailed p99 / p50, scheduled": ("<=", 2.5),
     "saturated tokens/s served / in process, scheduled": (">=", 0.8),
+    "saturated tokens/s served / in process, batches": (">=", 0.75),
 }
+LONE_MARGIN_MS = 3.0  # a served lone query: at most the floor's p50 + the model's in-process time + this
+FLOOR = "floor"
 
 
 def scenario(server: TorchServe, name: str, texts: list, clients: int, duration: float) -> dict:
@@ -60,8 +67,10 @@ def scenario(server: TorchServe, name: str, texts: list, clients: int, duration:
 
 
 def served(server: TorchServe, lone: list, texts: list, args) -> dict:
-    """Each scenario, the contenders in turn within it; each contender's recompiles at the end."""
+    """Each scenario, the contenders in turn within it (the floor after them in the lone one); each
+    contender's recompiles at the end."""
     runs = {name: {} for name in CONTENDERS}
+    runs[FLOOR] = {"lone": scenario(server, FLOOR, lone, 1, args.duration)}
     for label, stream, clients in (
         ("lone", lone, 1),
         ("long-tailed", texts, args.clients),
@@ -79,7 +88,8 @@ def served(server: TorchServe, lone: list, texts: list, args) -> dict:
 def in_process(model_dir: Path, config: dict, texts: list, seconds: float, caps: list[int]) -> dict:
     """The scheduled archive's engine over the same texts in this process, the model calls alone timed:
     in calls of its token budget (the target's measure), then also of at most `cap` requests each
-    (the most a call can hold with `cap` closed-loop clients), for about `seconds` each."""
+    (the most a call can hold with `cap` closed-loop clients), for about `seconds` each; and the
+    lone query's call (its median)."""
     import torch
 
     from ts_compiled_handlers.embedding import EmbeddingHandler
@@ -88,6 +98,10 @@ def in_process(model_dir: Path, config: dict, texts: list, seconds: float, caps:
     budget = handler.engine.plan.full_call_tokens
     token_ids = [handler.tokenize([text]).token_ids[0] for text, _ in texts]
     found = {"call_tokens": budget, "threads": torch.get_num_threads()}
+    lone = handler.tokenize([LONE_QUERY]).token_ids
+    found["lone_call_ms"] = 1000 * statistics.median(
+        measure.time_calls(lambda: handler.engine.run(lone), 20, 300, handler.engine.device)
+    )
     found["tokens_per_second"] = engine_tokens_per_second(handler.engine, calls_of(token_ids, budget), seconds)
     for cap in caps:
         calls = calls_of(token_ids, budget, cap)
@@ -150,20 +164,34 @@ def checks(runs: dict, in_process: dict) -> list[dict]:
         / scheduled["long-tailed"]["latency"]["p50"],
         "saturated tokens/s served / in process, scheduled": scheduled["saturated"]["tokens_per_second"]
         / in_process["tokens_per_second"],
+        "saturated tokens/s served / in process, batches": batches["saturated"]["tokens_per_second"]
+        / in_process["tokens_per_second"],
     }
-    found = []
+    found = lone_checks(runs, in_process)
     for name, value in values.items():
         sense, bound = TARGETS[name]
         met = value <= bound if sense == "<=" else value >= bound
         found.append({"check": name, "value": value, "target": f"{sense} {bound}", "met": met})
     lost = sum(
-        run[label]["lost"] + run[label]["errors"]
-        for run in runs.values()
+        runs[name][label]["lost"] + runs[name][label]["errors"]
+        for name in CONTENDERS
         for label in ("lone", "long-tailed", "saturated")
     )
     found.append({"check": "requests without a 200, all runs", "value": lost, "target": "0", "met": lost == 0})
-    recompiles = [run["recompiles_after_ready"] for run in runs.values()]
+    recompiles = [runs[name]["recompiles_after_ready"] for name in CONTENDERS]
     found.append({"check": "recompiles after ready", "value": recompiles, "target": "0", "met": recompiles == [0, 0]})
+    return found
+
+
+def lone_checks(runs: dict, in_process: dict) -> list[dict]:
+    """Each contender's lone query p50 against the floor's p50 + the model's in-process call + the margin."""
+    floor_ms = 1000 * runs[FLOOR]["lone"]["latency"]["p50"]
+    bound = floor_ms + in_process["lone_call_ms"] + LONE_MARGIN_MS
+    target = f"<= {bound:.1f} (floor {floor_ms:.1f} + model {in_process['lone_call_ms']:.1f} + {LONE_MARGIN_MS:g})"
+    found = []
+    for name in CONTENDERS:
+        value = 1000 * runs[name]["lone"]["latency"]["p50"]
+        found.append({"check": f"lone p50 ms, {name}", "value": value, "target": target, "met": value <= bound})
     return found
 
 
@@ -174,7 +202,7 @@ def print_report(runs: dict, in_process: dict, found: list[dict], bounds: dict, 
         f" | CPU ms per request: {'frontend':>8} {'worker':>7} {'clients':>7} | {'cores':>5}"
     )
     for name, run in runs.items():
-        for label in ("lone", "long-tailed", "saturated"):
+        for label in [label for label in ("lone", "long-tailed", "saturated") if label in run]:
             row, latency, spent = run[label], run[label]["latency"], run[label]["cpu_ms_per_request"]
             print(
                 f"{name:<10} {label:<12} {row['requests_per_second']:7.1f} {row['tokens_per_second']:9.0f} "
@@ -221,6 +249,8 @@ def main(argv=None) -> dict:
             CONTENDERS["scheduled"] = {**CONTENDERS["scheduled"], "handler": {"threads": args.threads}}
         for name, config in CONTENDERS.items():
             build_mar.build(model_dir, "embedding", name, temp / "store", config)
+        floor = Path(__file__).parent / "floor_handler.py"
+        build_mar.build(model_dir, "embedding", FLOOR, temp / "store", {}, handler_file=floor)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -230,7 +260,7 @@ def main(argv=None) -> dict:
         server = TorchServe.on_free_ports(temp / "server", temp / "store")
         server.start()
         try:
-            for name in CONTENDERS:
+            for name in [*CONTENDERS, FLOOR]:
                 server.register(f"{name}.mar", workers=1)
             runs = served(server, lone, texts, args)
         finally:

@@ -7,10 +7,14 @@ worker. Each sample is put in the first component, in COMPONENTS' order, that a 
 belongs to; a component's CPU per request is its samples over the sampling rate, over the requests
 answered. The model's share is the rest of the worker's CPU: its intra-op threads are native
 threads, which py-spy does not see, and the Python thread waiting on them is counted as the model.
+With `--against REVISION` the archive that revision's code builds (benchmarks/at_revision.py) is
+registered beside this tree's on the same server, and the two are driven in turn, load by load,
+`--rounds` times; each figure is the median of its rounds.
 
     python benchmarks/profile_worker.py                  # MiniLM, request batches, 30 s per load
     python benchmarks/profile_worker.py --async          # MiniLM, the token scheduler
     python benchmarks/profile_worker.py --torchserve-logging   # the frontend logging as TorchServe ships it
+    python benchmarks/profile_worker.py --against 9221d4a --rounds 3   # and that revision's archive, interleaved
     python benchmarks/profile_worker.py --quick          # tiny model, 3 s per load (a smoke run)
 
 Needs py-spy (`pip install py-spy`) and the right to trace the worker (root, or ptrace_scope 0).
@@ -20,6 +24,7 @@ Prints a table and writes runs/profile_worker.json.
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +32,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from ts_compiled_handlers.benchmarks import cpu, loadtest, measure
+from ts_compiled_handlers.benchmarks import at_revision, cpu, loadtest, measure
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
@@ -117,23 +122,69 @@ def sampled_load(
     }
 
 
-def raw_path(out: Path, clients: int) -> Path:
-    """Where a load's py-spy samples are kept, beside the JSON (runs/profile_worker.16.raw.txt)."""
-    return out.with_name(f"{out.stem}.{clients}.raw.txt")
+def raw_path(out: Path, archive: str, clients: int, round_: int) -> Path:
+    """Where a load's py-spy samples are kept, beside the JSON (runs/profile_worker.HEAD.16.r1.raw.txt)."""
+    return out.with_name(f"{out.stem}.{archive}.{clients}.r{round_}.raw.txt")
+
+
+def median_load(rounds: list[dict]) -> dict:
+    """One archive's load over its rounds: the median of every figure."""
+    figures = ("requests_per_second", "ok", "errors")
+    found = {key: statistics.median(load[key] for load in rounds) for key in figures}
+    for part in ("cpu_ms_per_request", "worker_ms_per_request"):
+        names = {name for load in rounds for name in load[part]}
+        found[part] = {name: statistics.median(load[part].get(name, 0.0) for load in rounds) for name in names}
+    return {"archive": rounds[0]["archive"], "clients": rounds[0]["clients"], "rounds": len(rounds), **found}
+
+
+def not_the_model(load: dict) -> float:
+    """The worker's CPU per request outside the model call."""
+    return sum(value for name, value in load["worker_ms_per_request"].items() if name != "model call")
 
 
 def print_table(result: dict) -> None:
-    print(f"{result['machine']}, {result['contender']}, logging: {result['logging']}")
+    print(f"{result['machine']}, {result['contender']}, logging: {result['logging']}, rounds: {result['rounds']}")
     loads = result["loads"]
-    print(f"{'CPU ms per request':30}" + "".join(f"{load['clients']:>10} cl" for load in loads))
-    print(f"{'requests/s':30}" + "".join(f"{load['requests_per_second']:>13.1f}" for load in loads))
-    print(f"{'frontend':30}" + "".join(f"{load['cpu_ms_per_request']['frontend']:>13.2f}" for load in loads))
-    print(f"{'worker':30}" + "".join(f"{load['cpu_ms_per_request']['worker']:>13.2f}" for load in loads))
+    print(
+        f"{'CPU ms per request (median)':30}" + "".join(f"{load['archive']:>11}/{load['clients']:<2}" for load in loads)
+    )
+    print(f"{'requests/s':30}" + "".join(f"{load['requests_per_second']:>14.1f}" for load in loads))
+    print(f"{'frontend':30}" + "".join(f"{load['cpu_ms_per_request']['frontend']:>14.2f}" for load in loads))
+    print(f"{'worker':30}" + "".join(f"{load['cpu_ms_per_request']['worker']:>14.2f}" for load in loads))
     names = [name for name, _ in COMPONENTS] + [LOGGING, OTHER]
     for name in names:
-        print(f"{'  ' + name:30}" + "".join(f"{load['worker_ms_per_request'].get(name, 0.0):>13.2f}" for load in loads))
-    non_model = [sum(v for k, v in load["worker_ms_per_request"].items() if k != "model call") for load in loads]
-    print(f"{'  (not the model)':30}" + "".join(f"{value:>13.2f}" for value in non_model))
+        print(f"{'  ' + name:30}" + "".join(f"{load['worker_ms_per_request'].get(name, 0.0):>14.2f}" for load in loads))
+    print(f"{'  (not the model)':30}" + "".join(f"{not_the_model(load):>14.2f}" for load in loads))
+
+
+def build_archives(args, model_dir: Path, store: Path) -> dict:
+    """{label: model name} of the archives to profile: this tree's, and `--against`'s."""
+    contender = "scheduled" if args.scheduled else "batches"
+    config = {"asyncCommunication": True} if args.scheduled else {}
+    build_mar.build(model_dir, "embedding", contender, store, config)
+    archives = {"HEAD": contender}
+    if args.against:
+        revision = at_revision.short(args.against)
+        at_revision.build_at(revision, model_dir, "embedding", f"{contender}-{revision}", store, config)
+        archives = {revision: f"{contender}-{revision}", **archives}
+    return archives
+
+
+def profile(server: TorchServe, archives: dict, texts: list, args) -> list[dict]:
+    """Every load on every archive, `--rounds` times, interleaved; the median load of each."""
+    duration = 3 if args.quick else args.duration
+    for name in archives.values():
+        server.register(f"{name}.mar", workers=1)
+        loadtest.drive(server, name, texts, max(args.loads), min(duration, 5))  # warm the sockets
+    time.sleep(1)
+    found = {(label, clients): [] for label in archives for clients in args.loads}
+    for round_ in range(1, args.rounds + 1):
+        for label, name in archives.items():
+            for clients in args.loads:
+                raw = raw_path(args.out, label, clients, round_)
+                load = sampled_load(server, name, texts, clients, duration, args.rate, raw)
+                found[label, clients].append({"archive": label, **load})
+    return [median_load(rounds) for rounds in found.values()]
 
 
 def main(argv=None) -> dict:
@@ -143,6 +194,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--loads", type=int, nargs="+", default=[16, 32], help="clients of each load")
     parser.add_argument("--duration", type=float, default=30, help="seconds per load")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--against", metavar="REVISION", help="also profile the archive this git revision builds")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every load on every archive, interleaved")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 3 s per load")
     parser.add_argument(
         "--torchserve-logging", action="store_true", help="TorchServe's own log4j2 configuration, not ours (a baseline)"
@@ -151,13 +204,11 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if py_spy() is None:
         raise UserError("py-spy is not installed beside this Python or on PATH: pip install py-spy")
-    duration = 3 if args.quick else args.duration
-    contender = "scheduled" if args.scheduled else "batches"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as temp:
         temp = Path(temp)
         model_dir = args.model or loadtest.default_model(args.quick, temp)
-        config = {"asyncCommunication": True} if args.scheduled else {}
-        build_mar.build(model_dir, "embedding", contender, temp / "store", config)
+        archives = build_archives(args, model_dir, temp / "store")
         from transformers import AutoTokenizer
 
         lengths = traffic_lengths(5000, 0, high=256)
@@ -170,20 +221,17 @@ def main(argv=None) -> dict:
             base.write_text("\n".join(line for line in lines if not line.startswith("vmargs=")) + "\n")
         server.start(base_config=base)
         try:
-            server.register(f"{contender}.mar", workers=1)
-            loadtest.drive(server, contender, texts, max(args.loads), min(duration, 5))  # warm the sockets
-            time.sleep(1)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            loads = [
-                sampled_load(server, contender, texts, clients, duration, args.rate, raw_path(args.out, clients))
-                for clients in args.loads
-            ]
+            loads = profile(server, archives, texts, args)
         finally:
             server.stop()
-    logging = "TorchServe's log4j2.xml" if args.torchserve_logging else "ours"
-    result = {"machine": measure.machine_summary(), "contender": contender, "logging": logging, "loads": loads}
+    result = {
+        "machine": measure.machine_summary(),
+        "contender": "scheduled" if args.scheduled else "batches",
+        "logging": "TorchServe's log4j2.xml" if args.torchserve_logging else "ours",
+        "rounds": args.rounds,
+        "loads": loads,
+    }
     print_table(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     return result
 

@@ -8,13 +8,14 @@ Two layouts, chosen once when the engine is built:
 Either way every call is a (batch_size, seq_len) shape of the plan's grid, so warm-up covers it.
 
 The steps are pure functions of lengths (`Layout.calls`), shared by the request path, warm-up, the
-checks, the planner and the benchmarks. Token ids become tensors once per batch (`BatchIds`), and
+checks, the planner and the benchmarks. Token ids become one array once per batch (`BatchIds`), and
 each call's inputs are filled by index, not text by text.
 """
 
 import dataclasses
 import itertools
 
+import numpy as np
 import torch
 
 from ts_compiled_handlers import buckets, packing
@@ -57,14 +58,18 @@ class Layout:
 
 
 class BatchIds:
-    """A batch's token ids (and token type ids, for pairs) as one flat tensor, with where each text
-    starts and how long it is."""
+    """A batch's token ids (and token type ids, for pairs) as one flat array, with where each text
+    starts and how long it is. The index arithmetic is numpy's: these arrays are a few thousand
+    integers at most, and torch would run its small ops on the intra-op threads the model call has
+    just left (waking a team costs more than the op: 176 us for a 300-token repeat_interleave with
+    2 threads against 3 us in numpy)."""
 
     def __init__(self, token_ids: list[list[int]], type_ids: list[list[int]] | None = None):
         self.lengths = [len(ids) for ids in token_ids]
-        self.flat = torch.tensor(list(itertools.chain.from_iterable(token_ids)), dtype=torch.long)
-        self.types = None if type_ids is None else torch.tensor(list(itertools.chain.from_iterable(type_ids)))
-        self.starts = torch.tensor([0, *itertools.accumulate(self.lengths)][:-1], dtype=torch.long)
+        self.flat = flat_array(token_ids)
+        self.types = None if type_ids is None else flat_array(type_ids)
+        lengths = np.array(self.lengths, dtype=np.int64)
+        self.starts = np.cumsum(lengths) - lengths
 
     def placement(self, call: Call) -> "Placement":
         """Where every token of the call's texts goes in its (batch_size, seq_len) inputs."""
@@ -77,62 +82,71 @@ class BatchIds:
                 start_in_row.append(start)
                 segment.append(number)
                 start += self.lengths[text]
-        lengths = torch.tensor([self.lengths[text] for text in texts], dtype=torch.long)
-        total = int(lengths.sum())
-        first_of_text = torch.cumsum(lengths, 0) - lengths  # (texts,) each text's first token in the call
-        within = torch.arange(total) - first_of_text.repeat_interleave(lengths)  # (tokens,) position in its text
-        seq_len = call.group.seq_len
-        destination = torch.tensor(row_of) * seq_len + torch.tensor(start_in_row)
+        lengths = np.array([self.lengths[text] for text in texts], dtype=np.int64)
+        first_of_text = np.cumsum(lengths) - lengths  # (texts,) each text's first token in the call
+        within = np.arange(int(lengths.sum())) - np.repeat(first_of_text, lengths)  # (tokens,) position in its text
+        destination = np.array(row_of, dtype=np.int64) * call.group.seq_len + np.array(start_in_row, dtype=np.int64)
+        segment = np.array(segment, dtype=np.int64)
         return Placement(
             texts=texts,
             lengths=lengths,
-            source=self.starts[texts].repeat_interleave(lengths) + within,
-            destination=destination.repeat_interleave(lengths) + within,
+            source=np.repeat(self.starts[texts], lengths) + within,
+            destination=np.repeat(destination, lengths) + within,
             within=within,
-            row_of=torch.tensor(row_of),
-            segment=torch.tensor(segment),
+            row_of=np.array(row_of, dtype=np.int64),
+            segment=segment,
+            token_segment=np.repeat(segment, lengths),
         )
+
+
+def flat_array(rows: list[list[int]]) -> np.ndarray:
+    """Lists of integers end to end, as one int64 array."""
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=sum(len(row) for row in rows))
 
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Per text (`texts` order): its length, row and segment; per token: where it comes from in the
-    batch's flat ids (`source`), where it goes in the call's flattened inputs (`destination`), and
-    its position within its text (`within`)."""
+    batch's flat ids (`source`), where it goes in the call's flattened inputs (`destination`), its
+    position within its text (`within`) and its segment (`token_segment`). Arrays of int64."""
 
     texts: list[int]
-    lengths: torch.Tensor
-    source: torch.Tensor
-    destination: torch.Tensor
-    within: torch.Tensor
-    row_of: torch.Tensor
-    segment: torch.Tensor
+    lengths: np.ndarray
+    source: np.ndarray
+    destination: np.ndarray
+    within: np.ndarray
+    row_of: np.ndarray
+    segment: np.ndarray
+    token_segment: np.ndarray
 
 
 def call_inputs(ids: BatchIds, call: Call, place: Placement, layout: Layout, pad_id: int) -> dict[str, torch.Tensor]:
     """The call's input tensors, (batch_size, seq_len) each: input_ids and attention_mask for length
     groups; input_ids, position_ids and segments for packed rows. A dummy row (static batch) or a
-    row's padded tail attends to itself only, so no row is fully masked."""
+    row's padded tail attends to itself only, so no row is fully masked. Filled in numpy and handed
+    to torch without a copy."""
     shape = (call.group.batch_size, call.group.seq_len)
-    input_ids = torch.full(shape, pad_id, dtype=torch.long)
-    input_ids.view(-1)[place.destination] = ids.flat[place.source]
+    inputs = {"input_ids": filled(shape, pad_id, place.destination, ids.flat[place.source])}
     if not layout.packed:
-        attention_mask = torch.zeros(shape, dtype=torch.long)
+        attention_mask = filled(shape, 0, place.destination, 1)
         attention_mask[:, 0] = 1
-        attention_mask.view(-1)[place.destination] = 1
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        inputs["attention_mask"] = attention_mask
     else:
-        position_ids = torch.full(shape, layout.first_position, dtype=torch.long)
-        position_ids.view(-1)[place.destination] = place.within + layout.first_position
-        segments = torch.full(shape, packing.PAD_SEGMENT, dtype=torch.long)
-        segments.view(-1)[place.destination] = place.segment.repeat_interleave(place.lengths)
-        inputs = {"input_ids": input_ids, "position_ids": position_ids, "segments": segments}
+        inputs["position_ids"] = filled(
+            shape, layout.first_position, place.destination, place.within + layout.first_position
+        )
+        inputs["segments"] = filled(shape, packing.PAD_SEGMENT, place.destination, place.token_segment)
     if layout.token_types:
-        token_type_ids = torch.zeros(shape, dtype=torch.long)
-        if ids.types is not None:
-            token_type_ids.view(-1)[place.destination] = ids.types[place.source]
-        inputs["token_type_ids"] = token_type_ids
-    return inputs
+        types = 0 if ids.types is None else ids.types[place.source]
+        inputs["token_type_ids"] = filled(shape, 0, place.destination, types)
+    return {name: torch.from_numpy(array) for name, array in inputs.items()}
+
+
+def filled(shape: tuple[int, int], fill: int, destination: np.ndarray, values) -> np.ndarray:
+    """A (batch_size, seq_len) int64 array of `fill`, with `values` at the flat positions `destination`."""
+    array = np.full(shape, fill, dtype=np.int64)
+    array.reshape(-1)[destination] = values
+    return array
 
 
 def text_rows(output: torch.Tensor, call: Call, place: Placement, layout: Layout, per_token: bool) -> torch.Tensor:
@@ -140,8 +154,8 @@ def text_rows(output: torch.Tensor, call: Call, place: Placement, layout: Layout
     per text (texts, ...) from (rows, ...) or packed (rows, slots, ...); per token, the texts' tokens
     end to end (tokens, ...) from (rows, seq_len, ...), for the caller to split by `place.lengths`."""
     if per_token:
-        return output.flatten(0, 1)[place.destination.to(output.device)]
+        return output.flatten(0, 1)[torch.from_numpy(place.destination).to(output.device)]
     if not layout.packed:
-        return output[place.row_of.to(output.device)]
+        return output[torch.from_numpy(place.row_of).to(output.device)]
     slots = packing.text_slots(call.group.seq_len)
-    return output.flatten(0, 1)[(place.row_of * slots + place.segment - 1).to(output.device)]
+    return output.flatten(0, 1)[torch.from_numpy(place.row_of * slots + place.segment - 1).to(output.device)]

@@ -13,10 +13,11 @@ import contextlib
 import dataclasses
 from typing import Any
 
+from ts_compiled_handlers.json_text import as_json
 from ts_compiled_handlers.outcome import isolate
 from ts_compiled_handlers.protocols import Answered
 from ts_compiled_handlers.tokenizing import Accepted
-from ts_compiled_handlers.worker import USAGE_HEADER, Incoming, Reply, Worker, as_json
+from ts_compiled_handlers.worker import USAGE_HEADER, Incoming, Reply, Worker
 
 
 @dataclasses.dataclass

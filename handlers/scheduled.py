@@ -7,12 +7,13 @@ work runs in the worker's one model thread (handlers/model_thread.py). A queue a
 `scheduler.max_queue` answers 503 at once.
 """
 
+from ts_compiled_handlers.json_text import as_json
 from ts_compiled_handlers.metrics import MetricsSink
 from ts_compiled_handlers.model_thread import ModelThread
 from ts_compiled_handlers.payload import RequestError
 from ts_compiled_handlers.protocols import Answered
 from ts_compiled_handlers.scheduler import CallReport, TokenScheduler
-from ts_compiled_handlers.worker import Incoming, Reply, Worker, as_json
+from ts_compiled_handlers.worker import Incoming, Reply, Worker
 
 FULL = "the server is at its queue limit (scheduler.max_queue); retry shortly"
 

@@ -15,17 +15,23 @@ class TorchServeSink(MetricsSink):
     """A MetricsSink writing to the metrics cache of the worker's context (`context.metrics`, read
     at each call; a context without one, as in process, keeps nothing). The context is the one
     `initialize` got: TorchServe's sync worker passes that same object to every `handle`, and its
-    cache writes each metric as a log line the frontend reads at once."""
+    cache writes each metric as a log line the frontend reads at once, so a gauge is written only
+    when its value changes (the frontend keeps the last one): RecompilesAfterReady, set after every
+    call, stays one line while it stays 0."""
 
     def __init__(self, context):
         self.context = context
         self.dimensions = [Dimension("ModelName", context.model_name), Dimension("Level", "Model")]
+        self.gauges = {}  # name: the value last written
 
     @property
     def cache(self):
         return getattr(self.context, "metrics", None)
 
     def gauge(self, name: str, value: float, unit: str) -> None:
+        if self.cache is None or self.gauges.get(name) == value:
+            return
+        self.gauges[name] = value
         self._add(name, value, unit, self.dimensions, MetricTypes.GAUGE)
 
     def count(self, name: str, label: str, value: int) -> None:

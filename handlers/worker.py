@@ -16,7 +16,6 @@ traffic's statistics and the thread counts traced.
 
 import dataclasses
 import importlib.metadata
-import json
 import logging
 import time
 from typing import Any
@@ -26,6 +25,7 @@ import torch
 from ts_compiled_handlers import buckets, building, ready
 from ts_compiled_handlers.config import parse
 from ts_compiled_handlers.engine import Engine
+from ts_compiled_handlers.json_text import as_json
 from ts_compiled_handlers.layout import Call
 from ts_compiled_handlers.length_stats import LengthStats
 from ts_compiled_handlers.metrics import MetricsSink
@@ -67,11 +67,6 @@ class Reply:
     content_type: str = "application/json"
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
     last: bool | None = None
-
-
-def as_json(answer: Any) -> str:
-    """An answer as compact JSON text (a str goes as it is); NaN and other values JSON cannot carry raise."""
-    return answer if isinstance(answer, str) else json.dumps(answer, allow_nan=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,3 +50,16 @@ def test_texts_are_counted_per_bucket_of_each_group():
         (2, "2x8", "COUNTER"),
         (1, "1x32", "COUNTER"),
     ]
+
+
+def test_a_gauge_is_written_when_its_value_changes_only():
+    from ts_compiled_handlers.ts_metrics import TorchServeSink
+
+    recorded = RecordingMetrics()
+    sink = TorchServeSink(SimpleNamespace(model_name="m", metrics=recorded))
+    for value in (0, 0, 0, 1, 1, 0):  # RecompilesAfterReady after every call
+        sink.gauge("RecompilesAfterReady", value, "Count")
+    sink.gauge("PaddedTokenRatio", 0, "Ratio")  # another gauge's value is its own
+    written = [(name, value) for name, value, _, _ in recorded.calls]
+    assert written == [("RecompilesAfterReady", 0), ("RecompilesAfterReady", 1), ("RecompilesAfterReady", 0),
+                       ("PaddedTokenRatio", 0)]  # fmt: skip

@@ -1,0 +1,42 @@
+"""Answers as JSON text (handlers/json_text.py): the same values either way, and what JSON cannot
+carry refused with or without orjson."""
+
+import json
+import math
+
+import pytest
+
+from ts_compiled_handlers import json_text
+
+ANSWERS = [
+    [[0.1234567890123, -1e-12, 3.0, 1e300]],
+    {"object": "list", "data": [{"embedding": [0.5, -0.25], "index": 0}], "usage": {"prompt_tokens": 7}},
+    {"label": "POSITIVE", "score": 0.99, "none": None, "nested": [[1, 2], {"x": True}]},
+    {1: "a key that is an integer", "é": 'ünïcödé \u2028 " \\'},
+    [2**70, 1],  # past 64 bits: orjson refuses it, the standard library carries it
+    [],
+]
+
+
+@pytest.fixture(params=["orjson", "json"])
+def encoder(request, monkeypatch):
+    if request.param == "json":
+        monkeypatch.setattr(json_text, "orjson", None)
+    else:
+        assert json_text.orjson is not None, "the package's install brings orjson"
+    return json_text.as_json
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_an_answer_reads_back_as_the_standard_library_writes_it(encoder, answer):
+    assert json.loads(encoder(answer)) == json.loads(json.dumps(answer))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_what_json_cannot_carry_is_refused_however_deep(encoder, bad):
+    with pytest.raises(ValueError):
+        encoder({"data": [{"embedding": [0.1, bad]}]})
+
+
+def test_text_goes_as_it_is(encoder):
+    assert encoder('{"already": "json"}') == '{"already": "json"}'

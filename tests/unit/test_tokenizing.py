@@ -1,0 +1,71 @@
+"""TextTokenizer calls the fast tokenizer's Rust backend directly (handlers/tokenizing.py): the
+encodings must be the ones transformers' own call makes, for every tokenizer the tests serve."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from ts_compiled_handlers.tokenizing import TextTokenizer, direct_backend
+
+TEXTS = [
+    "the cat sat on the mat",
+    "  Ünïcödé, digits 0123456789 and [brackets] {braces} 'quotes' ",
+    "hello world " * 40,  # over the limit: cut
+    "[CLS] a special token written as text [SEP] <s> </s> <|endoftext|>",
+    "x",
+]
+SHORT = ["the cat sat on the mat", "x"]  # under the limit in every test vocabulary
+PAIRS = [("what is the capital of france", "paris is the capital " * 20), ("a", "b")]
+LIMIT = 40
+MODELS = (
+    "embedding",
+    "cross-encoder",
+    "text-classification-xlmr",
+    "text-classification-deberta",
+    "embedding-modernbert",
+    "embedding-decoder",
+    "reranker-causal",
+    "text-generation-gpt2",
+)  # WordPiece, Unigram, BPE; pair templates
+
+
+def reference(tokenizer, texts: list, side: str, cut: int, special: bool) -> list:
+    """What transformers' own call makes of the texts (its truncation side set for the call)."""
+    tokenizer.truncation_side = side
+    if isinstance(texts[0], tuple):
+        firsts, seconds = zip(*texts, strict=True)
+        encodings = tokenizer(list(firsts), list(seconds), truncation=True, max_length=cut).encodings
+    else:
+        encodings = tokenizer(texts, truncation=True, max_length=cut, add_special_tokens=special).encodings
+    return [(encoding.ids, encoding.type_ids, encoding.offsets) for encoding in encodings]
+
+
+@pytest.mark.parametrize("model", ["minilm", *MODELS])
+def test_the_direct_call_makes_the_encodings_transformers_makes(model, tiny_models, minilm_dir):
+    folder = minilm_dir if model == "minilm" else tiny_models[model]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert direct_backend(tokenizer) is not None, "a fast tokenizer the direct call should serve"
+    for side in ("right", "left"):
+        for reject in (False, True):
+            for special in (True, False):
+                tokenize = TextTokenizer(tokenizer, LIMIT, reject, special_tokens=special)
+                cut = LIMIT + 1 if reject else LIMIT
+                # a refusing tokenizer cuts one token over the limit, then refuses: short texts only
+                for texts in (SHORT, PAIRS[1:]) if reject else (TEXTS, PAIRS):
+                    made = [(e.ids, e.type_ids, e.offsets) for e in tokenize(texts, side=side).encodings]
+                    assert made == reference(AutoTokenizer.from_pretrained(folder), texts, side, cut, special)
+
+
+def test_a_tokenizer_whose_class_rewrites_the_call_is_called_as_it_is(minilm_dir):
+    base = AutoTokenizer.from_pretrained(minilm_dir)
+
+    class Rewritten(type(base)):
+        def _encode_plus(self, *args, **kwargs):
+            return super()._encode_plus(*args, **kwargs)
+
+    base.__class__ = Rewritten
+    assert direct_backend(base) is None
+    tokenize = TextTokenizer(base, LIMIT, reject=False)
+    assert tokenize.backend is None
+    assert tokenize(["the cat sat"]).token_ids == [
+        AutoTokenizer.from_pretrained(minilm_dir)("the cat sat")["input_ids"]
+    ]
