@@ -3,7 +3,7 @@ compiled with inductor's default options, with `freezing`, as the AOT package (A
 runner), eager, and ONNX Runtime's fused graph, per shape.
 
 Each contender runs in a fresh process, started as a worker starts it (compile and warm-up over
-the shapes' grid, or the package loaded), and times every shape; the contenders take turns
+the shapes' grid without the host's compile cache, or the package loaded), and times every shape; the contenders take turns
 round by round, and each figure is the median over the rounds of each round's median. Our
 contenders are timed through `engine.run` (the served path: inputs laid out, the call, the rows
 picked); ONNX Runtime runs the model's own HF graph (`AutoModel` with the model's mean pooling
@@ -11,7 +11,7 @@ and normalization, exported by `torch.onnx.export`, every graph optimization on)
 which is what an ONNX server does per call. Rows are compared with eager float32.
 
     python benchmarks/benchmark_small_shapes.py              # MiniLM float32, 1/4/8 x 16/32/64, 2 rounds
-    python benchmarks/benchmark_small_shapes.py --dtype auto # ours in the dtype auto picks (ONNX Runtime stays float32)
+    python benchmarks/benchmark_small_shapes.py --dtype auto --contenders compiled compiled-freezing onnxruntime
     python benchmarks/benchmark_small_shapes.py --quick      # tiny model, one shape: a smoke run
 
 Needs onnxruntime, onnx and onnxscript for its ONNX Runtime contender (`pip install onnxruntime
@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,9 +35,10 @@ import torch
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 
-OURS = ("compiled", "compiled-freezing", "aot", "eager")
+OURS = ("compiled", "compiled-freezing", "compiled-freezing-unpacked", "aot", "eager")
 ONNX = "onnxruntime"
-INDUCTOR_OPTIONS = {"compiled-freezing": {"freezing": True}}
+FREEZING = {"compiled": False, "compiled-freezing": True, "compiled-freezing-unpacked": True}  # compile.freezing
+INDUCTOR_OPTIONS = {"compiled-freezing-unpacked": {"cpp.weight_prepack": False}}  # frozen, not packed for oneDNN
 
 
 def grid(args) -> dict:
@@ -70,7 +72,7 @@ def our_handler(name: str, folder: Path, config: dict, scratch: Path):
         handler = ready_handler(EmbeddingHandler, folder, **config, compile={"enable": False})
         return handler, handler.engine
     with torch._inductor.config.patch(INDUCTOR_OPTIONS.get(name, {})):
-        handler = ready_handler(EmbeddingHandler, folder, **config)
+        handler = ready_handler(EmbeddingHandler, folder, **config, compile={"freezing": FREEZING[name]})
     expected = {"aot": "aot package"}.get(name, "compiled")
     if handler.model_source != expected:
         raise RuntimeError(f"{name}: the handler serves from {handler.model_source}, not {expected}")
@@ -173,7 +175,9 @@ def child(args, contender: str) -> dict:
 
 
 def contenders(args) -> list[str]:
-    names = list(OURS if not args.quick else ("compiled", "eager"))
+    names = [name for name in args.contenders if name != ONNX]
+    if ONNX not in args.contenders:
+        return names
     if all(importlib.util.find_spec(name) for name in ("onnxruntime", "onnx", "onnxscript")):
         return [*names, ONNX]
     print(f"{ONNX} left out: pip install onnxruntime onnxscript")
@@ -215,6 +219,7 @@ def parse_args(argv):
     parser.add_argument("--dtype", default="float32", choices=("float32", "auto"))
     parser.add_argument("--seq-lens", nargs="+", type=int, default=[16, 32, 64])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 8])
+    parser.add_argument("--contenders", nargs="+", choices=(*OURS, ONNX), default=[*OURS, ONNX])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=200)
@@ -224,12 +229,14 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.quick:
         args.seq_lens, args.batch_sizes, args.rounds, args.warmup, args.iterations = [16], [1, 2], 1, 2, 5
+        args.contenders = [name for name in args.contenders if name in ("compiled", "eager", ONNX)]
     return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.contender:
+        os.environ["COMPILED_HANDLERS_CACHE_DIR"] = "off"  # each contender compiles with its own options
         with contextlib.redirect_stdout(sys.stderr):  # the child's last stdout line is its JSON alone
             found = run_contender(args)
         print(json.dumps(found))

@@ -99,7 +99,8 @@ def manifest(hardware, dtype: torch.dtype, plan, compile_options, model_dir: Pat
             "pack_tokens": plan.pack_tokens,
         },
         "compile": {
-            name: getattr(compile_options, name) for name in ("backend", "mode", "fullgraph", "dynamic", "regional")
+            name: getattr(compile_options, name)
+            for name in ("backend", "mode", "freezing", "fullgraph", "dynamic", "regional")
         },
         "model_config": file_digest(Path(model_dir) / "config.json"),
         "handlers": handlers_digest(),

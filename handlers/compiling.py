@@ -108,7 +108,7 @@ class CompiledModel(ModelRunner):
         """Wrap the model with torch.compile (lazy: graphs are built by the first calls)."""
         if not self.options.enable:
             return
-        process_settings.configure_compiler(self.options.dynamic, self.graphs_needed)
+        process_settings.configure_compiler(self.options.dynamic, self.graphs_needed, self.freezes)
         # dynamic=False: only the dimensions the bucket plan marks dynamic may vary, so an
         # unplanned shape is a real recompile that the guard below can see and count.
         options = {
@@ -134,6 +134,13 @@ class CompiledModel(ModelRunner):
     @property
     def is_compiled(self) -> bool:
         return self.compiled is not None
+
+    @property
+    def freezes(self) -> bool:
+        """Whether inductor freezes the weights (`compile.freezing`; auto: a model on the CPU)."""
+        if self.options.freezing is not None:
+            return self.options.freezing
+        return all(parameter.device.type == "cpu" for parameter in self._eager.parameters())
 
     def fall_back_to_eager(self, fallback) -> None:
         logger.error("Serving the model EAGERLY (compilation off): %s", fallback)

@@ -100,13 +100,17 @@ def use_inductor_cache(directory: Path) -> None:
     clear_caches()
 
 
-def configure_compiler(dynamic: str, graphs_needed: int) -> None:
+def configure_compiler(dynamic: str, graphs_needed: int, freezing: bool = False) -> None:
     """Inductor's and dynamo's settings for compiling the bucket grid (`dynamic`: the plan's
-    dynamic dimensions; `graphs_needed`: the graphs its warm-up compiles)."""
+    dynamic dimensions; `graphs_needed`: the graphs its warm-up compiles; `freezing`: the weights
+    become the graph's constants)."""
     import torch._inductor.config as inductor_config
     import torch.fx.experimental._config as fx_config
 
     inductor_config.fx_graph_cache = True
+    # A served model's weights never change: frozen, they are folded into the graph and, on the CPU,
+    # prepacked for oneDNN's matmuls once instead of at every call (benchmarks/benchmark_small_shapes.py).
+    inductor_config.freezing = freezing
     # Inductor precompiles a large C++ header in the temp dir before it even looks for a cached
     # kernel, so with it a worker whose kernels all come from the cache still paid that at every
     # fresh host; without it a cold compile is no slower (docs/design.md, "Cold start and AOT packages").

@@ -132,6 +132,17 @@ def model_config(task: str, extra: dict) -> dict:
     return config
 
 
+def unfrozen_for_cache(config: dict, kind: str | None) -> dict:
+    """An archive that ships a compile cache compiles its graphs unfrozen: inductor caches no graph
+    whose weights it froze and prepacked (oneDNN's packed tensors do not pickle), so there
+    `compile.freezing` is false unless the config says otherwise, and true is refused."""
+    if kind != "cache":
+        return config
+    if config["handler"].get("compile", {}).get("freezing") is True:
+        raise BuildError("--precompile cache with compile.freezing: true: inductor caches no frozen graph")
+    return merge(config, {"handler": {"compile": {"freezing": False}}})
+
+
 def estimated_compile_seconds(config: dict, model_dir: Path) -> float:
     """A rough compile + warm-up time for the grid without compiling (CPU-calibrated; see constants)."""
     handler = parse(config)
@@ -270,8 +281,8 @@ def build(
     `precompile`: "aot", "cache", True (the task's default kind) or None."""
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
-    config = model_config(task, extra_config or {})
     kind = precompile_kind(task, precompile)
+    config = unfrozen_for_cache(model_config(task, extra_config or {}), kind)
     with tempfile.TemporaryDirectory() as temp:
         staging = Path(temp)
         left_out = stage(model_dir, config, staging)

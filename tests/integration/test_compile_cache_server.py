@@ -28,7 +28,8 @@ def store(tmp_path_factory, tiny_bert):
     store = tmp_path_factory.mktemp("model_store")
     build(tiny_bert, "embedding", "packed", store, {"handler": GRID}, precompile="cache")
     for attempt in ATTEMPTS:  # each with an empty cache folder of its own
-        own_cache = {"cache_dir": str(tmp_path_factory.mktemp(f"host-cache-{attempt}"))}
+        # unfrozen graphs, as `--precompile cache` builds them: inductor caches no frozen graph
+        own_cache = {"cache_dir": str(tmp_path_factory.mktemp(f"host-cache-{attempt}")), "freezing": False}
         config = {"minWorkers": 4, "maxWorkers": 4, "handler": {**GRID, "compile": own_cache}}
         build(tiny_bert, "embedding", f"four{attempt}", store, config)
     # Version 2.0 of `packed` (same model, a smaller grid), in a file of its own name.

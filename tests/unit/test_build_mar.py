@@ -142,3 +142,14 @@ def test_the_archive_carries_exactly_the_package_serving_files(tiny_bert, tmp_pa
     expected = {f"ts_compiled_handlers/{path.as_posix()}" for path in package_files.serving_files()}
     assert ours == expected and "ts_compiled_handlers/protocols/openai.py" in ours
     assert not any("/scripts/" in name or "/benchmarks/" in name or name.endswith(".pyc") for name in ours)
+
+
+def test_an_archive_that_ships_a_compile_cache_compiles_unfrozen_graphs():
+    from ts_compiled_handlers.scripts.build_mar import BuildError, model_config, unfrozen_for_cache
+
+    config = model_config("embedding", {})
+    assert unfrozen_for_cache(config, "cache")["handler"]["compile"]["freezing"] is False
+    assert unfrozen_for_cache(config, None) == config == unfrozen_for_cache(config, "aot")
+    asked = model_config("embedding", {"handler": {"compile": {"freezing": True}}})
+    with pytest.raises(BuildError, match="inductor caches no frozen graph"):
+        unfrozen_for_cache(asked, "cache")

@@ -11,7 +11,8 @@ from torch._dynamo.utils import counters
 from ts_compiled_handlers import compile_cache
 from ts_compiled_handlers.embedding import EmbeddingHandler
 
-GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
+# Unfrozen graphs: inductor caches no graph whose weights it froze (what `--precompile cache` builds)
+GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}, "compile": {"freezing": False}}
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_a_truncated_packed_cache_never_breaks_the_worker(packed_model, empty_ho
 
 
 def test_the_cache_can_be_switched_off_per_model_or_per_host(tiny_bert, empty_host, monkeypatch):
-    handler = ready_handler(EmbeddingHandler, tiny_bert, compile={"cache_dir": "off"}, **GRID)
+    handler = ready_handler(EmbeddingHandler, tiny_bert, **{**GRID, "compile": {"cache_dir": "off"}})
     assert handler.started.cache_source == "off" and handler.engine.model.is_compiled
     monkeypatch.setenv(compile_cache.ROOT_ENV, "off")
     handler = ready_handler(EmbeddingHandler, tiny_bert, **GRID)

@@ -23,3 +23,17 @@ def test_block_inputs_mark_batch_and_length_not_a_hidden_size_of_the_same_value(
     assert block_dynamic_dims(hidden, batch, seq_len, "batch") == [0]
     assert block_dynamic_dims(torch.zeros(1, seq_len, 8), batch, seq_len, "all") == [1]  # a broadcast batch
     assert block_dynamic_dims(torch.zeros(batch, 1, 8), batch, 1, "all") == [0]  # length 1 is not marked
+
+
+def test_freezing_is_on_for_a_model_on_the_cpu_unless_the_config_says():
+    from ts_compiled_handlers.compiling import CompiledModel
+    from ts_compiled_handlers.config import parse
+
+    def freezes(module, freezing="auto"):
+        options = parse({"handler": {"compile": {"freezing": freezing}}}).compile
+        return CompiledModel(module, options, graphs_needed=1).freezes
+
+    assert freezes(torch.nn.Linear(2, 2)) is True
+    assert freezes(torch.nn.Linear(2, 2), False) is False
+    assert freezes(torch.nn.Linear(2, 2, device="meta")) is False  # not the CPU (a GPU's model): off
+    assert freezes(torch.nn.Linear(2, 2, device="meta"), True) is True

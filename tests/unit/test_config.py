@@ -86,7 +86,7 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
     assert set(documented) == {
         "task", "dtype", "threads", "max_inputs", "buckets.seq_lens", "buckets.batch_sizes", "buckets.max_tokens",
         "buckets.overflow", "buckets.pack_tokens", "buckets.histogram_every", "embedding.dimensions",
-        "compile.enable", "compile.backend", "compile.mode",
+        "compile.enable", "compile.backend", "compile.mode", "compile.freezing",
         "compile.fullgraph", "compile.dynamic", "compile.regional", "compile.on_failure", "compile.cache_dir",
         "warmup.iterations", "warmup.verify", "warmup.tolerance", "generation.max_new_tokens",
         "generation.default_new_tokens", "generation.max_stop_strings", "generation.steps_per_call",
@@ -94,6 +94,7 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
     }  # fmt: skip
     assert documented["buckets.seq_lens"] == f"`{defaults.buckets.seq_lens}`" == "`auto`"
     assert documented["compile.enable"] == "`true`" and documented["threads"] == "`auto`"
+    assert documented["compile.freezing"] == "`auto`"
     assert documented["generation.max_new_tokens"] == f"`{defaults.generation.max_new_tokens}`"
 
 
@@ -101,3 +102,13 @@ def test_continuous_batching_is_for_generation_only():
     with pytest.raises(ConfigError, match="continuousBatching"):
         parse({"continuousBatching": True, "handler": {"task": "embedding"}})
     assert parse({"continuousBatching": True, "handler": {"task": "text-generation"}}).task == "text-generation"
+
+
+@pytest.mark.parametrize(("value", "parsed"), [("auto", None), (True, True), (False, False)])
+def test_freezing_is_auto_or_a_boolean(value, parsed):
+    assert parse({"handler": {"compile": {"freezing": value}}}).compile.freezing is parsed
+
+
+def test_freezing_refuses_anything_else():
+    with pytest.raises(ConfigError, match="auto | true | false"):
+        parse({"handler": {"compile": {"freezing": "yes"}}})
