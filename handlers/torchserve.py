@@ -12,6 +12,7 @@ the loop, and writes the replies back: status, content type and headers in, answ
   async worker's out-queue (handlers/ts_async.py).
 """
 
+import logging
 from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
@@ -51,6 +52,7 @@ class TorchServeHandler(BaseHandler):
             context.system_properties.get("gpu_id"),
         )
         sink = TorchServeSink(context)
+        quiet_per_batch_lines()
         build = (self.worker_class.build, placement, self.task_class, sink, self.warmup_progress)
         if parse(placement.yaml_config).asynchronous:
             model_thread, self.worker = ModelThread.start(*build)
@@ -130,6 +132,22 @@ class TorchServeHandler(BaseHandler):
     tokenizer = property(lambda self: self.worker.serving.tokenizer)
     config = property(lambda self: self.worker.serving.config)
     model_source = property(lambda self: self.worker.model_source)
+
+
+class PerBatchLines(logging.Filter):
+    """TorchServe's worker logs a line for every batch it receives ("Backend received inference
+    at: ..."), which the frontend reads from its stdout and the package's log4j2.xml then drops:
+    dropped here instead, before it is written."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.module == "otf_message_handler" and str(record.msg).startswith("Backend received"))
+
+
+def quiet_per_batch_lines() -> None:
+    """The worker's root logger (TorchServe logs through it) without its per-batch line; once per process."""
+    root = logging.getLogger()
+    if not any(isinstance(each, PerBatchLines) for each in root.filters):
+        root.addFilter(PerBatchLines())
 
 
 def write(replies: list[Reply], context, stream_next: bool = False) -> list:

@@ -199,7 +199,8 @@ class Worker:
         if not self.engine.model.ready:
             return
         self.lengths.record(lengths, buckets.padded_tokens([call.group for call in calls]))
-        self.metrics.gauge("PaddedTokenRatio", round(self.lengths.padded_ratio, 4), "Ratio")
+        # 3 decimals: the ratio settles after some traffic, and a gauge is a log line only when it changes
+        self.metrics.gauge("PaddedTokenRatio", round(self.lengths.padded_ratio, 3), "Ratio")
         prefix = "packed " if self.engine.layout.packed else ""
         for call in calls:
             self.metrics.count(
