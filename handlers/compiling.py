@@ -137,10 +137,12 @@ class CompiledModel(ModelRunner):
 
     @property
     def freezes(self) -> bool:
-        """Whether inductor freezes the weights (`compile.freezing`; auto: a model on the CPU)."""
+        """Whether inductor freezes the weights (`compile.freezing`; auto: a whole model on the CPU,
+        since a regional graph serves every block, each with weights of its own)."""
         if self.options.freezing is not None:
             return self.options.freezing
-        return all(parameter.device.type == "cpu" for parameter in self._eager.parameters())
+        on_cpu = all(parameter.device.type == "cpu" for parameter in self._eager.parameters())
+        return on_cpu and not self.options.regional
 
     def fall_back_to_eager(self, fallback) -> None:
         logger.error("Serving the model EAGERLY (compilation off): %s", fallback)

@@ -10,6 +10,8 @@ as null, so a text holding a null is checked by the standard library before it g
 import json
 from typing import Any
 
+import torch
+
 try:
     import orjson
 except ImportError:  # served without it: the standard library, same values
@@ -30,3 +32,13 @@ def as_json(answer: Any) -> str:
     if b"null" in text:  # a None, or a NaN orjson wrote as null: the standard library tells them apart
         json.dumps(answer, allow_nan=False)
     return text.decode()
+
+
+def float32_rows(matrix: torch.Tensor) -> list[list[float]]:
+    """A float32 matrix as lists of the floats that print shortest while reading back as the same
+    float32 values, as TEI writes embeddings: 4.7 kB of JSON for a 384-value row instead of 8 kB
+    for the float64 reprs `tolist()` gives (the standard library's lists where orjson is missing)."""
+    if orjson is None or matrix.dtype != torch.float32:
+        return matrix.tolist()
+    rows = matrix.detach().cpu().contiguous().numpy()
+    return orjson.loads(orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY))

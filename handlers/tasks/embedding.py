@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ts_compiled_handlers.config import HandlerConfig
+from ts_compiled_handlers.json_text import float32_rows
 from ts_compiled_handlers.payload import RequestError, boolean_param
 from ts_compiled_handlers.pooling import SentenceEmbedder, named_prompts, normalizes, pooling_modes, read_json
 from ts_compiled_handlers.protocols import Request
@@ -119,4 +120,4 @@ class EmbeddingTask(Task):
             embeddings = embeddings[:, : params["dimensions"]]
         if params.get("normalize", self.normalize_default):
             embeddings = torch.nn.functional.normalize(embeddings, dim=-1)
-        return [{"embedding": embedding} for embedding in embeddings.tolist()]
+        return [{"embedding": embedding} for embedding in float32_rows(embeddings)]

@@ -37,3 +37,5 @@ def test_freezing_is_on_for_a_model_on_the_cpu_unless_the_config_says():
     assert freezes(torch.nn.Linear(2, 2), False) is False
     assert freezes(torch.nn.Linear(2, 2, device="meta")) is False  # not the CPU (a GPU's model): off
     assert freezes(torch.nn.Linear(2, 2, device="meta"), True) is True
+    regional = parse({"handler": {"compile": {"regional": True}}}).compile  # one graph for blocks of other weights
+    assert CompiledModel(torch.nn.Linear(2, 2), regional, graphs_needed=1).freezes is False

@@ -40,3 +40,15 @@ def test_what_json_cannot_carry_is_refused_however_deep(encoder, bad):
 
 def test_text_goes_as_it_is(encoder):
     assert encoder('{"already": "json"}') == '{"already": "json"}'
+
+
+def test_embeddings_print_shortest_and_read_back_as_the_same_float32_values():
+    import torch
+
+    matrix = torch.nn.functional.normalize(torch.randn(3, 384, generator=torch.Generator().manual_seed(0)), dim=-1)
+    rows = json_text.float32_rows(matrix)
+    assert torch.equal(torch.tensor(rows, dtype=torch.float32), matrix)  # every value the same float32
+    assert len(json_text.as_json(rows)) < 0.65 * len(json.dumps(matrix.tolist()))
+    sliced = matrix[:, :64]  # `dimensions`: a view that is not contiguous
+    assert torch.equal(torch.tensor(json_text.float32_rows(sliced)), sliced)
+    assert json_text.float32_rows(matrix.double()) == matrix.double().tolist()  # float32 only
