@@ -67,7 +67,7 @@ def scenario(server: TorchServe, name: str, texts: list, clients: int, duration:
 
 
 def served(server: TorchServe, lone: list, texts: list, args) -> dict:
-    """Each scenario, the contenders in turn within it (the floor after them in the lone one); each
+    """Each scenario, the contenders in turn within it (the floor first, in the lone one); each
     contender's recompiles at the end."""
     runs = {name: {} for name in CONTENDERS}
     runs[FLOOR] = {"lone": scenario(server, FLOOR, lone, 1, args.duration)}
