@@ -232,6 +232,7 @@ def parse_args(argv):
     parser.add_argument("--duration", type=float, default=40, help="seconds per scenario and contender")
     parser.add_argument("--seed", type=int, default=0, help="seed of the traffic")
     parser.add_argument("--threads", type=int, help="the scheduled worker's intra-op threads (default: auto)")
+    parser.add_argument("--batch-size", type=int, help="request batches' batchSize (default: the build's, 8)")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 2 s per scenario")
     parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_scheduler.json")
     args = parser.parse_args(argv)
@@ -247,6 +248,8 @@ def main(argv=None) -> dict:
         model_dir = args.model or loadtest.default_model(args.quick, temp)
         if args.threads:
             CONTENDERS["scheduled"] = {**CONTENDERS["scheduled"], "handler": {"threads": args.threads}}
+        if args.batch_size:
+            CONTENDERS["batches"] = {**CONTENDERS["batches"], "batchSize": args.batch_size}
         for name, config in CONTENDERS.items():
             build_mar.build(model_dir, "embedding", name, temp / "store", config)
         floor = Path(__file__).parent / "floor_handler.py"

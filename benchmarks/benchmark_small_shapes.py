@@ -3,8 +3,9 @@ compiled with inductor's default options, with `freezing`, as the AOT package (A
 runner), eager, and ONNX Runtime's fused graph, per shape.
 
 Each contender runs in a fresh process, started as a worker starts it (compile and warm-up over
-the shapes' grid without the host's compile cache, or the package loaded), and times every shape; the contenders take turns
-round by round, and each figure is the median over the rounds of each round's median. Our
+the shapes' grid without the host's compile cache, or the package loaded), and times every
+shape; the contenders take turns round by round, and each figure is the median over the rounds
+of each round's median. Our
 contenders are timed through `engine.run` (the served path: inputs laid out, the call, the rows
 picked); ONNX Runtime runs the model's own HF graph (`AutoModel` with the model's mean pooling
 and normalization, exported by `torch.onnx.export`, every graph optimization on) on numpy inputs,
