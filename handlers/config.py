@@ -196,7 +196,8 @@ class CompileConfig:
         _auto_boolean,
         None,
         meaning="inductor's `freezing`: the weights become constants of the graph, folded and, on CPU, "
-        "prepacked for oneDNN; `auto` = on where the whole model is compiled on the CPU (not `regional`)",
+        "prepacked for oneDNN; `auto` = on where the whole model is compiled on the CPU (not `regional`, not "
+        "text generation)",
         why="on the CPU it halves MiniLM's float32 call and takes a quarter off its bfloat16 1x16 call; it keeps "
         "a packed copy of the weights beside the model's (see [Small shapes](performance.md#small-shapes))",
         shown="`auto`",

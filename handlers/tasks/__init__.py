@@ -33,6 +33,9 @@ class Task:
     PARAMS: dict[str, ParamCheck] = {}
     PER_TOKEN = False  # the model's outputs are per token (token classification), not per text
     PAIRS = False  # the task takes text pairs (a cross-encoder)
+    # `compile.freezing: auto` may freeze the weights (generation's decode step over a static cache
+    # drifted from eager when frozen: GPT-2 by 0.14, so the warm-up check served it eagerly)
+    FREEZES = True
     prompts: dict[str, str] = {}  # the model's named prompts (embedders read theirs in read_settings)
     # Tried in order for a request's route; a protocol is one module (handlers/protocols/).
     protocols: tuple[Protocol, ...] = (KServeV2Protocol(), PlainProtocol())

@@ -54,6 +54,8 @@ def refuse_sliding_window(model_config, continuous: bool) -> None:
 class GenerationTask(Task):
     """`{"inputs": "prompt", "max_new_tokens": 20}` -> `{"generated_text": ..., "finish_reason": ...}`."""
 
+    FREEZES = False
+
     protocols = (
         KServeV2Protocol(),
         PlainProtocol(),

@@ -99,3 +99,4 @@ def test_a_gpt2_decoder_generates_as_generate_under_continuous_batching(tiny_mod
     for name, prompt in prompts.items():
         assert json.loads(front.body(name))["generated_text"] == generate_alone(folder, prompt, 8)
     assert handler.engine.model.is_compiled and handler.engine.model.recompiles_after_ready == 0
+    assert not handler.engine.model.freezes  # frozen, its decode step drifted from eager (GenerationTask.FREEZES)
