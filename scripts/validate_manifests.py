@@ -11,6 +11,7 @@ fields, admission webhooks, and whether the cluster's KServe version has every f
 """
 
 import ast
+import concurrent.futures
 import functools
 import importlib.util
 import re
@@ -50,12 +51,20 @@ def _model_files() -> list[Path]:
     return files
 
 
+def parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed in a thread of its own: CPython 3.11.7's `ast.parse` can raise
+    "AST constructor recursion depth mismatch" when called deep in a stack (CI saw it once, in a
+    pytest run that had compiled models before), and a fresh thread starts with a shallow one."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(ast.parse, path.read_text()).result()
+
+
 @functools.cache
 def models() -> dict[str, tuple[dict, dict]]:
     """Class name -> (field -> type string, field -> JSON key), from every generated model."""
     found = {}
     for path in _model_files():
-        for node in ast.parse(path.read_text()).body:
+        for node in parsed(path).body:
             if isinstance(node, ast.ClassDef):
                 tables = {
                     target.id: ast.literal_eval(statement.value)
