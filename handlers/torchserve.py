@@ -18,7 +18,7 @@ from typing import Any
 from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.torch_handler.base_handler import BaseHandler
 
-from ts_compiled_handlers import ts_async
+from ts_compiled_handlers import ts_async, ts_messages
 from ts_compiled_handlers.config import parse
 from ts_compiled_handlers.continuous import DecodeLoop
 from ts_compiled_handlers.generation_batches import GenerationBatches
@@ -61,6 +61,7 @@ class TorchServeHandler(BaseHandler):
             self.worker = build[0](*build[1:])
             self.loop = self.request_loop(self.worker)
         sink.declare_traffic_metrics()
+        ts_messages.install()
         self.initialized = True
 
     def request_loop(self, worker: Worker):
