@@ -10,6 +10,7 @@ as null, so a text holding a null is checked by the standard library before it g
 import json
 from typing import Any
 
+import numpy as np
 import torch
 
 try:
@@ -20,25 +21,36 @@ except ImportError:  # served without it: the standard library, same values
 
 def as_json(answer: Any) -> str:
     """An answer as compact JSON text (a str goes as it is); NaN and other values JSON cannot carry
-    raise ValueError or TypeError."""
+    raise ValueError or TypeError. numpy arrays (`float32_rows`) are written by orjson directly."""
     if isinstance(answer, str):
         return answer
     if orjson is None:
         return json.dumps(answer, allow_nan=False)
     try:
-        text = orjson.dumps(answer, option=orjson.OPT_NON_STR_KEYS)
+        text = orjson.dumps(answer, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
     except TypeError:  # what only the standard library carries (an integer past 64 bits)
-        return json.dumps(answer, allow_nan=False)
+        return json.dumps(answer, allow_nan=False, default=plain)
     if b"null" in text:  # a None, or a NaN orjson wrote as null: the standard library tells them apart
-        json.dumps(answer, allow_nan=False)
+        json.dumps(answer, allow_nan=False, default=plain)
     return text.decode()
 
 
-def float32_rows(matrix: torch.Tensor) -> list[list[float]]:
-    """A float32 matrix as lists of the floats that print shortest while reading back as the same
-    float32 values, as TEI writes embeddings: 4.7 kB of JSON for a 384-value row instead of 8 kB
-    for the float64 reprs `tolist()` gives (the standard library's lists where orjson is missing)."""
+def float32_rows(matrix: torch.Tensor) -> list:
+    """A float32 matrix's rows as orjson writes them: the floats that print shortest while reading
+    back as the same float32 values, as TEI writes embeddings (4.7 kB of JSON for a 384-value row
+    instead of 8 kB for the float64 reprs `tolist()` gives). The rows are numpy arrays, which
+    `as_json` writes directly; Python lists where orjson is missing."""
     if orjson is None or matrix.dtype != torch.float32:
         return matrix.tolist()
-    rows = matrix.detach().cpu().contiguous().numpy()
-    return orjson.loads(orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY))
+    return list(matrix.detach().cpu().contiguous().numpy())
+
+
+def plain(value: Any) -> Any:
+    """A numpy row of `float32_rows` as the Python floats `as_json` would write (a NaN or infinity
+    kept, for the standard library to refuse); anything else refused, as the standard library's
+    `default` does."""
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    if orjson is None or not np.isfinite(value).all():
+        return value.tolist()
+    return orjson.loads(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))

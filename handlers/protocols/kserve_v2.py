@@ -20,6 +20,9 @@ import json
 import math
 from typing import Any
 
+import numpy as np
+
+from ts_compiled_handlers.json_text import plain
 from ts_compiled_handlers.payload import ParamCheck, RequestError, check_params, check_texts, is_unicode_text
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
 
@@ -104,6 +107,7 @@ def outputs(answers: list) -> list[dict]:
 
 def tensor(name: str, rows: list) -> dict:
     """A v2 tensor of `rows` (nested lists of one scalar type and a regular shape), else JSON strings."""
+    rows = [plain(row) if isinstance(row, np.ndarray) else row for row in rows]  # embeddings' numpy rows
     shape, leaves = _shape(rows), list(_leaves(rows))
     datatype = _datatype(leaves)
     if shape is None or datatype is None:

@@ -46,9 +46,24 @@ def test_embeddings_print_shortest_and_read_back_as_the_same_float32_values():
     import torch
 
     matrix = torch.nn.functional.normalize(torch.randn(3, 384, generator=torch.Generator().manual_seed(0)), dim=-1)
+    text = json_text.as_json([{"embedding": row} for row in json_text.float32_rows(matrix)])
+    read = torch.tensor([answer["embedding"] for answer in json.loads(text)], dtype=torch.float32)
+    assert torch.equal(read, matrix)  # every value the same float32
+    assert len(text) < 0.65 * len(json.dumps(matrix.tolist()))
     rows = json_text.float32_rows(matrix)
-    assert torch.equal(torch.tensor(rows, dtype=torch.float32), matrix)  # every value the same float32
-    assert len(json_text.as_json(rows)) < 0.65 * len(json.dumps(matrix.tolist()))
+    assert json_text.as_json([json_text.plain(row) for row in rows]) == json_text.as_json(rows)  # plain(): same text
     sliced = matrix[:, :64]  # `dimensions`: a view that is not contiguous
-    assert torch.equal(torch.tensor(json_text.float32_rows(sliced)), sliced)
+    assert torch.equal(torch.tensor(json.loads(json_text.as_json(json_text.float32_rows(sliced)))), sliced)
     assert json_text.float32_rows(matrix.double()) == matrix.double().tolist()  # float32 only
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_numpy_row_that_json_cannot_carry_is_refused(bad):
+    import torch
+
+    (row,) = json_text.float32_rows(torch.tensor([[0.5, bad]]))
+    with pytest.raises(ValueError):
+        json_text.as_json({"data": [{"embedding": row}], "none": None})
+    assert math.isnan(json_text.plain(row)[1]) or json_text.plain(row)[1] == bad
+    with pytest.raises(TypeError):
+        json_text.plain(object())

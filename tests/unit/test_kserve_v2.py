@@ -64,6 +64,16 @@ def test_embeddings_become_one_fp32_matrix():
     }
 
 
+def test_embeddings_as_numpy_rows_become_the_same_matrix_of_their_shortest_floats():
+    import torch
+
+    from ts_compiled_handlers.json_text import float32_rows
+
+    rows = float32_rows(torch.tensor([[0.1, 0.5], [2.0, 3.0]]))  # what the embedding task answers
+    (output,) = kserve_v2.outputs([{"embedding": row} for row in rows])
+    assert output == {"name": "embedding", "shape": [2, 2], "datatype": "FP32", "data": [0.1, 0.5, 2.0, 3.0]}
+
+
 def test_labels_and_scores_become_two_tensors_top_k_adds_a_dimension():
     top1 = kserve_v2.outputs([{"label": "POS", "score": 0.9}, {"label": "NEG", "score": 0.6}])
     assert top1 == [
