@@ -145,7 +145,8 @@ def drive(server: TorchServe, name: str, texts: list[tuple[str, int]], clients: 
 def drive_url(url: str, headers: dict, body, texts: list[tuple[str, int]], clients: int, duration: float) -> list:
     """`drive` against any server: each text sent as `body(text)` to `url`. Each client is one
     keep-alive connection of the standard library's `http.client`: the clients share the cores with
-    the server under test, and `requests` spent ~0.8 CPU ms per request of them (docs/performance.md)."""
+    the server under test, and `requests` took 0.9-1.1 CPU ms per request of them, `http.client`
+    0.14-0.17 (docs/performance.md, "Scheduling by tokens")."""
     stream = itertools.cycle(texts)
     lock = threading.Lock()
     deadline = time.perf_counter() + duration
