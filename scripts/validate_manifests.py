@@ -11,7 +11,6 @@ fields, admission webhooks, and whether the cluster's KServe version has every f
 """
 
 import ast
-import concurrent.futures
 import functools
 import importlib.util
 import re
@@ -19,6 +18,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from ts_compiled_handlers.scripts.python_source import parsed
 
 # (apiVersion, kind) -> the model class of the document
 KINDS = {
@@ -49,14 +50,6 @@ def _model_files() -> list[Path]:
             raise RuntimeError(f"the '{package}' package is needed: pip install --no-deps {package}")
         files += sorted((Path(spec.submodule_search_locations[0]) / models).glob("*.py"))
     return files
-
-
-def parsed(path: Path) -> ast.Module:
-    """The file's syntax tree, parsed in a thread of its own: CPython 3.11.7's `ast.parse` can raise
-    "AST constructor recursion depth mismatch" when called deep in a stack (CI saw it once, in a
-    pytest run that had compiled models before), and a fresh thread starts with a shallow one."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(ast.parse, path.read_text()).result()
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from ts_compiled_handlers.embedding import EmbeddingHandler
 from ts_compiled_handlers.payload import RequestError, check_texts
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
 from ts_compiled_handlers.request_batches import Batch
+from ts_compiled_handlers.scripts.python_source import parsed
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
 EAGER = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}, "compile": {"enable": False}}
@@ -108,7 +109,7 @@ def test_every_answer_is_json_encoded_once_and_compact(plain):
 def sizes(path: Path) -> list[tuple[str, int, int]]:
     """(name, lines, limit) of every class (250) and function (50) of a module."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             limit = 250 if isinstance(node, ast.ClassDef) else 50
             found.append((f"{path.relative_to(PACKAGE.parent)}:{node.name}", node.end_lineno - node.lineno + 1, limit))
