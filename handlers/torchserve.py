@@ -12,10 +12,13 @@ the loop, and writes the replies back: status, content type and headers in, answ
   async worker's out-queue (handlers/ts_async.py).
 """
 
+import importlib.metadata
 import logging
+import sys
 from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
+from ts.protocol import otf_message_handler
 from ts.torch_handler.base_handler import BaseHandler
 
 from ts_compiled_handlers import ts_async, ts_messages
@@ -31,6 +34,10 @@ from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.generation import GenerationTask
 from ts_compiled_handlers.ts_metrics import TorchServeSink
 from ts_compiled_handlers.worker import Incoming, Reply, Worker
+
+logger = logging.getLogger(__name__)
+KNOWN_FRAMES = ("0.12.",)  # the TorchServe releases whose frames ts_messages.py reads
+READER_MODULES = ("__main__", "ts.async_service")  # the worker's script and its async loop hold the reader
 
 
 class TorchServeHandler(BaseHandler):
@@ -61,7 +68,7 @@ class TorchServeHandler(BaseHandler):
             self.worker = build[0](*build[1:])
             self.loop = self.request_loop(self.worker)
         sink.declare_traffic_metrics()
-        ts_messages.install()
+        read_messages_from_memory()
         self.initialized = True
 
     def request_loop(self, worker: Worker):
@@ -149,6 +156,29 @@ def quiet_per_batch_lines() -> None:
     root = logging.getLogger()
     if not any(isinstance(each, PerBatchLines) for each in root.filters):
         root.addFilter(PerBatchLines())
+
+
+def read_messages_from_memory() -> bool:
+    """The worker's loops read the frontend's messages through ts_messages.py instead of TorchServe's
+    reader (called once the model is loaded, before the next message is read); False outside
+    TorchServe's worker process, for a release whose frames it does not know, or where something
+    else already replaced TorchServe's reader."""
+    if not hasattr(sys.modules["__main__"], "TorchModelServiceWorker"):  # in process: tests, Ray, tools
+        return False
+    try:
+        release = importlib.metadata.version("torchserve")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    if not release.startswith(KNOWN_FRAMES):
+        logger.info("TorchServe %s: its own message reader kept (ours knows %s)", release, KNOWN_FRAMES)
+        return False
+    modules = [sys.modules[name] for name in READER_MODULES if name in sys.modules]
+    loops = [module for module in modules if getattr(module, "retrieve_msg", None) is otf_message_handler.retrieve_msg]
+    for module in loops:
+        module.retrieve_msg = ts_messages.retrieve_msg
+    if loops:
+        logger.info("TorchServe %s's messages are read by %s", release, ts_messages.__name__)
+    return bool(loops)
 
 
 def write(replies: list[Reply], context, stream_next: bool = False) -> list:

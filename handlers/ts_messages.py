@@ -5,8 +5,9 @@ every field it reads: about fifty system calls for a request with eight HTTP hea
 letting the GIL go and taking it back. This reader takes what the socket holds in one `recv` (and
 more only when a frame is longer) and walks the frames in memory. It returns what TorchServe's
 returns, value for value and type for type (tests/unit/test_ts_messages.py holds the two to it), so
-`Service.predict` and any handler see no difference. It is put in place of TorchServe's only in
-a worker whose loops still use TorchServe's own reader, of the release whose frames it knows.
+`Service.predict` and any handler see no difference. The adapter (handlers/torchserve.py,
+`read_messages_from_memory`) puts it in place of TorchServe's reader, only in a worker whose loops
+still use TorchServe's own, of the release whose frames it knows (0.12).
 """
 
 import json
@@ -15,17 +16,12 @@ import os
 import struct
 import sys
 import weakref
-from importlib.metadata import PackageNotFoundError, version
-
-logger = logging.getLogger(__name__)
 
 LOAD = b"L"
 PREDICT = b"I"
 END = -1  # a list's end, where a length would be
 INT = struct.Struct("!i")
 RECV_SIZE = 1 << 16
-KNOWN_RELEASES = ("0.12.",)  # the frames below are TorchServe 0.12's (its Java frontend's encoder)
-READER_MODULES = ("__main__", "ts.async_service")  # the worker's script and its async loop hold the reader
 
 
 class FrameReader:
@@ -132,27 +128,3 @@ def retrieve_msg(conn) -> tuple[bytearray, object]:
     if reader is None:
         reader = _readers[conn] = FrameReader(conn)
     return reader.message()
-
-
-def install() -> bool:
-    """This reader in place of TorchServe's in the worker's loops (called once the model is loaded,
-    before the next message is read); False outside TorchServe's worker process, where the release's
-    frames are not known, or where something else already replaced TorchServe's reader."""
-    from ts.protocol import otf_message_handler
-
-    if not hasattr(sys.modules["__main__"], "TorchModelServiceWorker"):  # in process: tests, Ray, tools
-        return False
-    try:
-        release = version("torchserve")
-    except PackageNotFoundError:
-        return False
-    if not release.startswith(KNOWN_RELEASES):
-        logger.info("TorchServe %s: its own message reader kept (this one knows %s)", release, KNOWN_RELEASES)
-        return False
-    modules = [sys.modules[name] for name in READER_MODULES if name in sys.modules]
-    loops = [module for module in modules if getattr(module, "retrieve_msg", None) is otf_message_handler.retrieve_msg]
-    for module in loops:
-        module.retrieve_msg = retrieve_msg
-    if loops:
-        logger.info("TorchServe %s's messages are read by %s", release, __name__)
-    return bool(loops)

@@ -1,5 +1,6 @@
 """The worker's message reader gives what TorchServe's gives, value for value and type for type,
-however the frontend's bytes arrive; it takes TorchServe's place only in TorchServe's worker."""
+however the frontend's bytes arrive; the adapter puts it in TorchServe's place only in TorchServe's
+worker."""
 
 import itertools
 import json
@@ -13,7 +14,7 @@ import types
 import pytest
 from ts.protocol import otf_message_handler
 
-from ts_compiled_handlers import ts_messages
+from ts_compiled_handlers import torchserve, ts_messages
 
 
 def sized(data: bytes) -> bytes:
@@ -119,19 +120,19 @@ def test_installed_only_in_torchserves_worker_in_place_of_its_own_reader(monkeyp
     async_loop.retrieve_msg = otf_message_handler.retrieve_msg
     monkeypatch.setitem(sys.modules, "ts.async_service", async_loop)
 
-    assert not ts_messages.install()  # pytest's __main__ is not TorchServe's worker
+    assert not torchserve.read_messages_from_memory()  # pytest's __main__ is not TorchServe's worker
     assert async_loop.retrieve_msg is otf_message_handler.retrieve_msg
 
     monkeypatch.setitem(sys.modules, "__main__", worker_script)
-    monkeypatch.setattr(ts_messages, "version", lambda name: "0.11.1")
-    assert not ts_messages.install()  # a release whose frames it does not know
+    monkeypatch.setattr(torchserve.importlib.metadata, "version", lambda name: "0.11.1")
+    assert not torchserve.read_messages_from_memory()  # a release whose frames it does not know
     assert worker_script.retrieve_msg is otf_message_handler.retrieve_msg
 
-    monkeypatch.setattr(ts_messages, "version", lambda name: "0.12.0")
-    assert ts_messages.install()
+    monkeypatch.setattr(torchserve.importlib.metadata, "version", lambda name: "0.12.0")
+    assert torchserve.read_messages_from_memory()
     assert worker_script.retrieve_msg is ts_messages.retrieve_msg
     assert async_loop.retrieve_msg is ts_messages.retrieve_msg
 
     worker_script.retrieve_msg = replaced = object()  # someone else's reader stays
-    assert not ts_messages.install()
+    assert not torchserve.read_messages_from_memory()
     assert worker_script.retrieve_msg is replaced
