@@ -44,7 +44,9 @@ def test_other_errors_and_a_lasting_collision_are_raised(tmp_path, monkeypatch):
     with pytest.raises(SystemError, match="mismatch"):
         python_source.parsed(path)
     assert len(calls) == python_source.ATTEMPTS
+
+
+def test_bad_source_is_a_syntax_error(tmp_path):
+    (tmp_path / "bad.py").write_text("def (:\n")
     with pytest.raises(SyntaxError):
-        monkeypatch.undo()
-        (tmp_path / "bad.py").write_text("def (:\n")
         python_source.parsed(tmp_path / "bad.py")
