@@ -7,9 +7,12 @@ worker. Each sample is put in the first component, in COMPONENTS' order, that a 
 belongs to; a component's CPU per request is its samples over the sampling rate, over the requests
 answered. The model's share is the rest of the worker's CPU: its intra-op threads are native
 threads, which py-spy does not see, and the Python thread waiting on them is counted as the model.
-With `--against REVISION` the archive that revision's code builds (benchmarks/at_revision.py) is
-registered beside this tree's on the same server, and the two are driven in turn, load by load,
-`--rounds` times; each figure is the median of its rounds.
+py-spy counts a thread runnable but waiting for a core as busy, so where perf may record, the
+worker's CPU is also split by perf's samples of its threads while they run (benchmarks/on_cpu.py):
+that split, not py-spy's, is the CPU outside the model. With `--against REVISION` the archive
+that revision's code builds (benchmarks/at_revision.py) is registered beside this tree's on the
+same server, and the two are driven in turn, load by load, `--rounds` times; each figure is the
+median of its rounds.
 
     python benchmarks/profile_worker.py                  # MiniLM, request batches, 30 s per load
     python benchmarks/profile_worker.py --async          # MiniLM, the token scheduler
@@ -17,7 +20,8 @@ registered beside this tree's on the same server, and the two are driven in turn
     python benchmarks/profile_worker.py --against 9221d4a --rounds 3   # and that revision's archive, interleaved
     python benchmarks/profile_worker.py --quick          # tiny model, 3 s per load (a smoke run)
 
-Needs py-spy (`pip install py-spy`) and the right to trace the worker (root, or ptrace_scope 0).
+Needs py-spy (`pip install py-spy`) and the right to trace the worker (root, or ptrace_scope 0);
+perf (`apt-get install linux-perf`) for the on-CPU split, which is left out without it.
 Prints a table and writes runs/profile_worker.json.
 """
 
@@ -32,7 +36,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from ts_compiled_handlers.benchmarks import at_revision, cpu, loadtest, measure
+from ts_compiled_handlers.benchmarks import at_revision, cpu, loadtest, measure, on_cpu
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
@@ -104,10 +108,13 @@ def sampled_load(
     meter = cpu.CpuMeter({"frontend": server.frontend_pid(), "worker": pid})
     command = [py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", str(raw)]
     spy = subprocess.Popen([*command, "--duration", str(int(seconds)), "--nonblocking"], stdout=subprocess.DEVNULL)
+    perf_data = raw.with_suffix(".perf")
+    perf = on_cpu.record(pid, int(seconds), perf_data) if on_cpu.perf() else None
     summary = loadtest.summarize_outcomes(loadtest.drive(server, name, texts, clients, seconds))
     spy.wait(timeout=seconds + 60)
     spent = meter.spent()
     samples = read_samples(raw.read_text())
+    running = on_cpu.samples_of(perf, perf_data) if perf else {}
     answered = max(summary["ok"], 1)
     per_request = {part: 1000 * spent[part] / answered for part in ("frontend", "worker", "clients")}
     parts = {component: 1000 * count / rate / answered for component, count in samples.items()}
@@ -119,6 +126,8 @@ def sampled_load(
         "errors": summary["errors"] + summary["lost"],
         "cpu_ms_per_request": per_request,
         "worker_ms_per_request": dict(sorted(parts.items(), key=lambda item: -item[1])),
+        "on_cpu_ms_per_request": on_cpu.ms_per_item(running, spent["worker"], answered),
+        "perf_coverage": sum(running.values()) * on_cpu.PERIOD_NS / 1e9 / max(spent["worker"], 1e-9),
     }
 
 
@@ -129,17 +138,22 @@ def raw_path(out: Path, archive: str, clients: int, round_: int) -> Path:
 
 def median_load(rounds: list[dict]) -> dict:
     """One archive's load over its rounds: the median of every figure."""
-    figures = ("requests_per_second", "ok", "errors")
+    figures = ("requests_per_second", "ok", "errors", "perf_coverage")
     found = {key: statistics.median(load[key] for load in rounds) for key in figures}
-    for part in ("cpu_ms_per_request", "worker_ms_per_request"):
+    for part in ("cpu_ms_per_request", "worker_ms_per_request", "on_cpu_ms_per_request"):
         names = {name for load in rounds for name in load[part]}
         found[part] = {name: statistics.median(load[part].get(name, 0.0) for load in rounds) for name in names}
     return {"archive": rounds[0]["archive"], "clients": rounds[0]["clients"], "rounds": len(rounds), **found}
 
 
 def not_the_model(load: dict) -> float:
-    """The worker's CPU per request outside the model call."""
+    """The worker's CPU per request outside the model call, by py-spy's samples (time runnable)."""
     return sum(value for name, value in load["worker_ms_per_request"].items() if name != "model call")
+
+
+def on_cpu_not_the_model(load: dict) -> float:
+    """The worker's CPU per request outside the compiled model, by perf's samples (time running)."""
+    return sum(value for name, value in load["on_cpu_ms_per_request"].items() if name != on_cpu.MODEL)
 
 
 def print_table(result: dict) -> None:
@@ -155,6 +169,14 @@ def print_table(result: dict) -> None:
     for name in names:
         print(f"{'  ' + name:30}" + "".join(f"{load['worker_ms_per_request'].get(name, 0.0):>14.2f}" for load in loads))
     print(f"{'  (not the model)':30}" + "".join(f"{not_the_model(load):>14.2f}" for load in loads))
+    if not all(load["on_cpu_ms_per_request"] for load in loads):
+        print("perf could not record: no split of the worker's CPU by time on a core")
+        return
+    print("on a core (perf: running, not waiting for one)")
+    for name in on_cpu.KINDS:
+        print(f"{'  ' + name:30}" + "".join(f"{load['on_cpu_ms_per_request'][name]:>14.2f}" for load in loads))
+    print(f"{'  (not the model)':30}" + "".join(f"{on_cpu_not_the_model(load):>14.2f}" for load in loads))
+    print(f"{'  (perf samples / CPU)':30}" + "".join(f"{load['perf_coverage']:>14.2f}" for load in loads))
 
 
 def build_archives(args, model_dir: Path, store: Path) -> dict:
