@@ -70,10 +70,21 @@ class TextTokenizer:
     side, or the side a request names) or refused with 413 (`reject`, or a request's `truncate:
     false`). Each text's ids are read from its encoding once (`Encoding.ids` makes a new list at
     every access). `special_tokens: false` for texts already in the model's form (a rendered chat
-    template); `truncates: false` refuses every over-long text, for texts a cut would break."""
+    template); `truncates: false` refuses every over-long text, for texts a cut would break;
+    `offsets: false` where no one reads a token's characters (its offsets are then zeros): the Rust
+    tokenizer's fast batch call skips tracking them, 41 us against 49 for a 40-word text."""
 
-    def __init__(self, tokenizer, limit: int, reject: bool, special_tokens: bool = True, truncates: bool = True):
+    def __init__(
+        self,
+        tokenizer,
+        limit: int,
+        reject: bool,
+        special_tokens: bool = True,
+        truncates: bool = True,
+        offsets: bool = True,
+    ):
         self.limit = limit
+        self.offsets = offsets
         self.reject = reject
         self.truncates = truncates
         self.special_tokens = special_tokens
@@ -94,7 +105,9 @@ class TextTokenizer:
         pairs = bool(texts) and isinstance(texts[0], tuple)
         special = self.special_tokens or pairs
         if self.backend is not None:
-            encodings = self._backend(side, cut).encode_batch(texts, add_special_tokens=special)
+            backend = self._backend(side, cut)
+            encode = backend.encode_batch if self.offsets else backend.encode_batch_fast
+            encodings = encode(texts, add_special_tokens=special)
         elif pairs:
             firsts, seconds = zip(*texts, strict=True)
             encodings = self.by_side[side](list(firsts), list(seconds), truncation=True, max_length=cut).encodings

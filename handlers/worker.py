@@ -105,6 +105,7 @@ class Worker:
                 serving.tokenizer,
                 engine.plan.max_seq_len,
                 config.buckets.overflow == "reject",
+                offsets=task.OFFSETS,
                 **task.tokenizer_options(),
             ),
             RequestSpec(

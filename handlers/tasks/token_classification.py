@@ -16,6 +16,7 @@ class TokenClassificationTask(Task):
 
     PARAMS = {"aggregation_strategy": choice_param(*AGGREGATIONS)}
     PER_TOKEN = True
+    OFFSETS = True  # entities carry their start and end in the text
 
     def read_settings(self, serving) -> None:
         self.tokenizer = serving.tokenizer

@@ -55,6 +55,22 @@ def test_the_direct_call_makes_the_encodings_transformers_makes(model, tiny_mode
                     assert made == reference(AutoTokenizer.from_pretrained(folder), texts, side, cut, special)
 
 
+@pytest.mark.parametrize("model", ["minilm", *MODELS])
+def test_without_offsets_the_ids_and_token_types_are_the_same(model, tiny_models, minilm_dir):
+    folder = minilm_dir if model == "minilm" else tiny_models[model]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    for side in ("right", "left"):
+        with_offsets = TextTokenizer(tokenizer, LIMIT, reject=False)
+        without = TextTokenizer(tokenizer, LIMIT, reject=False, offsets=False)
+        for texts in (TEXTS, PAIRS):
+            made, fast = with_offsets(texts, side=side), without(texts, side=side)
+            assert fast.token_ids == made.token_ids
+            assert fast.type_ids == made.type_ids
+            assert [(e.ids, e.type_ids, e.attention_mask) for e in fast.encodings] == [
+                (e.ids, e.type_ids, e.attention_mask) for e in made.encodings
+            ]
+
+
 def test_a_tokenizer_whose_class_rewrites_the_call_is_called_as_it_is(minilm_dir):
     base = AutoTokenizer.from_pretrained(minilm_dir)
 
