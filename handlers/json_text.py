@@ -35,14 +35,16 @@ def as_json(answer: Any) -> str:
     return text.decode()
 
 
-def float32_rows(matrix: torch.Tensor) -> list:
-    """A float32 matrix's rows as orjson writes them: the floats that print shortest while reading
-    back as the same float32 values, as TEI writes embeddings (4.7 kB of JSON for a 384-value row
-    instead of 8 kB for the float64 reprs `tolist()` gives). The rows are numpy arrays, which
-    `as_json` writes directly; Python lists where orjson is missing."""
-    if orjson is None or matrix.dtype != torch.float32:
+def float32_rows(matrix: torch.Tensor | np.ndarray) -> list:
+    """A float32 matrix's rows (torch or numpy) as orjson writes them: the floats that print
+    shortest while reading back as the same float32 values, as TEI writes embeddings (4.7 kB of
+    JSON for a 384-value row instead of 8 kB for the float64 reprs `tolist()` gives). The rows are
+    numpy arrays, which `as_json` writes directly; Python lists where orjson is missing."""
+    if isinstance(matrix, torch.Tensor):
+        matrix = matrix.detach().cpu().numpy() if matrix.dtype == torch.float32 else matrix
+    if orjson is None or not isinstance(matrix, np.ndarray) or matrix.dtype != np.float32:
         return matrix.tolist()
-    return list(matrix.detach().cpu().contiguous().numpy())
+    return list(np.ascontiguousarray(matrix))
 
 
 def plain(value: Any) -> Any:

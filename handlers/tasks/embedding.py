@@ -11,6 +11,7 @@ Per request: `normalize`, `prompt_name` (one of the model's prompts, else its de
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ts_compiled_handlers.config import HandlerConfig
@@ -25,6 +26,8 @@ from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tokenizing import Accepted
+
+NORM_EPS = 1e-12  # torch.nn.functional.normalize's floor on a vector's norm
 
 
 class EmbeddingTask(Task):
@@ -114,10 +117,12 @@ class EmbeddingTask(Task):
         return [prompt + text for text in request.texts] if prompt else request.texts
 
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
+        """In numpy: torch's small ops, each through its dispatcher, cost the served worker more per
+        request than the rest of this (docs/performance.md, "Where a request's CPU goes")."""
         params = accepted.request.params
-        embeddings = torch.stack(rows)  # (texts, H)
+        embeddings = np.stack([row.numpy() for row in rows])  # (texts, H) float32
         if "dimensions" in params:
             embeddings = embeddings[:, : params["dimensions"]]
-        if params.get("normalize", self.normalize_default):
-            embeddings = torch.nn.functional.normalize(embeddings, dim=-1)
+        if params.get("normalize", self.normalize_default):  # as torch.nn.functional.normalize
+            embeddings = embeddings / np.maximum(np.linalg.norm(embeddings, axis=-1, keepdims=True), NORM_EPS)
         return [{"embedding": embedding} for embedding in float32_rows(embeddings)]

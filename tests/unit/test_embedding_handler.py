@@ -1,6 +1,7 @@
 """The embedding handler in process on a tiny random BERT: compile counts, recompile guard, errors."""
 
 import fakes
+import numpy as np
 import pytest
 import torch
 from fakes import answered, status
@@ -97,3 +98,25 @@ def test_a_compile_failure_falls_back_to_eager_or_fails_per_config(tiny_bert, ca
 def test_model_length_limit_caps_the_buckets(tiny_bert):
     handler = ready_handler(tiny_bert, buckets={"seq_lens": [16, 48, 128], "batch_sizes": [1, 2]})
     assert handler.engine.plan.seq_lens == (16, 48, 64)  # sentence_bert_config.json says 64
+
+
+@pytest.mark.parametrize("params", [{}, {"normalize": False}, {"dimensions": 5}, {"dimensions": 5, "normalize": False}])
+def test_an_answer_is_normalized_after_its_dimensions_as_torch_normalizes(params):
+    """The answer is made in numpy: the same values as torch.nn.functional.normalize's, a zero
+    vector included (its norm floored, as torch floors it)."""
+    from types import SimpleNamespace
+
+    from ts_compiled_handlers.config import parse
+    from ts_compiled_handlers.tasks.embedding import EmbeddingTask
+
+    task = EmbeddingTask(parse({"handler": {"task": "embedding"}}))
+    task.normalize_default = True
+    rows = [*torch.randn(3, 16, generator=torch.Generator().manual_seed(0)), torch.zeros(16)]
+    answers = task.answer(SimpleNamespace(request=SimpleNamespace(params=params)), rows)
+    expected = torch.stack(rows)[:, : params.get("dimensions", 16)]
+    if params.get("normalize", True):
+        expected = torch.nn.functional.normalize(expected, dim=-1)
+    made = torch.from_numpy(np.array([answer["embedding"] for answer in answers]))
+    assert made.dtype == torch.float32 and made.shape == expected.shape
+    assert torch.allclose(made, expected, rtol=1e-6, atol=1e-7)
+    assert torch.equal(made[-1], torch.zeros_like(made[-1]))

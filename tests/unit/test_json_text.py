@@ -55,6 +55,9 @@ def test_embeddings_print_shortest_and_read_back_as_the_same_float32_values():
     sliced = matrix[:, :64]  # `dimensions`: a view that is not contiguous
     assert torch.equal(torch.tensor(json.loads(json_text.as_json(json_text.float32_rows(sliced)))), sliced)
     assert json_text.float32_rows(matrix.double()) == matrix.double().tolist()  # float32 only
+    assert json_text.as_json(json_text.float32_rows(matrix.numpy())) == json_text.as_json(rows)  # numpy alike
+    as_text = json_text.as_json
+    assert as_text(json_text.float32_rows(sliced.numpy())) == as_text(json_text.float32_rows(sliced))
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
