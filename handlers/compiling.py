@@ -161,11 +161,13 @@ class CompiledModel(ModelRunner):
             self.ready = True
 
     def _fast(self, inputs: dict) -> torch.Tensor | object:
-        for value in inputs.values():  # the plan's varying dimensions, so one graph serves the grid
-            if isinstance(value, torch.Tensor):
-                buckets.mark_dynamic_dims(value, self.options.dynamic)
         if not self.ready:
+            for value in inputs.values():  # the plan's varying dimensions, so one graph serves the grid
+                if isinstance(value, torch.Tensor):
+                    buckets.mark_dynamic_dims(value, self.options.dynamic)
             return self.compiled(**inputs)
+        # Ready, the inputs go unmarked: dynamo's guard on a marking passes a tensor that has none
+        # (torch/_dynamo/guards.py), and marking is torch._dynamo's Python, per input, per call.
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
                 return self.compiled(**inputs)
