@@ -52,7 +52,9 @@ class Engine:
             for call in calls:
                 place = ids.placement(call)
                 inputs = call_inputs(ids, call, place, self.layout, self.pad_id)
-                output = self.model({name: tensor.to(self.device) for name, tensor in inputs.items()})
+                if self.device.type != "cpu":
+                    inputs = {name: tensor.to(self.device) for name, tensor in inputs.items()}
+                output = self.model(inputs)
                 picked = text_rows(output, call, place, self.layout, self.per_token).float().cpu()
                 pieces = picked.split(place.lengths.tolist()) if self.per_token else picked.unbind(0)
                 for text, piece in zip(place.texts, pieces, strict=True):
