@@ -117,8 +117,8 @@ class EmbeddingTask(Task):
         return [prompt + text for text in request.texts] if prompt else request.texts
 
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
-        """In numpy: torch's small ops, each through its dispatcher, cost the served worker more per
-        request than the rest of this (docs/performance.md, "Where a request's CPU goes")."""
+        """In numpy: after the model call every small op runs on cold caches, and torch's each go
+        through its dispatcher (docs/performance.md, "Where a request's CPU goes")."""
         params = accepted.request.params
         embeddings = np.stack([row.numpy() for row in rows])  # (texts, H) float32
         if "dimensions" in params:
