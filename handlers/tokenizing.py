@@ -84,7 +84,7 @@ class TextTokenizer:
         offsets: bool = True,
     ):
         self.limit = limit
-        self.offsets = offsets
+        self.offsets = offsets or not hasattr(Tokenizer, "encode_batch_fast")  # tokenizers < 0.20 lacks it
         self.reject = reject
         self.truncates = truncates
         self.special_tokens = special_tokens
