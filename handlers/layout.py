@@ -153,13 +153,11 @@ def text_rows(output: torch.Tensor, call: Call, place: Placement, layout: Layout
     """The call's output rows of its real texts, in `place.texts` order, picked by one index each:
     per text (texts, ...) from (rows, ...) or packed (rows, slots, ...); per token, the texts' tokens
     end to end (tokens, ...) from (rows, seq_len, ...), for the caller to split by `place.lengths`.
-    Length groups' texts are the call's first rows in order, which a slice picks without a kernel:
-    torch's small ops after the model call cost the served worker more than in process."""
+    Length groups' texts are picked by a slice, without a kernel: after the model call every small
+    op runs on cold caches."""
     if per_token:
         return output.flatten(0, 1)[torch.from_numpy(place.destination).to(output.device)]
-    if not layout.packed:
-        if np.array_equal(place.row_of, np.arange(len(place.row_of))):  # the first rows, in order: a view
-            return output[: len(place.row_of)]
-        return output[torch.from_numpy(place.row_of).to(output.device)]
+    if not layout.packed:  # a text per row (Layout.calls): the call's first rows, in order
+        return output[: len(place.row_of)]
     slots = packing.text_slots(call.group.seq_len)
     return output.flatten(0, 1)[torch.from_numpy(place.row_of * slots + place.segment - 1).to(output.device)]
