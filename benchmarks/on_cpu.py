@@ -55,27 +55,25 @@ def read_samples(script: str) -> Counter:
     return found
 
 
-def perf() -> str | None:
-    """perf, if it is installed and may record (root, or perf_event_paranoid low enough)."""
-    found = shutil.which("perf")
-    if found is None:
-        return None
-    probe = subprocess.run([found, "stat", "-e", "cpu-clock", "true"], capture_output=True)
-    return found if probe.returncode == 0 else None
+def available() -> bool:
+    """Whether perf is installed and may record here (root, or perf_event_paranoid low enough)."""
+    if shutil.which("perf") is None:
+        return False
+    return subprocess.run(["perf", "stat", "-e", "cpu-clock", "true"], capture_output=True).returncode == 0
 
 
 def record(pid: int, seconds: float, data: Path) -> subprocess.Popen:
     """Start sampling every thread of `pid` for `seconds`, each sample's stack copied for unwinding."""
     command = ["record", "-e", "cpu-clock", "-c", str(PERIOD_NS), "--call-graph", "dwarf,16384"]
     command += ["-p", str(pid), "-o", str(data), "--", "sleep", str(seconds)]
-    return subprocess.Popen([perf(), *command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(["perf", *command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def samples_of(recording: subprocess.Popen, data: Path) -> Counter:
     """The samples per kind of a finished `record` (its data file is deleted: ~10 MB a second)."""
     recording.wait(timeout=120)
     script = subprocess.run(
-        [perf(), "script", "--no-inline", "-F", "tid,ip,sym,dso", "-i", str(data)],
+        ["perf", "script", "--no-inline", "-F", "tid,ip,sym,dso", "-i", str(data)],
         capture_output=True,
         text=True,
         check=True,

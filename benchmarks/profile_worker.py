@@ -109,7 +109,7 @@ def sampled_load(
     command = [py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--output", str(raw)]
     spy = subprocess.Popen([*command, "--duration", str(int(seconds)), "--nonblocking"], stdout=subprocess.DEVNULL)
     perf_data = raw.with_suffix(".perf")
-    perf = on_cpu.record(pid, int(seconds), perf_data) if on_cpu.perf() else None
+    perf = on_cpu.record(pid, int(seconds), perf_data) if on_cpu.available() else None
     summary = loadtest.summarize_outcomes(loadtest.drive(server, name, texts, clients, seconds))
     spy.wait(timeout=seconds + 60)
     spent = meter.spent()
