@@ -8,7 +8,7 @@
 #
 # docs/operations.md#container has the commands that run it, as tests/integration/test_image.py runs
 # them. The layers go from what changes least to what changes most: the system packages (Java 17
-# for TorchServe, g++), torch, this package's dependencies, then this package alone. Only the
+# for TorchServe, g++, tcmalloc), torch, this package's dependencies, then this package alone. Only the
 # installed package reaches the final image, not the source tree.
 #
 # BASE_IMAGE: Debian 12 (bookworm) with Python 3.10+ and venv; scripts/build_image.sh makes one with
@@ -38,7 +38,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # Inductor's C++ includes Python.h: Debian's python3 needs python3-dev for it (python:*-slim has it).
 RUN headers=$(python3 -c 'import os, sysconfig; print("" if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else "python3-dev")') \
     && apt-get update -q \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless g++ $headers \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless g++ libtcmalloc-minimal4 $headers \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --home-dir /home/model-server --shell /bin/bash model-server
 RUN --mount=type=secret,id=pip.conf --mount=type=secret,id=ca-certificates \

@@ -12,12 +12,14 @@ worker's CPU is also split by perf's samples of its threads while they run (benc
 that split, not py-spy's, is the CPU outside the model. With `--against REVISION` the archive
 that revision's code builds (benchmarks/at_revision.py) is registered beside this tree's on the
 same server, and the two are driven in turn, load by load, `--rounds` times; each figure is the
-median of its rounds.
+median of its rounds. With `--allocators` there is a server per allocator (handlers/allocator.py),
+this tree's archive on each and the `--against` archive on the first.
 
     python benchmarks/profile_worker.py                  # MiniLM, request batches, 30 s per load
     python benchmarks/profile_worker.py --async          # MiniLM, the token scheduler
     python benchmarks/profile_worker.py --torchserve-logging   # the frontend logging as TorchServe ships it
     python benchmarks/profile_worker.py --against 9221d4a --rounds 3   # and that revision's archive, interleaved
+    python benchmarks/profile_worker.py --allocators system auto --against 9221d4a   # glibc's and tcmalloc
     python benchmarks/profile_worker.py --quick          # tiny model, 3 s per load (a smoke run)
 
 Needs py-spy (`pip install py-spy`) and the right to trace the worker (root, or ptrace_scope 0);
@@ -36,6 +38,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from ts_compiled_handlers import allocator
 from ts_compiled_handlers.benchmarks import at_revision, cpu, loadtest, measure, on_cpu
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
 from ts_compiled_handlers.scripts import build_mar
@@ -158,6 +161,7 @@ def on_cpu_not_the_model(load: dict) -> float:
 
 def print_table(result: dict) -> None:
     print(f"{result['machine']}, {result['contender']}, logging: {result['logging']}, rounds: {result['rounds']}")
+    print("allocators: " + ", ".join(f"{choice} = {library}" for choice, library in result["allocators"].items()))
     loads = result["loads"]
     print(
         f"{'CPU ms per request (median)':30}" + "".join(f"{load['archive']:>11}/{load['clients']:<2}" for load in loads)
@@ -192,21 +196,34 @@ def build_archives(args, model_dir: Path, store: Path) -> dict:
     return archives
 
 
-def profile(server: TorchServe, archives: dict, texts: list, args) -> list[dict]:
-    """Every load on every archive, `--rounds` times, interleaved; the median load of each."""
+def profile(contenders: dict, texts: list, args) -> list[dict]:
+    """Every load on every contender ({label: (server, model name)}), `--rounds` times, interleaved;
+    the median load of each."""
     duration = 3 if args.quick else args.duration
-    for name in archives.values():
+    for server, name in contenders.values():
         server.register(f"{name}.mar", workers=1)
         loadtest.drive(server, name, texts, max(args.loads), min(duration, 5))  # warm the sockets
     time.sleep(1)
-    found = {(label, clients): [] for label in archives for clients in args.loads}
+    found = {(label, clients): [] for label in contenders for clients in args.loads}
     for round_ in range(1, args.rounds + 1):
-        for label, name in archives.items():
+        for label, (server, name) in contenders.items():
             for clients in args.loads:
                 raw = raw_path(args.out, label, clients, round_)
                 load = sampled_load(server, name, texts, clients, duration, args.rate, raw)
                 found[label, clients].append({"archive": label, **load})
     return [median_load(rounds) for rounds in found.values()]
+
+
+def contenders_on(servers: dict, archives: dict) -> dict:
+    """{label: (server, model name)}: this tree's archive on every server ({allocator: server}), the
+    `--against` revision's on the first alone (labelled with the allocator where there are several)."""
+    first = next(iter(servers))
+    found = {}
+    for label, name in archives.items():
+        for choice, server in servers.items():
+            if label == "HEAD" or choice == first:
+                found[label if len(servers) == 1 else f"{label}@{choice}"] = (server, name)
+    return found
 
 
 def main(argv=None) -> dict:
@@ -222,6 +239,13 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--torchserve-logging", action="store_true", help="TorchServe's own log4j2 configuration, not ours (a baseline)"
     )
+    parser.add_argument(
+        "--allocators",
+        nargs="+",
+        default=["auto"],
+        metavar="CHOICE",
+        help="a server per allocator (auto, system or a library's path: handlers/allocator.py), driven in turns",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs") / "profile_worker.json")
     args = parser.parse_args(argv)
     if py_spy() is None:
@@ -235,22 +259,28 @@ def main(argv=None) -> dict:
 
         lengths = traffic_lengths(5000, 0, high=256)
         texts = list(zip(texts_of_lengths(AutoTokenizer.from_pretrained(model_dir), lengths, 0), lengths, strict=True))
-        server = TorchServe.on_free_ports(temp / "server", temp / "store")
+        servers = {
+            choice: TorchServe.on_free_ports(temp / f"server-{choice}", temp / "store", {allocator.SETTING: choice})
+            for choice in args.allocators
+        }
         base = None
         if args.torchserve_logging:  # our config without the vmargs line that names our log4j2.xml
             base = temp / "config.properties"
             lines = TEMPLATE.read_text().splitlines()
             base.write_text("\n".join(line for line in lines if not line.startswith("vmargs=")) + "\n")
-        server.start(base_config=base)
         try:
-            loads = profile(server, archives, texts, args)
+            for server in servers.values():
+                server.start(base_config=base)
+            loads = profile(contenders_on(servers, archives), texts, args)
         finally:
-            server.stop()
+            for server in servers.values():
+                server.stop()
     result = {
         "machine": measure.machine_summary(),
         "contender": "scheduled" if args.scheduled else "batches",
         "logging": "TorchServe's log4j2.xml" if args.torchserve_logging else "ours",
         "rounds": args.rounds,
+        "allocators": {choice: server.env.get("LD_PRELOAD", "glibc") for choice, server in servers.items()},
         "loads": loads,
     }
     print_table(result)

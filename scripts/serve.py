@@ -19,7 +19,8 @@ started; every command but `start` finds the server by `--workdir` (default $HFS
 runs/server under the current folder): its ports.json, or the config.properties of a server
 started there by hand (`torchserve --start --ts-config config.properties`, as the image does).
 `start` takes `--ts-config`, else ./config.properties where there is one, else the package's own
-secure config; the copy it runs is in the working directory.
+secure config; the copy it runs is in the working directory. TorchServe starts with tcmalloc where
+libtcmalloc-minimal4 is installed (handlers/allocator.py; `HFSERVE_ALLOCATOR=system` keeps glibc's).
 """
 
 import argparse
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import requests
 
-from ts_compiled_handlers import package_files
+from ts_compiled_handlers import allocator, package_files
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 
 TEMPLATE = package_files.PACKAGE / "config.properties"  # the secure defaults `hfserve init` writes
@@ -200,6 +201,7 @@ class TorchServe:
         self.model_store = Path(model_store).resolve()
         self.ports = ports or DEFAULT_PORTS
         self.env = {**os.environ, **(env or {}), "TMPDIR": str(self.workdir / "tmp"), "TEMP": str(self.workdir / "tmp")}
+        self.env.update(allocator.preload(self.env))  # the frontend's, which its workers inherit
         self.env["LOG_LOCATION"] = self.env["METRICS_LOCATION"] = str(self.workdir / "logs")
         self.inference_url = f"http://127.0.0.1:{self.ports['INFERENCE_PORT']}"
         self.management_url = f"http://127.0.0.1:{self.ports['MANAGEMENT_PORT']}"

@@ -12,6 +12,7 @@ the installed package, and the wheel holds nothing but the package.
 """
 
 import json
+import os
 import re
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ import requests
 import torch
 from wheel_install import WheelInstall
 
+from ts_compiled_handlers import allocator
 from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TorchServe, busy, free_ports, port_settings, with_settings
 
 pytestmark = pytest.mark.integration
@@ -183,6 +185,17 @@ def test_the_frontend_pid_names_torchserves_java_process(server):
     arguments = Path(f"/proc/{server.frontend_pid()}/cmdline").read_bytes().split(b"\0")
     assert Path(arguments[0].decode()).name == "java"
     assert any(b"ModelServer" in argument for argument in arguments)
+
+
+def test_the_workers_run_with_the_allocator_torchserve_was_started_with(server):
+    """tcmalloc where it is installed (handlers/allocator.py): the workers inherit it from the frontend."""
+    preload = server.env.get("LD_PRELOAD", "")
+    if "LD_PRELOAD" not in os.environ and os.environ.get("HFSERVE_ALLOCATOR", "auto") == "auto":
+        assert preload == str(allocator.find() or "")
+    expected = next((name for name in allocator.KNOWN if name in preload), "glibc")
+    for name, _, _ in MODELS:
+        for pid in server.worker_pids(name):
+            assert allocator.in_use(Path(f"/proc/{pid}/maps")) == expected
 
 
 def test_the_wheel_installs_one_package_of_its_own_name(wheel):

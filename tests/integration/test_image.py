@@ -119,6 +119,7 @@ def test_minilm_serves_compiled_in_the_image_and_answers_as_sentence_transformer
     assert torch.nn.functional.cosine_similarity(got, expected).min() >= 0.99
     ready = re.search(r"minilm_1\.0-stdout MODEL_LOG - Ready in \S+ from (\w+)", container.logs())
     assert ready and ready[1] == "compiled", container.logs()[-3000:]
+    assert "minilm_1.0-stdout MODEL_LOG - Memory allocator: tcmalloc" in container.logs()  # the image's preload
     metrics = requests.get(f"{container.metrics_url}/metrics", timeout=10).text  # TorchServe asks no key here
     assert re.search(r'^CompileFallback\{ModelName="minilm",.*\} 0\.0$', metrics, re.MULTILINE), metrics
     assert "EagerFallbacks{" not in metrics

@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -53,6 +54,27 @@ def test_the_entry_point_runs_torchserve_in_the_foreground_in_its_home(tmp_path,
 @pytest.mark.heavy  # starts a process
 def test_torchserve_without_start_runs_where_it_was_started(tmp_path):
     assert entrypoint(tmp_path, "torchserve", "--version") == [str(tmp_path), "--version"]
+
+
+@pytest.mark.heavy  # starts a process
+@pytest.mark.parametrize("choice", ["system", "library"])
+def test_the_entry_point_starts_every_process_with_the_chosen_allocator(tmp_path, choice):
+    chosen = tmp_path / "libtcmalloc_minimal.so.4"
+    chosen.write_bytes(b"")  # preloaded by nothing here: the stand-in only prints what it was given
+    printing = tmp_path / "bin" / "printenv-preload"
+    printing.parent.mkdir()
+    printing.write_text('#!/bin/sh\nprintf "%s\\n" "${LD_PRELOAD:-none}"\n')
+    printing.chmod(0o755)
+    python = Path(sys.executable).parent  # python3 there imports this package, as the image's does
+    env = {
+        **os.environ,
+        "PATH": f"{printing.parent}:{python}:{os.environ['PATH']}",
+        "MODEL_SERVER_HOME": str(tmp_path),
+        "HFSERVE_ALLOCATOR": "system" if choice == "system" else str(chosen),
+    }
+    env.pop("LD_PRELOAD", None)
+    done = subprocess.run(["bash", str(ENTRYPOINT), "printenv-preload"], env=env, capture_output=True, text=True)
+    assert done.stdout == ("none\n" if choice == "system" else f"{chosen}\n"), done.stderr
 
 
 @pytest.mark.heavy  # starts a process

@@ -3,7 +3,7 @@ on stacks shaped as py-spy writes them from a TorchServe worker."""
 
 import pytest
 
-from ts_compiled_handlers.benchmarks.profile_worker import LOGGING, OTHER, component_of, read_samples
+from ts_compiled_handlers.benchmarks.profile_worker import LOGGING, OTHER, component_of, contenders_on, read_samples
 
 
 def stack(*frames: str) -> str:
@@ -49,3 +49,17 @@ def test_a_sample_goes_to_the_frame_of_ours_or_torchserve_s_nearest_its_leaf(fra
 def test_raw_output_is_counted_per_component():
     raw = f"{stack(*REPLY, f'as_json {OURS}worker.py')} 7\n{stack(*ROOT, 'recv socket.py')} 3\nnot a sample\n"
     assert read_samples(raw) == {"JSON": 7, "TorchServe messages": 3}
+
+
+def test_with_several_allocators_this_trees_archive_runs_on_each_and_the_baseline_on_the_first():
+    servers = {"system": "glibc server", "auto": "tcmalloc server"}
+    archives = {"9221d4a": "batches-9221d4a", "HEAD": "batches"}
+    assert contenders_on(servers, archives) == {
+        "9221d4a@system": ("glibc server", "batches-9221d4a"),
+        "HEAD@system": ("glibc server", "batches"),
+        "HEAD@auto": ("tcmalloc server", "batches"),
+    }
+    assert contenders_on({"auto": "server"}, archives) == {
+        "9221d4a": ("server", "batches-9221d4a"),
+        "HEAD": ("server", "batches"),
+    }
