@@ -1,7 +1,7 @@
 """The memory allocator a server's processes run with: tcmalloc where it is installed, else glibc's.
 
 On a CPU the serving path's small allocations are a large share of what is not the model: glibc's
-malloc and free were ~30% of the Rust tokenizer's time, and with tcmalloc the worker spent 0.82-0.87x
+malloc and free were ~30% of the Rust tokenizer's time, and with tcmalloc the worker spent 0.93-0.97x
 the CPU outside the model (docs/performance.md, "The memory allocator"). An allocator is chosen
 when a process starts (`LD_PRELOAD`), never after: so the commands that start TorchServe
 (`hfserve serve`, the benchmarks, the image's entry point) set it for the frontend, whose workers
