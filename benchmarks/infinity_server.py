@@ -6,7 +6,8 @@ torch first (an open range would fetch a multi-GB CUDA build), then `infinity-em
 at the version measured. A contender is one configuration of its torch engine, `infinity-DTYPE`
 or `infinity-DTYPE-compile` (its `--compile`: torch.compile of the model); the load test starts it
 on a free loopback port, drives it with the same texts as ours (OpenAI's `/embeddings` body, one
-text a request) and stops it.
+text a request) and stops it, with the allocator the TorchServe contenders get (handlers/allocator.py:
+tcmalloc where installed), so the servers are compared, not their allocators.
 """
 
 import json
@@ -17,6 +18,8 @@ import time
 from pathlib import Path
 
 import requests
+
+from ts_compiled_handlers import allocator
 
 VERSION = "0.0.78"
 DEFAULT_VENV = Path("runs") / "infinity-venv"
@@ -59,6 +62,7 @@ class InfinityServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = (self.workdir / f"infinity-{self.dtype}{'-compile' if self.compiled else ''}.log").open("ab")
         environment = {**os.environ, "INFINITY_ANONYMOUS_USAGE_STATS": "0", "HF_HUB_OFFLINE": "1"}
+        environment.update(allocator.preload(environment))
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=environment)
         deadline = time.monotonic() + STARTUP_SECONDS
         while time.monotonic() < deadline:

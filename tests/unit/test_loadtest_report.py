@@ -86,3 +86,23 @@ def test_an_infinity_contender_is_its_torch_engine_at_its_dtype_with_or_without_
     assert command[command.index("--engine") + 1] == "torch" and command[command.index("--host") + 1] == "127.0.0.1"
     plain = InfinityServer("infinity-float32", tmp_path / "model", 7997, tmp_path, venv).command()
     assert plain[plain.index("--dtype") + 1] == "float32" and "--no-compile" in plain
+
+
+@pytest.mark.heavy  # starts a process
+def test_infinity_starts_with_the_allocator_the_torchserve_contenders_get(tmp_path, monkeypatch):
+    from ts_compiled_handlers import allocator
+    from ts_compiled_handlers.benchmarks.infinity_server import InfinityServer
+
+    library = tmp_path / "libtcmalloc_minimal.so.4"
+    library.write_bytes(b"")  # preloaded by nothing: the stand-in only writes down what it was given
+    monkeypatch.setattr(allocator, "find", lambda dirs=None: library)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("HFSERVE_ALLOCATOR", raising=False)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    stand_in = venv / "bin" / "infinity_emb"
+    stand_in.write_text(f'#!/bin/sh\nprintf "%s" "$LD_PRELOAD" > {tmp_path / "seen"}\n')
+    stand_in.chmod(0o755)
+    with pytest.raises(RuntimeError, match="Infinity exited"):
+        InfinityServer("infinity-float32", tmp_path / "model", 7997, tmp_path, venv).start()
+    assert (tmp_path / "seen").read_text() == str(library)
