@@ -38,11 +38,13 @@ def preload(env: dict, dirs=LIBRARY_DIRS) -> dict:
     choice = env.get(SETTING, "auto")
     if env.get("LD_PRELOAD") or choice == "system":
         return {}
-    library = find(dirs) if choice == "auto" else Path(choice)
-    if library is not None and not library.is_file():
+    if choice == "auto":
+        library = find(dirs)
+        return {"LD_PRELOAD": str(library)} if library else {}
+    if not Path(choice).is_file():
         logger.warning("%s=%s is not a file: the processes keep glibc's allocator", SETTING, choice)
         return {}
-    return {"LD_PRELOAD": str(library)} if library is not None else {}
+    return {"LD_PRELOAD": choice}
 
 
 def in_use(maps: Path = Path("/proc/self/maps")) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from ts_compiled_handlers import allocator, buckets, compile_cache, hardware, packing, process_settings, warmup
+from ts_compiled_handlers import buckets, compile_cache, hardware, packing, process_settings, warmup
 from ts_compiled_handlers.config import CompileConfig, HandlerConfig, check_async_batch_size
 
 if TYPE_CHECKING:  # the tasks' own modules read Serving
@@ -84,7 +84,6 @@ def read_serving(placement: Placement, task: "Task") -> tuple[Serving, process_s
         check_async_batch_size(placement.batch_size)  # a registration's own too
     model_dir = Path(placement.model_dir)
     threads = process_settings.share_cores(config.threads, config.workers, model_dir)
-    allocator.log_in_use()
     gpu_id = placement.gpu_id
     device = torch.device(f"cuda:{gpu_id}" if HARDWARE.device == "cuda" and gpu_id is not None else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ts_compiled_handlers import buckets, building, ready
+from ts_compiled_handlers import allocator, buckets, building, ready
 from ts_compiled_handlers.config import parse
 from ts_compiled_handlers.engine import Engine
 from ts_compiled_handlers.json_text import as_json
@@ -90,6 +90,7 @@ class Worker:
         """The worker, ready: engine built, warmed over the grid, checked; `progress(done, total)`
         is told of each warmed shape (the build's bar)."""
         began = time.perf_counter()
+        allocator.log_in_use()  # a serving worker's, not a build's or a benchmark's
         task, serving, threads = cls.read(placement, task_class)
         engine, started = building.build_engine(task, serving, progress)
         engine.model.mark_ready()
