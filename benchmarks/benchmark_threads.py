@@ -31,7 +31,9 @@ from ts_compiled_handlers.scripts.make_tiny_models import make
 def baked_twin(handler):
     """The handler's engine over its model compiled again with the thread count baked in, warmed over its grid."""
     engine = handler.engine
-    model = CompiledModel(copy.deepcopy(engine.model.eager), engine.model.options, engine.model.graphs_needed)
+    model = CompiledModel(
+        copy.deepcopy(engine.model.eager), engine.model.options, engine.model.graphs_needed, engine.model.task_freezes
+    )
     twin = engine.on(model)
     model.compile()  # lazy: kernels are built by the calls below, with the setting patched over it
     with process_settings.thread_count_baked_in():

@@ -56,10 +56,8 @@ def build_engine(task: Task, serving: Serving, progress=None) -> tuple[Engine, S
         return served
     engine = eager_engine(task, serving)
     load_seconds = time.perf_counter() - began
-    options = serving.compile_options
-    if options.freezing is None and not task.FREEZES:  # auto, for a task whose graphs are not frozen
-        options = dataclasses.replace(options, freezing=False)
-    engine = engine.on(CompiledModel(engine.model.eager, options, task.graphs_needed(serving.plan)))
+    graphs_needed = task.graphs_needed(serving.plan)
+    engine = engine.on(CompiledModel(engine.model.eager, serving.compile_options, graphs_needed, task.FREEZES))
     return engine, compile_and_warm_up(engine, serving, load_seconds, progress)
 
 

@@ -96,10 +96,12 @@ class CompiledModel(ModelRunner):
     guards_thread_count = True  # dynamo's global-state guard covers torch.get_num_threads()
     outside = "a shape outside the warm-up grid reached the compiled model"
 
-    def __init__(self, model: torch.nn.Module, options: CompileConfig, graphs_needed: int):
-        """Nothing is compiled until `compile()`, so its failure follows the on_failure policy."""
+    def __init__(self, model: torch.nn.Module, options: CompileConfig, graphs_needed: int, task_freezes: bool = True):
+        """Nothing is compiled until `compile()`, so its failure follows the on_failure policy.
+        `task_freezes`: the task's graphs may be frozen (`Task.FREEZES`)."""
         super().__init__(model)
         self.options = options
+        self.task_freezes = task_freezes
         self.compiled = None
         self.graphs_needed = graphs_needed
         self.graphs_per_state = graphs_needed
@@ -138,11 +140,12 @@ class CompiledModel(ModelRunner):
     @property
     def freezes(self) -> bool:
         """Whether inductor freezes the weights (`compile.freezing`; auto: a whole model on the CPU,
-        since a regional graph serves every block, each with weights of its own)."""
+        since a regional graph serves every block, each with weights of its own, of a task whose
+        graphs may be frozen)."""
         if self.options.freezing is not None:
             return self.options.freezing
         on_cpu = all(parameter.device.type == "cpu" for parameter in self._eager.parameters())
-        return on_cpu and not self.options.regional
+        return on_cpu and not self.options.regional and self.task_freezes
 
     def fall_back_to_eager(self, fallback) -> None:
         logger.error("Serving the model EAGERLY (compilation off): %s", fallback)

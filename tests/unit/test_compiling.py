@@ -39,3 +39,7 @@ def test_freezing_is_on_for_a_model_on_the_cpu_unless_the_config_says():
     assert freezes(torch.nn.Linear(2, 2, device="meta"), True) is True
     regional = parse({"handler": {"compile": {"regional": True}}}).compile  # one graph for blocks of other weights
     assert CompiledModel(torch.nn.Linear(2, 2), regional, graphs_needed=1).freezes is False
+    auto = parse({}).compile  # a task whose graphs drift when frozen (generation): auto leaves them unfrozen
+    assert CompiledModel(torch.nn.Linear(2, 2), auto, graphs_needed=1, task_freezes=False).freezes is False
+    forced = parse({"handler": {"compile": {"freezing": True}}}).compile
+    assert CompiledModel(torch.nn.Linear(2, 2), forced, graphs_needed=1, task_freezes=False).freezes is True
