@@ -5,7 +5,9 @@ request batches, 8 after 5 ms, unless `--batch-size`, `--max-batch-delay` say ot
 registered in turn on one server (loopback, token auth) with an empty inductor cache (or
 `--inductor-cache DIR`), then driven by `--clients` concurrent clients for `--duration` seconds. Each
 client sends the next text of one seeded stream (token lengths lognormal, median 30, sigma 0.8,
-clipped to 5..`--max-length`) as a text/plain body, which every contender accepts.
+clipped to 5..`--max-length`) as a text/plain body, which every contender accepts: closed loop, the
+next one when its answer is back, or with `--rate` open loop, the texts arriving at that rate
+(Poisson) whatever the server answers, each request's latency counted from its arrival.
 
 Contenders: `ours-auto` (dtype auto, texts packed into token-budget rows), `ours-aot` (the same,
 built with `--precompile aot`: the worker serves the AOT package), `ours-float32`, `groups-auto` and
@@ -22,6 +24,7 @@ best of them.
     hfserve loadtest                  # MiniLM, all contenders, 16 clients x 60 s each
     hfserve loadtest --quick          # CI smoke: tiny random model, 4 clients x 3 s each
     hfserve loadtest --contenders ours-auto --workers 1 2 --rounds 3   # 1 vs 2 workers, alternating
+    hfserve loadtest --contenders ours-auto --rate 200 --clients 64    # open loop: 200 requests/s arrive
     hfserve loadtest --contenders ours-auto ours-aot --rounds 3      # AOT package vs torch.compile
     hfserve loadtest --contenders ours-float32 groups-float32 eager-longest --rounds 3   # packing
     hfserve loadtest --contenders ours-auto infinity-float32 infinity-float32-compile infinity-bfloat16 \
@@ -36,6 +39,7 @@ import dataclasses
 import http.client
 import itertools
 import json
+import random
 import re
 import shutil
 import tempfile
@@ -135,30 +139,53 @@ def build_stock(model_dir: Path, store: Path, max_length: int) -> None:
         build_mar.archive(staging, "stock", staging / "stock_handler.py", store)
 
 
-def drive(server: TorchServe, name: str, texts: list[tuple[str, int]], clients: int, duration: float) -> list:
-    """`clients` closed-loop clients sending the next text of the stream until `duration` is up."""
+def drive(server: TorchServe, name: str, texts: list, clients: int, duration: float, rate: float | None = None) -> list:
+    """`clients` closed-loop clients sending the next text of the stream until `duration` is up;
+    with `rate`, requests arriving at that rate instead (`arrivals`), `clients` of them at most in flight."""
     url = f"{server.inference_url}/predictions/{name}"
     headers = {**server.headers("inference"), "Content-Type": "text/plain; charset=utf-8"}
-    return drive_url(url, headers, str.encode, texts, clients, duration)
+    return drive_url(url, headers, str.encode, texts, clients, duration, rate)
 
 
-def drive_url(url: str, headers: dict, body, texts: list[tuple[str, int]], clients: int, duration: float) -> list:
+def arrivals(rate: float, start: float, seed: int = 0):
+    """Open-loop arrival times from `start`: a Poisson process of `rate` per second (seeded), as
+    independent users arrive, whatever the server answers."""
+    random_gaps = random.Random(seed)
+    due = start
+    while True:
+        due += random_gaps.expovariate(rate)
+        yield due
+
+
+def drive_url(url: str, headers: dict, body, texts, clients: int, duration: float, rate: float | None = None) -> list:
     """`drive` against any server: each text sent as `body(text)` to `url`. Each client is one
     keep-alive connection of the standard library's `http.client`: the clients share the cores with
     the server under test, and `requests` took 0.9-1.1 CPU ms per request of them, `http.client`
-    0.14-0.17 (docs/performance.md, "Scheduling by tokens")."""
+    0.14-0.17 (docs/performance.md, "Scheduling by tokens"). With `rate`, a client sends the next
+    arrival at its time, and a request's latency counts from its arrival: the time it waited for a
+    free client (all `clients` busy: the server is behind) is part of it, as a user would wait."""
     stream = itertools.cycle(texts)
     lock = threading.Lock()
     deadline = time.perf_counter() + duration
+    schedule = arrivals(rate, time.perf_counter()) if rate else None
     target = urllib.parse.urlsplit(url)
     path = target.path + (f"?{target.query}" if target.query else "")
 
+    def next_request() -> tuple[str, int, float] | None:
+        """The next text, and when it is sent (now, or at its arrival); None once the run is over."""
+        with lock:
+            text, tokens = next(stream)
+            due = next(schedule) if schedule else time.perf_counter()
+        if due >= deadline:
+            return None
+        if schedule:
+            time.sleep(max(0.0, due - time.perf_counter()))
+        return text, tokens, due
+
     def client() -> list[Outcome]:
         outcomes, connection = [], None
-        while time.perf_counter() < deadline:
-            with lock:
-                text, tokens = next(stream)
-            began = time.perf_counter()
+        while (request := next_request()) is not None:
+            text, tokens, began = request
             try:
                 connection = connection or http.client.HTTPConnection(target.hostname, target.port, timeout=300)
                 connection.request("POST", path, body=body(text), headers=headers)
@@ -195,7 +222,7 @@ def run_contender(server: TorchServe, name: str, texts, probe: list[str], args, 
     registered = time.perf_counter() - began
     first = server.predict(name, probe[0], content_type="text/plain")
     first_answer = time.perf_counter() - began
-    outcomes = drive(server, name, texts, args.clients, args.duration)
+    outcomes = drive(server, name, texts, args.clients, args.duration, args.rate)
     answers = [server.predict(name, text, content_type="text/plain").json()["embedding"] for text in probe]
     metrics = server.metrics()
     server.unregister(name)
@@ -224,7 +251,7 @@ def run_infinity(name: str, texts, probe: list[str], args, label=None) -> dict:
     try:
         headers = {"Content-Type": "application/json"}
         outcomes = drive_url(f"{server.url}/embeddings", headers, lambda text: server.body([text]), texts,
-                             args.clients, args.duration)  # fmt: skip
+                             args.clients, args.duration, args.rate)  # fmt: skip
         answers = [server.embedding(text) for text in probe]
     finally:
         server.stop()
@@ -338,10 +365,8 @@ def worker_checks(rows: list[dict]) -> list[dict]:
 
 
 def print_report(rows: list[dict], checks: list[dict], machine: str, args) -> None:
-    print(
-        f"{machine}; {args.clients} clients x {args.duration:g} s per contender, "
-        f"batch {args.batch_size or 'of each archive'}"
-    )
+    load = f"{args.rate:g} req/s arriving, {args.clients} in flight at most" if args.rate else f"{args.clients} clients"
+    print(f"{machine}; {load} x {args.duration:g} s per contender, batch {args.batch_size or 'of each archive'}")
     print(
         f"{'contender':<22}{'req/s':>8}{'steady':>8}{'tok/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
         f"{'ok':>7}{'err':>5}{'lost':>5}{'first s':>9}{'recomp':>7}{'pad':>6}{'cos':>9}"
@@ -401,6 +426,12 @@ def parse_args(argv):
         help="who serves; the infinity-* ones install Infinity into runs/infinity-venv the first time",
     )
     parser.add_argument("--clients", type=int, default=16, help=f"concurrent clients (at most {MAX_CLIENTS})")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="open loop: requests arrive at RATE per second (Poisson), up to --clients in flight; latency "
+        "counts from each arrival (default: closed loop, each client sends when its last answer is back)",
+    )
     parser.add_argument("--duration", type=float, default=60, help=f"seconds per contender (at most {MAX_DURATION})")
     parser.add_argument(
         "--batch-size", type=int, help="TorchServe batch size, every contender (default: each archive's own)"
@@ -418,6 +449,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if not (1 <= args.clients <= MAX_CLIENTS and 0 < args.duration <= MAX_DURATION):
         parser.error(f"--clients must be 1..{MAX_CLIENTS} and --duration 0..{MAX_DURATION} s")
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be above 0 requests per second")
     if args.quick:
         args.clients, args.duration, args.max_length = 4, 3.0, 64
     return args

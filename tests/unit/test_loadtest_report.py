@@ -1,6 +1,19 @@
+import itertools
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
-from ts_compiled_handlers.benchmarks.loadtest import Outcome, gauge, ratios, summarize_outcomes, worker_checks
+from ts_compiled_handlers.benchmarks.loadtest import (
+    Outcome,
+    arrivals,
+    drive_url,
+    gauge,
+    ratios,
+    summarize_outcomes,
+    worker_checks,
+)
 
 METRICS = """# HELP RecompilesAfterReady Torchserve prometheus gauge metric with unit: Count
 # TYPE RecompilesAfterReady gauge
@@ -106,3 +119,55 @@ def test_infinity_starts_with_the_allocator_the_torchserve_contenders_get(tmp_pa
     with pytest.raises(RuntimeError, match="Infinity exited"):
         InfinityServer("infinity-float32", tmp_path / "model", 7997, tmp_path, venv).start()
     assert (tmp_path / "seen").read_text() == str(library)
+
+
+def test_open_loop_arrivals_are_a_seeded_poisson_process_of_the_rate():
+    gaps = [later - earlier for earlier, later in itertools.pairwise(itertools.islice(arrivals(200.0, 5.0), 20001))]
+    assert all(gap > 0 for gap in gaps)
+    assert sum(gaps) / len(gaps) == pytest.approx(1 / 200, rel=0.03)
+    assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.693 / 200, rel=0.05)  # exponential: median ln 2 / rate
+    assert list(itertools.islice(arrivals(200.0, 5.0), 5)) == list(itertools.islice(arrivals(200.0, 5.0), 5))
+
+
+class SlowAnswer(BaseHTTPRequestHandler):
+    """Answers every POST after SECONDS: a server that serves one request at a time per connection."""
+
+    SECONDS = 0.05
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(self.SECONDS)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def slow_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/predict"
+    server.shutdown()
+    server.server_close()
+
+
+def test_open_loop_sends_every_arrival_of_the_run_and_counts_latency_from_the_arrival(slow_server):
+    """40 requests/s arriving at one client that is busy 50 ms with each: the arrivals queue, and a
+    request's latency includes its wait for the client, as a user's would."""
+    rate, duration = 40.0, 1.0
+    due = list(itertools.takewhile(lambda at: at < duration, arrivals(rate, 0.0)))
+    outcomes = drive_url(slow_server, {}, str.encode, [("text", 3)], 1, duration, rate)
+    assert len(outcomes) == len(due) and all(outcome.status == 200 for outcome in outcomes)
+    sent = sorted(outcome.sent for outcome in outcomes)
+    assert [at - sent[0] for at in sent] == pytest.approx([at - due[0] for at in due], abs=1e-6)
+    finished = least = 0.0  # one client with no overhead: the least the slowest latency can be (0.63 s here)
+    for at in due:
+        finished = max(finished, at) + SlowAnswer.SECONDS
+        least = max(least, finished - at)
+    assert max(outcome.seconds for outcome in outcomes) >= least - 1e-6 > 10 * SlowAnswer.SECONDS
+    closed = drive_url(slow_server, {}, str.encode, [("text", 3)], 2, 0.3)  # closed loop: no queue of its own
+    assert closed and all(outcome.status == 200 for outcome in closed)
