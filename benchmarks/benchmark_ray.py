@@ -1,7 +1,7 @@
 """The same archive on Ray against TorchServe, and Ray Data against the same engine in process.
 
 One run, one contender at a time, MiniLM's AOT archive as `hfserve build --precompile aot` makes it:
-- TorchServe (loopback, token auth, 1 worker, the archive's request batches: batchSize 8,
+- TorchServe (loopback, token auth, 1 worker, the archive's request batches: batchSize 32,
   maxBatchDelay 5 ms), then one Ray Serve replica of the same archive (`num_cpus` = the machine's
   cores: as many threads as the TorchServe worker) on a fresh local Ray, twice: behind Serve's own
   HTTP proxy (the default), and behind HAProxy straight to the replica's own HTTP server

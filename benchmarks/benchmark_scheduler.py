@@ -1,7 +1,7 @@
 """Token scheduling in the worker against TorchServe's request batches, through one real TorchServe.
 
 The same model built twice: `scheduled` (`asyncCommunication: true`: handlers/scheduler.py) and
-`batches` (the default: TorchServe's request batches, `batchSize` 8, `maxBatchDelay` 5 ms). Both are registered on one
+`batches` (the default: TorchServe's request batches, `batchSize` 32, `maxBatchDelay` 5 ms). Both are registered on one
 server (loopback, token auth, 1 worker each) and driven in turn, never at once:
 - lone: one client sending one short query at a time (latency p50);
 - long-tailed: `--clients` (16) closed-loop clients on the seeded traffic (token lengths
@@ -232,7 +232,7 @@ def parse_args(argv):
     parser.add_argument("--duration", type=float, default=40, help="seconds per scenario and contender")
     parser.add_argument("--seed", type=int, default=0, help="seed of the traffic")
     parser.add_argument("--threads", type=int, help="the scheduled worker's intra-op threads (default: auto)")
-    parser.add_argument("--batch-size", type=int, help="request batches' batchSize (default: the build's, 8)")
+    parser.add_argument("--batch-size", type=int, help="request batches' batchSize (default: the build's, 32)")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 2 s per scenario")
     parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_scheduler.json")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Load test through a real TorchServe: ours against the stock transformers handler, same traffic.
 
 Every contender is the same model behind the same TorchServe settings (1 worker, each archive's
-request batches, 8 after 5 ms, unless `--batch-size`, `--max-batch-delay` say otherwise),
+request batches, 32 after 5 ms, unless `--batch-size`, `--max-batch-delay` say otherwise),
 registered in turn on one server (loopback, token auth) with an empty inductor cache (or
 `--inductor-cache DIR`), then driven by `--clients` concurrent clients for `--duration` seconds. Each
 client sends the next text of one seeded stream (token lengths lognormal, median 30, sigma 0.8,

@@ -43,16 +43,19 @@ HANDLER_FILES = {
     "token-classification": "token_classification.py",
     "text-generation": "generation.py",
 }
+# batchSize 32: requests arriving at a rate were answered as fast or faster than with 8 at every
+# rate, and past 8's capacity (docs/performance.md, "batchSize and maxBatchDelay", open loop).
 DEFAULT_MODEL_CONFIG = {
     "minWorkers": 1,
     "maxWorkers": 1,
-    "batchSize": 8,
+    "batchSize": 32,
     "maxBatchDelay": 5,
     "responseTimeout": 120,
 }
 # Per task, over DEFAULT_MODEL_CONFIG: generation runs continuous batching (handlers/continuous.py;
-# `continuousBatching: false` in --config gives request batches, where a call is a whole decode loop).
-TASK_MODEL_CONFIG = {"text-generation": {"responseTimeout": 300, "continuousBatching": True}}
+# `continuousBatching: false` in --config gives request batches, where a call is a whole decode loop),
+# its batch the decode loop's slots, the largest batch bucket (8).
+TASK_MODEL_CONFIG = {"text-generation": {"responseTimeout": 300, "continuousBatching": True, "batchSize": 8}}
 # With `asyncCommunication: true` in --config, an encoder task schedules by tokens in the worker
 # (handlers/scheduler.py): the frontend hands each request over as it comes, one at a time (TorchServe
 # 0.12's async frontend fails on two in one message: parse refuses another batchSize).

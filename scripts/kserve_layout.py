@@ -1,6 +1,6 @@
 """The storage layout KServe's TorchServe runtime reads from an InferenceService's storageUri.
 
-    python scripts/kserve_layout.py model_store/minilm.mar --out runs/kserve [--batch-size 8 --workers 1]
+    python scripts/kserve_layout.py model_store/minilm.mar --out runs/kserve [--batch-size 32 --workers 1]
 
 writes
     runs/kserve/config/config.properties   deploy/kserve/config.properties (the Kubernetes profile)
@@ -10,7 +10,8 @@ writes
     runs/kserve/config/ready.py            deploy/kserve/ready.py (the readiness probe)
     runs/kserve/model-store/<name>.mar     the archives, packed compile cache and all
 to be copied to the volume (deploy/kserve/storage.yaml says how). Each model's name and version
-come from its archive's manifest, its responseTimeout from its model-config.yaml.
+come from its archive's manifest; its responseTimeout, and its batchSize and maxBatchDelay unless
+given, from its model-config.yaml.
 """
 
 import argparse
@@ -27,7 +28,9 @@ from ts_compiled_handlers import package_files
 PROFILE = Path("deploy") / "kserve" / "config.properties"  # run from the repository's root
 
 
-def archive_entry(mar: Path, batch_size: int, max_batch_delay: int, workers: int) -> tuple[str, str, dict]:
+def archive_entry(
+    mar: Path, batch_size: int | None, max_batch_delay: int | None, workers: int
+) -> tuple[str, str, dict]:
     """(model name, version, model_snapshot entry) of one archive."""
     with zipfile.ZipFile(mar) as archive:
         model = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]
@@ -37,8 +40,8 @@ def archive_entry(mar: Path, batch_size: int, max_batch_delay: int, workers: int
         "marName": mar.name,
         "minWorkers": workers,
         "maxWorkers": workers,
-        "batchSize": batch_size,
-        "maxBatchDelay": max_batch_delay,
+        "batchSize": batch_size or config.get("batchSize", 1),  # TorchServe's own defaults where the archive has none
+        "maxBatchDelay": max_batch_delay or config.get("maxBatchDelay", 100),
         "responseTimeout": config.get("responseTimeout", 120),
     }
     return model["modelName"], model["modelVersion"], entry
@@ -56,7 +59,12 @@ def render(snapshot: dict, profile: Path = PROFILE) -> str:
 
 
 def write_layout(
-    archives: list[Path], out: Path, batch_size: int, max_batch_delay: int, workers: int, profile: Path = PROFILE
+    archives: list[Path],
+    out: Path,
+    batch_size: int | None,
+    max_batch_delay: int | None,
+    workers: int,
+    profile: Path = PROFILE,
 ) -> Path:
     entries = [archive_entry(mar, batch_size, max_batch_delay, workers) for mar in archives]
     (out / "config").mkdir(parents=True, exist_ok=True)
@@ -74,8 +82,8 @@ def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("archives", type=Path, nargs="+", help=".mar files built by build_mar.py")
     parser.add_argument("--out", type=Path, default=Path("runs") / "kserve", help="the layout's root")
-    parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size, every model")
-    parser.add_argument("--max-batch-delay", type=int, default=5, help="ms to wait to fill a batch")
+    parser.add_argument("--batch-size", type=int, help="TorchServe batch size, every model (default: each archive's)")
+    parser.add_argument("--max-batch-delay", type=int, help="ms to wait to fill a batch (default: each archive's)")
     parser.add_argument("--workers", type=int, default=1, help="workers per model in each pod")
     parser.add_argument("--profile", type=Path, default=PROFILE, help="the Kubernetes config.properties template")
     args = parser.parse_args(argv)

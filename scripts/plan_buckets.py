@@ -35,7 +35,7 @@ from ts_compiled_handlers.config import BucketConfig
 from ts_compiled_handlers.layout import Layout
 from ts_compiled_handlers.length_stats import read_histograms
 from ts_compiled_handlers.packing import AUTO_BUDGET
-from ts_compiled_handlers.scripts import plan_costs
+from ts_compiled_handlers.scripts import build_mar, plan_costs
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.plan_costs import Costs
 from ts_compiled_handlers.scripts.task_inference import infer_task
@@ -163,7 +163,12 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--align", type=int, default=8, help="buckets are multiples of this (or --max-length)")
     parser.add_argument(
-        "--batch-size", "--batch", dest="batch", type=int, default=8, help="texts per batch, for the pack budget"
+        "--batch-size",
+        "--batch",
+        dest="batch",
+        type=int,
+        default=build_mar.DEFAULT_MODEL_CONFIG["batchSize"],
+        help="texts per batch, for the pack budget (the archive's default batchSize)",
     )
     parser.add_argument("--measure", type=Path, help="a model folder: measure its call costs, attention included")
     parser.add_argument(

@@ -111,7 +111,7 @@ def server(tmp_path_factory, tiny_models, minilm_dir):
     torchserve.start()
     try:
         for name in (*MODELS, *GENERATOR, *BROUGHT):
-            torchserve.register(f"{name}.mar", batch_size=8, max_batch_delay=5, workers=1)
+            torchserve.register(f"{name}.mar", workers=1)  # as the README: each archive's batching
         yield torchserve
     finally:
         torchserve.stop()

@@ -92,3 +92,13 @@ def test_the_layout_holds_the_archive_the_profile_and_a_snapshot_of_the_models(t
     }
     with zipfile.ZipFile(out / "model-store" / "tiny.mar") as archive:
         assert "ts_compiled_handlers/protocols/kserve_v2.py" in archive.namelist()
+
+
+def test_the_layout_keeps_each_archives_own_batching_unless_told(tiny_bert, tmp_path):
+    mar = build(tiny_bert, "embedding", "tiny", tmp_path / "store", {"batchSize": 16, "maxBatchDelay": 7})
+    out = write_layout([mar], tmp_path / "layout", None, None, 1, DEPLOY / "config.properties")
+    entry = json.loads(properties((out / "config" / "config.properties").read_text())["model_snapshot"])
+    assert {key: entry["models"]["tiny"]["1.0"][key] for key in ("batchSize", "maxBatchDelay")} == {
+        "batchSize": 16,
+        "maxBatchDelay": 7,
+    }

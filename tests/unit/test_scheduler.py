@@ -119,9 +119,9 @@ def test_an_async_archive_takes_requests_one_at_a_time_as_torchserve_0_12_needs(
     assert build_mar.model_config("embedding", {"asyncCommunication": True})["batchSize"] == 1
     with pytest.raises(ConfigError, match="batchSize=4 .*TorchServe 0.12 fails"):
         build_mar.model_config("embedding", {"asyncCommunication": True, "batchSize": 4})
-    assert build_mar.model_config("embedding", {})[
-        "batchSize"
-    ] == 8 and "asyncCommunication" not in build_mar.model_config("embedding", {})
+    request_batches = build_mar.model_config("embedding", {})
+    assert request_batches["batchSize"] == 32 and "asyncCommunication" not in request_batches
+    assert build_mar.model_config("text-generation", {})["batchSize"] == 8  # its decode loop's slots
 
 
 def test_traffic_metrics_are_in_the_worker_cache_before_traffic_even_when_its_config_lacks_them(tiny_models):
