@@ -12,8 +12,9 @@ worker's CPU is also split by perf's samples of its threads while they run (benc
 that split, not py-spy's, is the CPU outside the model. With `--against REVISION` the archive
 that revision's code builds (benchmarks/at_revision.py) is registered beside this tree's on the
 same server, and the two are driven in turn, load by load, `--rounds` times; each figure is the
-median of its rounds. With `--allocators` there is a server per allocator (handlers/allocator.py),
-this tree's archive on each and the `--against` archive on the first.
+median of its rounds. Every archive takes the same `--batch-size` (8 unless told). With
+`--allocators` there is a server per allocator (handlers/allocator.py), this tree's archive on
+each and the `--against` archive on the first.
 
     python benchmarks/profile_worker.py                  # MiniLM, request batches, 30 s per load
     python benchmarks/profile_worker.py --async          # MiniLM, the token scheduler
@@ -186,7 +187,7 @@ def print_table(result: dict) -> None:
 def build_archives(args, model_dir: Path, store: Path) -> dict:
     """{label: model name} of the archives to profile: this tree's, and `--against`'s."""
     contender = "scheduled" if args.scheduled else "batches"
-    config = {"asyncCommunication": True} if args.scheduled else {}
+    config = {"asyncCommunication": True} if args.scheduled else {"batchSize": args.batch_size}
     build_mar.build(model_dir, "embedding", contender, store, config)
     archives = {"HEAD": contender}
     if args.against:
@@ -235,6 +236,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--against", metavar="REVISION", help="also profile the archive this git revision builds")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every load on every archive, interleaved")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="request batches' batchSize, every archive alike, so that the code is compared (8: the archives' "
+        "default until 2026-11-26, the baseline's; 32 is today's)",
+    )
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 3 s per load")
     parser.add_argument(
         "--torchserve-logging", action="store_true", help="TorchServe's own log4j2 configuration, not ours (a baseline)"

@@ -63,3 +63,18 @@ def test_with_several_allocators_this_trees_archive_runs_on_each_and_the_baselin
         "9221d4a": ("server", "batches-9221d4a"),
         "HEAD": ("server", "batches"),
     }
+
+
+def test_this_trees_archive_and_the_baselines_take_the_same_batch_size(monkeypatch, tmp_path):
+    """So that the profile compares the code, whatever the archives' default batchSize is now."""
+    from argparse import Namespace
+
+    from ts_compiled_handlers.benchmarks import profile_worker
+
+    built = []
+    monkeypatch.setattr(profile_worker.build_mar, "build", lambda *call: built.append((call[2], call[4])))
+    monkeypatch.setattr(profile_worker.at_revision, "short", lambda revision: revision)
+    monkeypatch.setattr(profile_worker.at_revision, "build_at", lambda *call: built.append((call[3], call[5])))
+    args = Namespace(scheduled=False, batch_size=8, against="9221d4a")
+    assert profile_worker.build_archives(args, tmp_path, tmp_path) == {"9221d4a": "batches-9221d4a", "HEAD": "batches"}
+    assert sorted(built) == [("batches", {"batchSize": 8}), ("batches-9221d4a", {"batchSize": 8})]
