@@ -1,6 +1,7 @@
-from setuptools import setup
+from setuptools import find_packages, setup
 
 PACKAGE = "ts_compiled_handlers"
+TOOLS = [f"{PACKAGE}.scripts", f"{PACKAGE}.benchmarks"]
 RAY = "ray[serve,data]==2.60.0"  # the release the Ray tests run on
 
 setup(
@@ -10,16 +11,10 @@ setup(
     license="Apache-2.0",  # as TorchServe's
     license_files=["LICENSE"],
     # One import package of its own name, laid out as the repository is: handlers/ is the package
-    # (what a .mar carries), scripts/ the tools behind the `hfserve` command (build, serve, plan),
-    # benchmarks/ the benchmarks and load tests (`hfserve benchmark`, `hfserve loadtest`).
-    packages=[PACKAGE, f"{PACKAGE}.protocols", f"{PACKAGE}.tasks", f"{PACKAGE}.scripts", f"{PACKAGE}.benchmarks"],
-    package_dir={
-        PACKAGE: "handlers",
-        f"{PACKAGE}.protocols": "handlers/protocols",
-        f"{PACKAGE}.tasks": "handlers/tasks",
-        f"{PACKAGE}.scripts": "scripts",
-        f"{PACKAGE}.benchmarks": "benchmarks",
-    },
+    # (what a .mar carries; its rooms are subpackages), scripts/ the tools behind the `hfserve` command
+    # (build, serve, plan), benchmarks/ the benchmarks and load tests (`hfserve benchmark`, `hfserve loadtest`).
+    packages=[PACKAGE, *(f"{PACKAGE}.{room}" for room in find_packages("handlers")), *TOOLS],
+    package_dir={PACKAGE: "handlers", **{tool: tool.rpartition(".")[2] for tool in TOOLS}},
     package_data={PACKAGE: ["metrics.yaml", "config.properties", "log4j2.xml"]},
     entry_points={"console_scripts": [f"hfserve = {PACKAGE}.scripts.cli:main"]},
     python_requires=">=3.10",
@@ -31,15 +26,15 @@ setup(
         "torchserve>=0.12",
         "torch-model-archiver>=0.12",
         "transformers>=5.22",
-        "numpy",  # the request path's index arithmetic (handlers/layout.py)
-        "orjson",  # answers encoded as JSON (handlers/json_text.py; the standard library where it is missing)
+        "numpy",  # the request path's index arithmetic (handlers/engine/layout.py)
+        "orjson",  # answers encoded as JSON (handlers/runtime/json_text.py; the standard library where it is missing)
         "packaging",
         "safetensors",
         "pyyaml",
         "requests",  # hfserve talks to TorchServe's APIs
     ],
     extras_require={
-        # Ray Serve across nodes and Ray Data for bulk jobs (handlers/ray_serve.py, handlers/ray_data.py);
+        # Ray Serve across nodes and Ray Data for bulk jobs (handlers/servers/ray/: serve.py, data.py);
         # `data` brings pyarrow and pandas, which Serve alone does not.
         "ray": [RAY],
         "test": [

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ts_compiled_handlers import package_files
+from ts_compiled_handlers.runtime import package_files
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 LAYOUT = {"handlers": "", "scripts": "scripts", "benchmarks": "benchmarks"}  # repository folder: package folder

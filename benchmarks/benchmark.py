@@ -30,17 +30,17 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ts_compiled_handlers import config as handler_config
-from ts_compiled_handlers import packing
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import ready_handler
-from ts_compiled_handlers.classification import ClassificationHandler
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.hardware import DTYPES
-from ts_compiled_handlers.model_runner import EagerRunner
+from ts_compiled_handlers.engine import packing
+from ts_compiled_handlers.engine.runner import EagerRunner
+from ts_compiled_handlers.runtime.hardware import DTYPES
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make
-from ts_compiled_handlers.token_classification import TokenClassificationHandler
+from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
+from ts_compiled_handlers.startup import config as handler_config
 
 TINY = {
     "tiny-embedding": ("embedding", EmbeddingHandler),

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from ts_compiled_handlers.benchmarks.in_process import make_context, start_batch
-from ts_compiled_handlers.generation import GenerationHandler
 from ts_compiled_handlers.scripts.make_tiny_models import make
+from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
 
 PROMPT = "alice walks to paris and bob runs to london with carol"
 BATCHES = (1, 8)

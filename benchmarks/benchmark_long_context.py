@@ -16,11 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ts_compiled_handlers import buckets
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import ready_handler
-from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.scripts.make_tiny_models import make_modernbert_embedding
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
 
 def grid_tokens(plan: buckets.BucketPlan) -> tuple[int, int]:

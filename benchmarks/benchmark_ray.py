@@ -90,7 +90,7 @@ def on_ray_serve(archive: Path, lone: list, texts: list, args, haproxy: bool) ->
     from ray import serve
     from ray._private import state
 
-    from ts_compiled_handlers.ray_serve import app
+    from ts_compiled_handlers.servers.ray.serve import app
 
     os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1" if haproxy else "0"
     ray.init(num_cpus=cpu.cores(), include_dashboard=False)
@@ -121,7 +121,7 @@ def ray_data(archive: Path, texts: list[str], tokens: int) -> dict:
     """Real tokens per second per CPU: one actor per core through Ray Data, then one thread here."""
     import ray
 
-    from ts_compiled_handlers.ray_data import ArchiveBatches, Embedder
+    from ts_compiled_handlers.servers.ray.data import ArchiveBatches, Embedder
 
     actors = cpu.cores()
     dataset = ray.data.from_items([{"text": text} for text in texts]).map_batches(
@@ -140,7 +140,7 @@ def ray_data(archive: Path, texts: list[str], tokens: int) -> dict:
     distributed = timed_tokens / (arrivals[-1] - arrivals[0]) / actors
     ray.shutdown()
 
-    from ts_compiled_handlers.archive import Archive, with_threads
+    from ts_compiled_handlers.servers.archive import Archive, with_threads
 
     opened = Archive.open(archive)
     handler = opened.handler_class()

@@ -1,6 +1,6 @@
 """Token scheduling in the worker against TorchServe's request batches, through one real TorchServe.
 
-The same model built twice: `scheduled` (`asyncCommunication: true`: handlers/scheduler.py) and
+The same model built twice: `scheduled` (`asyncCommunication: true`: handlers/loops/token_scheduler.py) and
 `batches` (the default: TorchServe's request batches, `batchSize` 32, `maxBatchDelay` 5 ms). Both are registered on one
 server (loopback, token auth, 1 worker each) and driven in turn, never at once:
 - lone: one client sending one short query at a time (latency p50);
@@ -92,7 +92,7 @@ def in_process(model_dir: Path, config: dict, texts: list, seconds: float, caps:
     lone query's call (its median)."""
     import torch
 
-    from ts_compiled_handlers.embedding import EmbeddingHandler
+    from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
     handler = ready_handler(EmbeddingHandler, model_dir, **{"dtype": "auto", **config["handler"]})
     budget = handler.engine.plan.full_call_tokens

@@ -65,7 +65,7 @@ def our_handler(name: str, folder: Path, config: dict, scratch: Path):
     """Our embedding handler as a worker starts it, for contender `name`."""
     from ts_compiled_handlers.benchmarks.benchmark_aot import build_package
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
-    from ts_compiled_handlers.embedding import EmbeddingHandler
+    from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
     if name == "aot":
         folder, _ = build_package(folder, scratch / "packaged", config)
@@ -129,8 +129,8 @@ def run_contender(args) -> dict:
     the rows' least cosine against eager float32."""
     from ts_compiled_handlers.benchmarks.benchmark import compare
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
-    from ts_compiled_handlers.embedding import EmbeddingHandler
-    from ts_compiled_handlers.model_runner import EagerRunner
+    from ts_compiled_handlers.engine.runner import EagerRunner
+    from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
     config = {"dtype": args.dtype, "buckets": grid(args)}
     with tempfile.TemporaryDirectory() as scratch:

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from ts_compiled_handlers import splade
 from ts_compiled_handlers.benchmarks import measure
-from ts_compiled_handlers.request_batches import RequestBatches
+from ts_compiled_handlers.loops.request_batches import RequestBatches
 from ts_compiled_handlers.scripts.cli import HelpFormatter
-from ts_compiled_handlers.serving import Placement
+from ts_compiled_handlers.startup.serving import Placement
+from ts_compiled_handlers.tasks import splade
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.tasks.sparse_embedding import SparseEmbeddingTask
-from ts_compiled_handlers.worker import Incoming, Worker
+from ts_compiled_handlers.worker.worker import Incoming, Worker
 
 ACTIVE_TERMS = 256
 WORDS = "the a city river house model serve token alice walks paris london with fast red green".split()

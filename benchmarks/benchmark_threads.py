@@ -1,6 +1,6 @@
 """What compiled CPU kernels pay for following the worker's thread count at run time.
 
-Workers re-balance their threads when workers come and go (handlers/process_settings.py), which
+Workers re-balance their threads when workers come and go (handlers/runtime/process_settings.py), which
 compiled kernels follow only when inductor builds them with `cpp.dynamic_threads` (otherwise each
 kernel has `#pragma omp parallel num_threads(N)` with N fixed at compile time, and with one thread
 drops its atomics). Inductor already leaves N out when the worker has every core, so what matters
@@ -18,14 +18,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from ts_compiled_handlers import process_settings
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import ready_handler
-from ts_compiled_handlers.compiling import CompiledModel
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.hardware import usable_cores
+from ts_compiled_handlers.runtime import process_settings
+from ts_compiled_handlers.runtime.hardware import usable_cores
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.startup.compiling import CompiledModel
 
 
 def baked_twin(handler):

@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ts_compiled_handlers import buckets, warmup
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import make_context
 from ts_compiled_handlers.benchmarks.traffic import traffic_lengths
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.hardware import DTYPES, detect
-from ts_compiled_handlers.layout import BatchIds, Call, Layout, call_inputs
+from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.engine.layout import BatchIds, Call, Layout, call_inputs
+from ts_compiled_handlers.runtime.hardware import DTYPES, detect
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.startup import warmup
 
 
 def batches(items: list, size: int) -> list[list]:

@@ -2,7 +2,7 @@
 else (no model, no tokenizer). Built like our archives (same batchSize and maxBatchDelay), its lone
 query latency is what TorchServe's frontend, batching and worker protocol cost by themselves."""
 
-from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
 
 class FloorHandler(EmbeddingHandler):

@@ -6,7 +6,7 @@ torch first (an open range would fetch a multi-GB CUDA build), then `infinity-em
 at the version measured. A contender is one configuration of its torch engine, `infinity-DTYPE`
 or `infinity-DTYPE-compile` (its `--compile`: torch.compile of the model); the load test starts it
 on a free loopback port, drives it with the same texts as ours (OpenAI's `/embeddings` body, one
-text a request) and stops it, with the allocator the TorchServe contenders get (handlers/allocator.py:
+text a request) and stops it, with the allocator the TorchServe contenders get (handlers/runtime/allocator.py:
 tcmalloc where installed), so the servers are compared, not their allocators.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from ts_compiled_handlers import allocator
+from ts_compiled_handlers.runtime import allocator
 
 VERSION = "0.0.78"
 DEFAULT_VENV = Path("runs") / "infinity-venv"

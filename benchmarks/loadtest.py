@@ -55,7 +55,7 @@ import yaml
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.infinity_server import CONTENDERS as INFINITY
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
-from ts_compiled_handlers.process_settings import INDUCTOR_CACHE_ENV
+from ts_compiled_handlers.runtime.process_settings import INDUCTOR_CACHE_ENV
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.serve import TorchServe

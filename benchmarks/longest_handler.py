@@ -5,8 +5,8 @@ ours (build it with `compile.enable: false` and `buckets.pack_tokens: off`), but
 and no packing: one eager forward pass per TorchServe batch, padded to the batch's longest text.
 """
 
-from ts_compiled_handlers import buckets, layout
-from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.engine import buckets, layout
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
 

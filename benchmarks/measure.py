@@ -99,7 +99,7 @@ def matmul_flops_per_second(dtype: torch.dtype, device: torch.device, size: int 
 
 def machine_summary() -> str:
     """torch, the device (GPU name or CPU model), the CPU's matrix features, cores and threads."""
-    from ts_compiled_handlers.hardware import detect
+    from ts_compiled_handlers.runtime.hardware import detect
 
     hardware = detect()
     device = hardware.device_name

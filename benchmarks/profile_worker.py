@@ -13,7 +13,7 @@ that split, not py-spy's, is the CPU outside the model. With `--against REVISION
 that revision's code builds (benchmarks/at_revision.py) is registered beside this tree's on the
 same server, and the two are driven in turn, load by load, `--rounds` times; each figure is the
 median of its rounds. Every archive takes the same `--batch-size` (8 unless told). With
-`--allocators` there is a server per allocator (handlers/allocator.py), this tree's archive on
+`--allocators` there is a server per allocator (handlers/runtime/allocator.py), this tree's archive on
 each and the `--against` archive on the first.
 
     python benchmarks/profile_worker.py                  # MiniLM, request batches, 30 s per load
@@ -39,9 +39,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from ts_compiled_handlers import allocator
 from ts_compiled_handlers.benchmarks import at_revision, cpu, loadtest, measure, on_cpu
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
+from ts_compiled_handlers.runtime import allocator
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.serve import TEMPLATE, TorchServe
@@ -63,7 +63,7 @@ COMPONENTS = (
             "aot_package.py",
         ),
     ),
-    ("metrics", ("ts_metrics.py", "ts/metrics/", "ts_compiled_handlers/metrics.py", "length_stats.py")),
+    ("metrics", ("ts_metrics.py", "ts/metrics/", "ts_compiled_handlers/runtime/metrics.py", "length_stats.py")),
     ("tokenization", ("tokenizing.py",)),
     ("layout and inputs", ("layout.py", "packing.py", "buckets.py", "engine.py")),
     ("answers", ("/tasks/", "labels.py", "entities.py", "pooling.py", "Protocol.encode (", "ranked (")),
@@ -252,7 +252,7 @@ def main(argv=None) -> dict:
         nargs="+",
         default=["auto"],
         metavar="CHOICE",
-        help="a server per allocator (auto, system or a library's path: handlers/allocator.py), driven in turns",
+        help="a server per allocator (auto, system or a library's path: handlers/runtime/allocator.py), in turns",
     )
     parser.add_argument("--out", type=Path, default=Path("runs") / "profile_worker.json")
     args = parser.parse_args(argv)

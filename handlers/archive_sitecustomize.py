@@ -1,7 +1,7 @@
 """An archive's `sitecustomize.py` (`hfserve build` puts a copy at the archive's root): TorchServe
 puts the model's folder on its worker's PYTHONPATH, so this runs first in the worker, before
 TorchServe's own code. A worker that nobody gave an allocator starts again under tcmalloc where it
-is installed (ts_compiled_handlers/allocator.py), so plain `torchserve --start` gets what `hfserve
+is installed (ts_compiled_handlers/runtime/allocator.py), so plain `torchserve --start` gets what `hfserve
 serve` sets. Then the interpreter's own sitecustomize, which this one hides, runs as it would have."""
 
 import importlib.machinery
@@ -20,7 +20,7 @@ def run_the_hidden_sitecustomize() -> None:
 
 
 if sys.argv and sys.argv[0].endswith(os.path.join("ts", "model_service_worker.py")):
-    from ts_compiled_handlers import allocator
+    from ts_compiled_handlers.runtime import allocator
 
     allocator.restart_worker(sys.orig_argv, dict(os.environ))
 run_the_hidden_sitecustomize()

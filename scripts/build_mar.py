@@ -29,19 +29,21 @@ from pathlib import Path
 
 import yaml
 
-from ts_compiled_handlers import aot_package, buckets, package_files
-from ts_compiled_handlers.config import TASKS, ConfigError, parse
+from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.runtime import package_files
 from ts_compiled_handlers.scripts import hub, precompile
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_task
-from ts_compiled_handlers.serving import task_plan
+from ts_compiled_handlers.startup import aot_package
+from ts_compiled_handlers.startup.config import TASKS, ConfigError, parse
+from ts_compiled_handlers.startup.serving import task_plan
 
 HANDLER_FILES = {
-    "embedding": "embedding.py",
-    "sparse-embedding": "sparse_embedding.py",
-    "text-classification": "classification.py",
-    "token-classification": "token_classification.py",
-    "text-generation": "generation.py",
+    "embedding": "servers/torchserve/embedding_handler.py",
+    "sparse-embedding": "servers/torchserve/sparse_embedding_handler.py",
+    "text-classification": "servers/torchserve/classification_handler.py",
+    "token-classification": "servers/torchserve/token_classification_handler.py",
+    "text-generation": "servers/torchserve/generation_handler.py",
 }
 # batchSize 32: requests arriving at a rate were answered as fast or faster than with 8 at every
 # rate, and past 8's capacity (docs/performance.md, "batchSize and maxBatchDelay", open loop).
@@ -52,12 +54,12 @@ DEFAULT_MODEL_CONFIG = {
     "maxBatchDelay": 5,
     "responseTimeout": 120,
 }
-# Per task, over DEFAULT_MODEL_CONFIG: generation runs continuous batching (handlers/continuous.py;
+# Per task, over DEFAULT_MODEL_CONFIG: generation runs continuous batching (handlers/loops/decode_loop.py;
 # `continuousBatching: false` in --config gives request batches, where a call is a whole decode loop),
 # its batch the decode loop's slots, the largest batch bucket (8).
 TASK_MODEL_CONFIG = {"text-generation": {"responseTimeout": 300, "continuousBatching": True, "batchSize": 8}}
 # With `asyncCommunication: true` in --config, an encoder task schedules by tokens in the worker
-# (handlers/scheduler.py): the frontend hands each request over as it comes, one at a time (TorchServe
+# (handlers/loops/token_scheduler.py): the frontend hands each request over as it comes, one at a time (TorchServe
 # 0.12's async frontend fails on two in one message: parse refuses another batchSize).
 ASYNC_MODEL_CONFIG = {"batchSize": 1}
 # What serving reads from a model folder; anything else a Hub snapshot holds (ONNX, OpenVINO, TF,

@@ -28,7 +28,7 @@ import sys
 import requests
 import yaml
 
-from ts_compiled_handlers import package_files
+from ts_compiled_handlers.runtime import package_files
 
 # command: (module of this package, its own subcommand or None, what it does)
 COMMANDS = {

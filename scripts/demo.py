@@ -9,7 +9,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ts_compiled_handlers.metrics import COUNTERS, GAUGES
+from ts_compiled_handlers.runtime.metrics import COUNTERS, GAUGES
 from ts_compiled_handlers.scripts.build_mar import build
 from ts_compiled_handlers.scripts.serve import TorchServe
 

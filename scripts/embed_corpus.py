@@ -6,7 +6,7 @@
 INPUT and OUTPUT are Parquet or JSON Lines (by their suffix: .parquet, .jsonl or .json; a folder
 is read as Parquet, and written as Parquet unless --format says otherwise). Each row's
 `--text-column` is embedded into `--output-column` by `--actors` actors of the archive
-(handlers/ray_data.py), on a Ray cluster started here for the job (a local one of this machine's
+(handlers/servers/ray/data.py), on a Ray cluster started here for the job (a local one of this machine's
 CPUs) or the one `--address` names. Ray Data shows its progress bar as the rows go.
 Needs the `ray` extra: pip install 'ts-compiled-handlers[ray]'.
 """
@@ -60,7 +60,7 @@ def main(argv=None) -> None:
         import ray
     except ImportError as error:
         raise UserError("embed-corpus needs Ray: pip install 'ts-compiled-handlers[ray]'") from error
-    from ts_compiled_handlers.ray_data import Embedder
+    from ts_compiled_handlers.servers.ray.data import Embedder
 
     start_or_join(ray, args)
     context = ray.data.DataContext.get_current()

@@ -68,5 +68,5 @@ esac
 torch_version=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')
 echo "environment ready: $VENV (torch $torch_version, a $build build: $other; java $(java_major))"
 # TorchServe started by `hfserve serve` (and the benchmarks) runs with tcmalloc where it is installed.
-tcmalloc=$(HFSERVE_ALLOCATOR=auto LD_PRELOAD='' "$VENV/bin/python" -m ts_compiled_handlers.allocator)
+tcmalloc=$(HFSERVE_ALLOCATOR=auto LD_PRELOAD='' "$VENV/bin/python" -m ts_compiled_handlers.runtime.allocator)
 echo "tcmalloc: ${tcmalloc:-not installed (apt-get install libtcmalloc-minimal4: docs/operations.md#memory-allocator)}"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from ts_compiled_handlers import package_files
+from ts_compiled_handlers.runtime import package_files
 
 PROFILE = Path("deploy") / "kserve" / "config.properties"  # run from the repository's root
 

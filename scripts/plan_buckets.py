@@ -11,7 +11,7 @@ largest bucket is always `--max-length`, so nothing is truncated that was not be
 a dynamic program over the distinct (aligned) lengths, O(K * n^2).
 
 It also plans the pack budget (`buckets.pack_tokens`) for the encoder tasks, which pack a batch's
-texts into rows (handlers/packing.py): seeded batches of `--batch` texts drawn from the lengths are
+texts into rows (handlers/engine/packing.py): seeded batches of `--batch` texts drawn from the lengths are
 packed as the request path packs them with each bucket up to packing.AUTO_BUDGET as the budget,
 and the budget with the least cost wins. The cost of a call (scripts/plan_costs.py) is its tokens
 plus a fixed part per call; with `--measure MODEL_DIR` it is measured on the model, attention's
@@ -29,17 +29,17 @@ import math
 import random
 from pathlib import Path
 
-from ts_compiled_handlers.buckets import BucketPlan, seq_bucket
-from ts_compiled_handlers.buckets import padded_tokens as group_tokens
-from ts_compiled_handlers.config import BucketConfig
-from ts_compiled_handlers.layout import Layout
-from ts_compiled_handlers.length_stats import read_histograms
-from ts_compiled_handlers.packing import AUTO_BUDGET
+from ts_compiled_handlers.engine.buckets import BucketPlan, seq_bucket
+from ts_compiled_handlers.engine.buckets import padded_tokens as group_tokens
+from ts_compiled_handlers.engine.layout import Layout
+from ts_compiled_handlers.engine.packing import AUTO_BUDGET
 from ts_compiled_handlers.scripts import build_mar, plan_costs
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.plan_costs import Costs
 from ts_compiled_handlers.scripts.task_inference import infer_task
-from ts_compiled_handlers.serving import AUTO_MAX_TOKENS, doubling
+from ts_compiled_handlers.startup.config import BucketConfig
+from ts_compiled_handlers.startup.serving import AUTO_MAX_TOKENS, doubling
+from ts_compiled_handlers.worker.traffic_stats import read_histograms
 
 ASSUMED = Costs()  # a call's cost without --measure: its tokens and CALL_TOKENS per call
 

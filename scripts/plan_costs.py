@@ -59,8 +59,8 @@ def fit(samples: list[tuple[int, int, float]]) -> Costs:
 def measure(model_dir: Path, task: str, max_tokens: int = 4096, repeats: int = 3) -> tuple[Costs, list]:
     """Time the model eagerly (the attention's share is a property of the model, compiled or not) over
     its length buckets, and fit the costs; also the samples (rows, length, seconds)."""
-    from ts_compiled_handlers import package_files
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
+    from ts_compiled_handlers.runtime import package_files
     from ts_compiled_handlers.scripts.build_mar import HANDLER_FILES
     from ts_compiled_handlers.scripts.precompile import handler_class
 

@@ -49,7 +49,7 @@ def handler_class(handler_file: str):
     """The handler class the archive serves: a module of the installed package (the staged files
     are copies of it) or a user's handler file at the archive's root (see `main`)."""
     module = importlib.import_module(".".join(Path(handler_file).with_suffix("").parts))
-    from ts_compiled_handlers.torchserve import TorchServeHandler
+    from ts_compiled_handlers.servers.torchserve.adapter import TorchServeHandler
 
     classes = [
         value
@@ -72,7 +72,7 @@ def worker_context(staging: Path, config: dict):
 
 def precompile_cache(staging: Path, handler_file: str) -> dict:
     """Initialize the handler against an empty host cache and pack what it compiled."""
-    from ts_compiled_handlers import compile_cache
+    from ts_compiled_handlers.startup import compile_cache
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
     handler = handler_class(handler_file)()
@@ -92,16 +92,16 @@ def precompile_cache(staging: Path, handler_file: str) -> dict:
 def precompile_package(staging: Path, handler_file: str) -> dict:
     """Build the AOT package, then start a handler from it as a worker would: it must serve from it;
     then run the whole grid and the full compiled-vs-eager check through it (a worker runs less)."""
-    from ts_compiled_handlers import aot_start, building
+    from ts_compiled_handlers.startup import aot_start, build_steps
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
-    from ts_compiled_handlers.serving import Placement
+    from ts_compiled_handlers.startup.serving import Placement
 
     context = worker_context(staging, config)
     served = handler_class(handler_file)
     placement = Placement(staging, "precompile", config, batch_size=context.system_properties.get("batch_size"))
     task, serving, _ = served.worker_class.read(placement, served.task_class)
-    eager = building.eager_engine(task, serving)
+    eager = build_steps.eager_engine(task, serving)
     print("precompile: exporting the model and compiling it with AOTInductor", file=sys.stderr, flush=True)
     built = aot_start.build_package(task, serving, eager)
     valid_for = aot_start.package_manifest(serving, eager.dtype)

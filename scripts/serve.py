@@ -20,7 +20,7 @@ runs/server under the current folder): its ports.json, or the config.properties 
 started there by hand (`torchserve --start --ts-config config.properties`, as the image does).
 `start` takes `--ts-config`, else ./config.properties where there is one, else the package's own
 secure config; the copy it runs is in the working directory. TorchServe starts with tcmalloc where
-libtcmalloc-minimal4 is installed (handlers/allocator.py; `HFSERVE_ALLOCATOR=system` keeps glibc's).
+libtcmalloc-minimal4 is installed (handlers/runtime/allocator.py; `HFSERVE_ALLOCATOR=system` keeps glibc's).
 """
 
 import argparse
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import requests
 
-from ts_compiled_handlers import allocator, package_files
+from ts_compiled_handlers.runtime import allocator, package_files
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 
 TEMPLATE = package_files.PACKAGE / "config.properties"  # the secure defaults `hfserve init` writes

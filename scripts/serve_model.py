@@ -23,11 +23,11 @@ import threading
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ts_compiled_handlers.config import ConfigError
 from ts_compiled_handlers.scripts import build_mar, hub
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.serve import TEMPLATE, TorchServe, busy, free_ports
 from ts_compiled_handlers.scripts.task_inference import TASKS, AmbiguousTask
+from ts_compiled_handlers.startup.config import ConfigError
 
 
 def parse_args(argv):

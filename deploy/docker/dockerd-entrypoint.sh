@@ -11,8 +11,8 @@
 set -euo pipefail
 HOME_DIR="${MODEL_SERVER_HOME:-/home/model-server}"
 # tcmalloc for every process started here (the workers inherit the frontend's environment); a
-# process picks its allocator when it starts, so it is set now (handlers/allocator.py).
-preload=$(python3 -m ts_compiled_handlers.allocator || true)  # none found: glibc's, as before
+# process picks its allocator when it starts, so it is set now (handlers/runtime/allocator.py).
+preload=$(python3 -m ts_compiled_handlers.runtime.allocator || true)  # none found: glibc's, as before
 [ -z "$preload" ] || export LD_PRELOAD="$preload"
 if [ $# -eq 0 ] || [ "$1" = serve ] || [[ "$1" == -* ]]; then
   [ "${1:-}" = serve ] && shift

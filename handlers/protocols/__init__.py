@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import Any, Callable, Literal
 
-from ts_compiled_handlers.payload import ParamCheck, RequestError
+from ts_compiled_handlers.request.payload import ParamCheck, RequestError
 
 # The deepest JSON any request needs is 4 levels (a KServe v2 body); deeper is refused before any
 # work, so no step ever recurses on what a client nested.

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ts_compiled_handlers.json_text import plain
-from ts_compiled_handlers.payload import ParamCheck, RequestError, check_params, check_texts, is_unicode_text
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.request.payload import ParamCheck, RequestError, check_params, check_texts, is_unicode_text
+from ts_compiled_handlers.runtime.json_text import plain
 
 REQUEST_KEYS = {"id", "inputs", "parameters", "outputs"}
 TENSOR_KEYS = {"name", "shape", "datatype", "data", "parameters"}

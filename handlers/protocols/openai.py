@@ -15,8 +15,8 @@ import dataclasses
 import struct
 from typing import Any, Literal
 
-from ts_compiled_handlers.payload import RequestError, check_params, check_texts
 from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
 
 ERROR_TYPES = {404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
 ENCODINGS = ("float", "base64")

@@ -7,7 +7,7 @@ they are; left out, they take the model's generation config, as vLLM does. `n` a
 names the field. `stream: true` answers server-sent events (`data: {chunk}` ... `data: [DONE]`),
 one event per piece of text as the decode loop makes it, a last chunk per prompt with its
 `finish_reason` (`stop` or `length`), and `usage` when `stream_options.include_usage` is true.
-Chat turns `messages` into a prompt with the tokenizer's chat template (handlers/chat.py).
+Chat turns `messages` into a prompt with the tokenizer's chat template (handlers/tasks/chat.py).
 """
 
 import dataclasses
@@ -16,9 +16,9 @@ import time
 import uuid
 from typing import Any
 
-from ts_compiled_handlers.payload import RequestError, check_params, check_texts
 from ts_compiled_handlers.protocols import Request, RequestSpec, Served
 from ts_compiled_handlers.protocols.openai import OpenAIProtocol, refuse_unserved
+from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
 
 # OpenAI fields that are served only at their neutral value (anything else: a 400 naming them).
 NEUTRAL = {

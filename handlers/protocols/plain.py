@@ -4,14 +4,14 @@ A string in gets one answer out; a list gets a list in the same order. Tasks tha
 (cross-encoders) also take `{"text": q, "text_pair": p}` (and lists of them) as `inputs`, as
 transformers' pipeline does. Refusals are `{"error": "...", "code": N}`. Text generation's
 streamed answers are JSON lines, `{"index", "text"}` per piece and a summary line per prompt
-(handlers/generation.py).
+(handlers/servers/torchserve/generation_handler.py).
 """
 
 import json
 from typing import Any
 
-from ts_compiled_handlers.payload import RequestError, check_params, check_texts
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
 
 
 class PlainProtocol(Protocol):

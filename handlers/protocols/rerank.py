@@ -4,7 +4,7 @@
  -> [{"index": 1, "score": 0.93}, {"index": 0, "score": 0.12}]      ("document": "d1" too with return_documents)
 
 Each document is scored as the pair (query, document), with the score sentence-transformers'
-`CrossEncoder.predict` gives (its activation: handlers/labels.py). Ties keep the documents' order.
+`CrossEncoder.predict` gives (its activation: handlers/tasks/labels.py). Ties keep the documents' order.
 Served on the model's own path and at `rerank` (where TEI's own body, with `texts`, goes to
 handlers/protocols/tei.py), and at `v1/rerank` in the body
 Cohere and Jina answer with, `{"model", "results": [{"index", "relevance_score", "document":
@@ -14,9 +14,9 @@ Cohere and Jina answer with, `{"model", "results": [{"index", "relevance_score",
 import dataclasses
 from typing import Any
 
-from ts_compiled_handlers.payload import RequestError, check_params, check_texts
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
 from ts_compiled_handlers.protocols.openai import OpenAIProtocol
+from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
 
 FIELDS = ("query", "documents", "top_n", "return_documents")
 

@@ -23,9 +23,9 @@ which huggingface_hub's client uses); options it sends as null are left out. TEI
 import dataclasses
 from typing import Any
 
-from ts_compiled_handlers.payload import RequestError, boolean_param, check_params, check_texts
 from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served
 from ts_compiled_handlers.protocols.rerank import RerankForm, ranked
+from ts_compiled_handlers.request.payload import RequestError, boolean_param, check_params, check_texts
 
 ERROR_TYPES = {429: "Overloaded", 503: "Overloaded"}  # other 4xx: Validation, other 5xx: Backend
 

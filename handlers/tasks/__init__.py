@@ -1,8 +1,8 @@
 """Tasks as plain objects: what a model reads, which request parameters it takes, what it answers per text.
 
 A task knows nothing of servers or loops. Building reads its hooks (the module to compile, the
-length limit, the bucket plan, the engine: handlers/serving.py's `Task` contract); the worker
-(handlers/worker.py) reads the rest: `protocols`, `param_checks`, `model_texts` and `answer`.
+length limit, the bucket plan, the engine: handlers/startup/serving.py's `Task` contract); the worker
+(handlers/worker/worker.py) reads the rest: `protocols`, `param_checks`, `model_texts` and `answer`.
 One subclass per task: embedding, classification, token classification, generation.
 """
 
@@ -11,16 +11,16 @@ from typing import Any
 
 import torch
 
-from ts_compiled_handlers import buckets
-from ts_compiled_handlers.config import HandlerConfig
-from ts_compiled_handlers.engine import Engine
-from ts_compiled_handlers.layout import Layout
-from ts_compiled_handlers.model_runner import ModelRunner
-from ts_compiled_handlers.payload import ParamCheck, boolean_param, choice_param
+from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.engine.engine import Engine
+from ts_compiled_handlers.engine.layout import Layout
+from ts_compiled_handlers.engine.runner import ModelRunner
 from ts_compiled_handlers.protocols import Protocol, Request
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
-from ts_compiled_handlers.tokenizing import SIDES, Accepted
+from ts_compiled_handlers.request.payload import ParamCheck, boolean_param, choice_param
+from ts_compiled_handlers.request.tokenizing import SIDES, Accepted
+from ts_compiled_handlers.startup.config import HandlerConfig
 
 # Per request: `truncate: false` refuses a text over the limit (413) whatever `buckets.overflow`
 # says, `true` cuts it; `truncation_direction` says which end is cut (TEI's and vLLM's names).
@@ -44,7 +44,7 @@ class Task:
     def __init__(self, config: HandlerConfig):
         self.config = config
 
-    # -- building (handlers/building.py, handlers/aot_start.py) --------------------------------
+    # -- building (handlers/startup/build_steps.py, handlers/startup/aot_start.py) --------------------------------
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         """The float32 module to compile: forward(input_ids, attention_mask) -> (batch, ...)."""
         raise NotImplementedError
@@ -57,7 +57,7 @@ class Task:
         """Task-specific tokenizer settings (e.g. which side truncation cuts)."""
 
     def tokenizer_options(self) -> dict:
-        """How the request path tokenizes the model's texts: handlers/tokenizing.py's TextTokenizer
+        """How the request path tokenizes the model's texts: handlers/request/tokenizing.py's TextTokenizer
         options (`special_tokens`, `truncates`), read once the task has read the model's settings."""
         return {}
 

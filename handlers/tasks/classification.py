@@ -12,9 +12,19 @@ from pathlib import Path
 
 import torch
 
-from ts_compiled_handlers import logit_score
-from ts_compiled_handlers.engine import Engine
-from ts_compiled_handlers.labels import (
+from ts_compiled_handlers.engine.engine import Engine
+from ts_compiled_handlers.engine.layout import Layout
+from ts_compiled_handlers.engine.runner import ModelRunner
+from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
+from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.protocols.rerank import CohereRerankProtocol, RerankProtocol
+from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
+from ts_compiled_handlers.protocols.tei import TeiPredictProtocol, TeiRerankProtocol
+from ts_compiled_handlers.request.payload import RequestError, boolean_param
+from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.startup.serving import Serving
+from ts_compiled_handlers.tasks import Task, logit_score
+from ts_compiled_handlers.tasks.labels import (
     SCORE_FUNCTIONS,
     SequenceLogits,
     cross_encoder_activation,
@@ -22,19 +32,8 @@ from ts_compiled_handlers.labels import (
     score_function,
     top_labels,
 )
-from ts_compiled_handlers.layout import Layout
-from ts_compiled_handlers.model_runner import ModelRunner
-from ts_compiled_handlers.pair_texts import PairTexts
-from ts_compiled_handlers.payload import RequestError, boolean_param
-from ts_compiled_handlers.pooling import named_prompts, read_json
-from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
-from ts_compiled_handlers.protocols.plain import PlainProtocol
-from ts_compiled_handlers.protocols.rerank import CohereRerankProtocol, RerankProtocol
-from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
-from ts_compiled_handlers.protocols.tei import TeiPredictProtocol, TeiRerankProtocol
-from ts_compiled_handlers.serving import Serving
-from ts_compiled_handlers.tasks import Task
-from ts_compiled_handlers.tokenizing import Accepted
+from ts_compiled_handlers.tasks.pair_texts import PairTexts
+from ts_compiled_handlers.tasks.pooling import named_prompts, read_json
 
 
 class ClassificationTask(Task):
@@ -54,7 +53,7 @@ class ClassificationTask(Task):
 
     def read_settings(self, serving: Serving) -> None:
         model_dir, model_config = serving.model_dir, serving.model_config
-        self.causal = logit_score.is_causal_lm(model_config)  # an LLM reranker (handlers/logit_score.py)
+        self.causal = logit_score.is_causal_lm(model_config)  # an LLM reranker (handlers/tasks/logit_score.py)
         if self.causal:
             self.score_ids = logit_score.score_token_ids(model_dir, serving.tokenizer)
             self.id2label = {0: "LABEL_0"}  # one score, as CrossEncoder has one label over LogitScore

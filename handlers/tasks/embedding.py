@@ -14,18 +14,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from ts_compiled_handlers.config import HandlerConfig
-from ts_compiled_handlers.json_text import float32_rows
-from ts_compiled_handlers.payload import RequestError, boolean_param
-from ts_compiled_handlers.pooling import SentenceEmbedder, named_prompts, normalizes, pooling_modes, read_json
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol
+from ts_compiled_handlers.request.payload import RequestError, boolean_param
+from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.runtime.json_text import float32_rows
+from ts_compiled_handlers.startup.config import HandlerConfig
 from ts_compiled_handlers.tasks import Task
-from ts_compiled_handlers.tokenizing import Accepted
+from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, named_prompts, normalizes, pooling_modes, read_json
 
 NORM_EPS = 1e-12  # torch.nn.functional.normalize's floor on a vector's norm
 

@@ -2,10 +2,10 @@
 
 Two loops serve it, chosen by TorchServe's own `continuousBatching` key of model-config.yaml:
 - continuous (`true`): prompts hold slots of a running decode loop, joining and leaving it between
-  steps (handlers/continuous.py, handlers/slots.py): one compiled step of shape (slots, 1);
+  steps (handlers/loops/decode_loop.py, handlers/engine/kv_slots.py): one compiled step of shape (slots, 1);
 - request batches (`false`): the prompts of a batch generate together (up to the largest batch
-  bucket per group) to the end of the longest (handlers/generation_batches.py,
-  handlers/decoding.py): a compiled step per batch bucket.
+  bucket per group) to the end of the longest (handlers/loops/generation_batches.py,
+  handlers/engine/static_decoding.py): a compiled step per batch bucket.
 Each prompt has its own parameters, stop strings and token budget (a `Job`); greedy output equals
 what `model.generate()` gives for the prompt alone, either way. Answers and streamed pieces take
 the form of the request's protocol (JSON lines for this package's own bodies).
@@ -18,25 +18,25 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from ts_compiled_handlers import buckets
-from ts_compiled_handlers.chat import messages_to_inputs
-from ts_compiled_handlers.config import HandlerConfig
-from ts_compiled_handlers.continuation import Continuation, Job
-from ts_compiled_handlers.decoder_engine import DecoderEngine
-from ts_compiled_handlers.decoding import CachePool, DecodeStep
-from ts_compiled_handlers.layout import Layout
-from ts_compiled_handlers.model_runner import ModelRunner
-from ts_compiled_handlers.payload import RequestError, boolean_param, int_param, is_unicode_text, number_param
+from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.engine.decoder import DecoderEngine
+from ts_compiled_handlers.engine.kv_slots import SlotStep
+from ts_compiled_handlers.engine.layout import Layout
+from ts_compiled_handlers.engine.runner import ModelRunner
+from ts_compiled_handlers.engine.sampling import Sampler
+from ts_compiled_handlers.engine.static_decoding import CachePool, DecodeStep
 from ts_compiled_handlers.protocols import Served
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import ModelsProtocol
 from ts_compiled_handlers.protocols.openai_generation import ChatCompletionsProtocol, CompletionsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
-from ts_compiled_handlers.sampling import Sampler
-from ts_compiled_handlers.serving import Serving
-from ts_compiled_handlers.slots import SlotStep
+from ts_compiled_handlers.request.payload import RequestError, boolean_param, int_param, is_unicode_text, number_param
+from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.startup.config import HandlerConfig
+from ts_compiled_handlers.startup.serving import Serving
 from ts_compiled_handlers.tasks import Task
-from ts_compiled_handlers.tokenizing import Accepted
+from ts_compiled_handlers.tasks.chat import messages_to_inputs
+from ts_compiled_handlers.tasks.continuation import Continuation, Job
 
 MAX_STOP_LENGTH = 64
 AUTO_PROMPT_TOKENS = 256  # the largest prompt bucket of `seq_lens: auto` (see adapt_plan)

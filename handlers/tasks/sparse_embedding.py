@@ -5,7 +5,7 @@ vocabulary-sized vector per text, most of it zeros, answered as its non-zero ent
 `{"indices": [...], "values": [...]}`. Per request: `top_k` keeps the k largest values (the model's
 `max_active_dims` by default, as `encode` keeps them), `threshold` drops values at or below it (off
 by default), and `prompt_name` as for dense embeddings. The pooling runs inside the compiled graph
-in vocabulary slices (handlers/splade.py), so a call never holds every token's logits at once.
+in vocabulary slices (handlers/tasks/splade.py), so a call never holds every token's logits at once.
 """
 
 from pathlib import Path
@@ -13,15 +13,15 @@ from typing import Any
 
 import torch
 
-from ts_compiled_handlers import splade
-from ts_compiled_handlers.payload import RequestError
-from ts_compiled_handlers.pooling import read_json
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedSparseProtocol
+from ts_compiled_handlers.request.payload import RequestError
+from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.tasks import splade
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-from ts_compiled_handlers.tokenizing import Accepted
+from ts_compiled_handlers.tasks.pooling import read_json
 
 # The most (index, value) entries one request is answered with: at most ~48 bytes each in TEI's
 # form, 24 MB, under config.properties' max_response_size (32 MiB). A longer answer would make

@@ -6,7 +6,7 @@ never part of the package.
 
 from unittest import mock
 
-from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
 INJECTED = "injected inductor failure (tests/fault_handlers/broken_compiler.py)"
 

@@ -5,7 +5,7 @@ Lets the fault tests fill TorchServe's job queue and outlast responseTimeout; ne
 
 import time
 
-from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
 
 def requested_sleep(request: dict) -> float:

@@ -6,8 +6,8 @@ meanwhile pile up in its queue: the back-pressure test fills it. Never part of t
 
 import time
 
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.worker import Worker
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.worker.worker import Worker
 
 
 def requested_sleep(text: str) -> float:

@@ -10,11 +10,11 @@ import pytest
 import requests
 import yaml
 
-from ts_compiled_handlers import hardware
-from ts_compiled_handlers.compile_cache import ROOT_ENV
+from ts_compiled_handlers.runtime import hardware
 from ts_compiled_handlers.scripts.build_mar import STARTUP_FLOOR_SECONDS, build
 from ts_compiled_handlers.scripts.cli import main as hfserve
 from ts_compiled_handlers.scripts.serve import ManagementError, TorchServe
+from ts_compiled_handlers.startup.compile_cache import ROOT_ENV
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ import requests
 import torch
 from wheel_install import WheelInstall
 
-from ts_compiled_handlers import allocator
+from ts_compiled_handlers.runtime import allocator
 from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TorchServe, busy, free_ports, port_settings, with_settings
 
 pytestmark = pytest.mark.integration
@@ -191,7 +191,7 @@ def test_the_frontend_pid_names_torchserves_java_process(server):
 
 def test_plain_torchserve_workers_restart_themselves_under_tcmalloc_where_it_is_installed(server):
     """TorchServe started as typed, without LD_PRELOAD: each worker of our archives starts again under
-    the allocator `hfserve serve` would have set (handlers/archive_sitecustomize.py, handlers/allocator.py)."""
+    the allocator `hfserve serve` would have set (handlers/archive_sitecustomize.py, handlers/runtime/allocator.py)."""
     frontend = Path(f"/proc/{server.frontend_pid()}/environ").read_bytes().split(b"\0")
     preloaded = os.environ.get("LD_PRELOAD")
     assert preloaded is not None or not any(entry.startswith(b"LD_PRELOAD=") for entry in frontend)

@@ -1,4 +1,4 @@
-"""The same archives on Ray (handlers/ray_serve.py, handlers/ray_data.py), through a real Ray cluster
+"""The same archives on Ray (handlers/servers/ray/serve.py, handlers/servers/ray/data.py), through a real Ray cluster
 of two nodes on this host (`ray.cluster_utils.Cluster`: a head and a worker node, one logical CPU
 each; a third joins for the node test), shared by every test of the module, in this order:
 
@@ -37,7 +37,7 @@ from ray import serve  # noqa: E402
 from ray._private import state  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from ts_compiled_handlers.ray_serve import app  # noqa: E402
+from ts_compiled_handlers.servers.ray.serve import app  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
@@ -336,7 +336,7 @@ def test_autoscaling_adds_a_replica_under_load_and_removes_it_when_idle(cluster,
 
 # -- Ray Data ---------------------------------------------------------------------------------------------
 def test_ray_data_embeds_2000_texts_as_sentence_transformers(cluster, minilm_archive, reference):
-    from ts_compiled_handlers.ray_data import Embedder
+    from ts_compiled_handlers.servers.ray.data import Embedder
 
     wait_for(lambda: not serve.status().applications, 60, "the Serve applications gone")
     texts = [f"{TEXTS[index % 3]} number {index}" for index in range(2000)]

@@ -10,11 +10,11 @@ import torch
 from fakes import decoded, ready_handler, status
 from ts.context import RequestProcessor
 
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.payload import RequestError, check_texts
+from ts_compiled_handlers.loops.request_batches import Batch
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
-from ts_compiled_handlers.request_batches import Batch
+from ts_compiled_handlers.request.payload import RequestError, check_texts
 from ts_compiled_handlers.scripts.python_source import parsed
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
 EAGER = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}, "compile": {"enable": False}}

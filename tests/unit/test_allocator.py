@@ -1,4 +1,4 @@
-"""The allocator a server's processes start with (handlers/allocator.py): found, chosen, reported."""
+"""The allocator a server's processes start with (handlers/runtime/allocator.py): found, chosen, reported."""
 
 import json
 import logging
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ts_compiled_handlers import allocator, package_files
+from ts_compiled_handlers.runtime import allocator, package_files
 from ts_compiled_handlers.scripts.serve import TorchServe
 
 

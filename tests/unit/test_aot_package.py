@@ -13,12 +13,12 @@ import pytest
 import torch
 from fakes import build_aot_package, ready_handler
 
-from ts_compiled_handlers import aot_package, compile_cache
-from ts_compiled_handlers.classification import ClassificationHandler
-from ts_compiled_handlers.compiling import compiled_graph_count
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.model_runner import EagerRunner
-from ts_compiled_handlers.token_classification import TokenClassificationHandler
+from ts_compiled_handlers.engine.runner import EagerRunner
+from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
+from ts_compiled_handlers.startup import aot_package, compile_cache
+from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
 HANDLERS = {
@@ -112,7 +112,7 @@ def test_an_aot_start_imports_neither_dynamo_nor_the_transformers_model(packaged
     script = f"""
 import json, sys
 from fakes import make_context
-from ts_compiled_handlers.embedding import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 handler = EmbeddingHandler()
 handler.initialize(make_context({str(packaged["embedding"])!r}, {{"handler": {{"dtype": "float32", **{GRID!r}}}}}))
 heavy = ("torch._dynamo", "torch._inductor.compile_fx", "transformers.modeling_utils")

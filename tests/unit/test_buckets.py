@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from ts_compiled_handlers import buckets
+from ts_compiled_handlers.engine import buckets
 
 PLANS = [buckets.BucketPlan((16, 32, 64, 128, 256), (1, 2, 4, 8), dynamic) for dynamic in ("none", "batch", "all")]
 

@@ -7,9 +7,9 @@ import zipfile
 import pytest
 import yaml
 
-from ts_compiled_handlers.config import TASKS
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.build_mar import HANDLER_FILES, BuildError, build, check_model_dir
+from ts_compiled_handlers.startup.config import TASKS
 
 
 def test_refuses_a_model_without_safetensors(tmp_path):
@@ -38,21 +38,23 @@ def test_archive_is_self_contained(tiny_bert, tmp_path):
         config = yaml.safe_load(mar.read("model-config.yaml"))
         manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))
     assert {
-        "embedding.py",
-        "ts_compiled_handlers/torchserve.py",
+        "embedding_handler.py",
+        "ts_compiled_handlers/servers/torchserve/adapter.py",
         "ts_compiled_handlers/tasks/embedding.py",
         "ts_compiled_handlers/metrics.yaml",
         "model.safetensors",
     } <= names
     assert {"tokenizer.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json"} <= names
     assert config["handler"] == {"task": "embedding", "dtype": "float32"}
-    assert manifest["model"]["handler"] == "embedding.py"
+    assert manifest["model"]["handler"] == "embedding_handler.py"
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_every_task_has_a_handler_file_with_exactly_one_class(task):
     """TorchServe refuses a handler module that defines more than one class."""
-    module = importlib.import_module(f"ts_compiled_handlers.{HANDLER_FILES[task].removesuffix('.py')}")
+    module = importlib.import_module(
+        "ts_compiled_handlers." + HANDLER_FILES[task].removesuffix(".py").replace("/", ".")
+    )
     classes = [obj for obj in vars(module).values() if inspect.isclass(obj) and obj.__module__ == module.__name__]
     assert len(classes) == 1, classes
 
@@ -126,7 +128,7 @@ def test_only_what_serving_reads_goes_into_the_archive(tiny_bert, tmp_path, caps
         "sentence_bert_config.json",
         "1_Pooling/config.json",
         "model-config.yaml",
-        "embedding.py",
+        "embedding_handler.py",
         "sitecustomize.py",
     }
     printed = capsys.readouterr().out
@@ -135,7 +137,7 @@ def test_only_what_serving_reads_goes_into_the_archive(tiny_bert, tmp_path, caps
 
 
 def test_the_archive_carries_exactly_the_package_serving_files(tiny_bert, tmp_path):
-    from ts_compiled_handlers import package_files
+    from ts_compiled_handlers.runtime import package_files
 
     archive = build(tiny_bert, "embedding", "tiny", tmp_path, {"handler": {"dtype": "float32"}})
     with zipfile.ZipFile(archive) as mar:

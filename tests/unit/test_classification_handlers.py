@@ -7,11 +7,11 @@ from fakes import answered, ready_handler, status
 from parity import assert_same_answers
 from transformers import pipeline
 
-from ts_compiled_handlers.classification import ClassificationHandler
-from ts_compiled_handlers.compiling import compiled_graph_count
-from ts_compiled_handlers.config import parse
+from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
+from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
+from ts_compiled_handlers.startup.compiling import compiled_graph_count
+from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.tasks.classification import ClassificationTask
-from ts_compiled_handlers.token_classification import TokenClassificationHandler
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 TEXTS = ["alice walks to paris quickly", "the cat sat on the red mat in berlin", "Ünïcode bob, zzz!", "hello"]

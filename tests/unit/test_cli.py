@@ -52,7 +52,7 @@ def test_build_reads_the_task_from_the_model_and_names_the_choices_when_it_canno
     assert built.returncode == 0, built.stderr
     assert "task: text-classification, read from the model's files" in built.stdout
     with zipfile.ZipFile(tmp_path / "model_store" / "ranker.mar") as mar:
-        assert json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]["handler"] == "classification.py"
+        assert json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]["handler"] == "classification_handler.py"
     bare = tmp_path / "bare"
     bare.mkdir()
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"):

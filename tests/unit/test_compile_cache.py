@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ts_compiled_handlers import compile_cache, process_settings
-from ts_compiled_handlers.compile_cache import HostCache, PackedCacheError
+from ts_compiled_handlers.runtime import package_files, process_settings
+from ts_compiled_handlers.startup import compile_cache
+from ts_compiled_handlers.startup.compile_cache import HostCache, PackedCacheError
 
 VALID_FOR = {"format": 1, "torch": "2.13.0", "dtype": "bfloat16", "buckets": {"seq_lens": [16]}}
 
@@ -68,7 +69,7 @@ def test_a_manifest_that_differs_is_refused_naming_the_field(tmp_path, caplog):
 def test_the_code_digest_covers_subpackages_and_file_paths(tmp_path):
     """A cache or package built by other handler code must not load, wherever in the package the change is."""
     package = tmp_path / "handlers"
-    shutil.copytree(Path(compile_cache.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(package_files.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
     original = compile_cache.handlers_digest(package)
     assert original == compile_cache.handlers_digest()
     (package / "__pycache__").mkdir()

@@ -8,8 +8,8 @@ import pytest
 from torch._dynamo.exc import BackendCompilerFailed
 from torch._inductor import exc
 
-from ts_compiled_handlers import warmup
-from ts_compiled_handlers.eager_fallback import Fallback, fallback_of
+from ts_compiled_handlers.startup import warmup
+from ts_compiled_handlers.startup.eager_fallback import Fallback, fallback_of
 
 
 def wrapped(error: Exception) -> Exception:
@@ -40,7 +40,7 @@ def test_a_missing_compiler_and_a_failing_one_are_told_apart_from_the_models_err
 def test_torch_compile_without_a_compiler_is_named_so(tmp_path):
     code = (
         "import torch\n"
-        "from ts_compiled_handlers.eager_fallback import fallback_of\n"
+        "from ts_compiled_handlers.startup.eager_fallback import fallback_of\n"
         "try:\n"
         "    torch.compile(lambda x: (x * 2).sin())(torch.randn(4))\n"
         "except Exception as error:\n"

@@ -6,10 +6,10 @@ import pytest
 import torch
 from fakes import answered, status
 
-from ts_compiled_handlers import buckets, layout
-from ts_compiled_handlers.compiling import compiled_graph_count
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.model_runner import EagerRunner
+from ts_compiled_handlers.engine import buckets, layout
+from ts_compiled_handlers.engine.runner import EagerRunner
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"seq_lens": [8, 16, 32], "batch_sizes": [1, 2, 4]}
 
@@ -106,7 +106,7 @@ def test_an_answer_is_normalized_after_its_dimensions_as_torch_normalizes(params
     vector included (its norm floored, as torch floors it)."""
     from types import SimpleNamespace
 
-    from ts_compiled_handlers.config import parse
+    from ts_compiled_handlers.startup.config import parse
     from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
     task = EmbeddingTask(parse({"handler": {"task": "embedding"}}))

@@ -8,12 +8,12 @@ import torch
 from fakes import RecordingSocket, decoded, ready_handler, start_batch, status
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ts_compiled_handlers.chat import chat_prompt
-from ts_compiled_handlers.compiling import compiled_graph_count
-from ts_compiled_handlers.continuation import Continuation
-from ts_compiled_handlers.generation import GenerationHandler
-from ts_compiled_handlers.payload import RequestError
-from ts_compiled_handlers.sampling import Sampler
+from ts_compiled_handlers.engine.sampling import Sampler
+from ts_compiled_handlers.request.payload import RequestError
+from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
+from ts_compiled_handlers.startup.compiling import compiled_graph_count
+from ts_compiled_handlers.tasks.chat import chat_prompt
+from ts_compiled_handlers.tasks.continuation import Continuation
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 # "the dog sat" is left out: its greedy path has a near-tie (top-2 logit gap 1.5e-3) on this random model.

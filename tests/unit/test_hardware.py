@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ts_compiled_handlers import hardware
+from ts_compiled_handlers.runtime import hardware
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ from fuzzing import Case, hostile_cases, ordinary, torchserve_request
 from parity import assert_same_answers
 from transformers import AutoTokenizer
 
-from ts_compiled_handlers.classification import ClassificationHandler
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.generation import GenerationHandler
-from ts_compiled_handlers.model_runner import ModelRunner
-from ts_compiled_handlers.payload import is_unicode_text
-from ts_compiled_handlers.token_classification import TokenClassificationHandler
+from ts_compiled_handlers.engine.runner import ModelRunner
+from ts_compiled_handlers.request.payload import is_unicode_text
+from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
+from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 EAGER = {"buckets": GRID, "compile": {"enable": False}, "warmup": {"iterations": 1}}

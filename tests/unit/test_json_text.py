@@ -1,4 +1,4 @@
-"""Answers as JSON text (handlers/json_text.py): the same values either way, and what JSON cannot
+"""Answers as JSON text (handlers/runtime/json_text.py): the same values either way, and what JSON cannot
 carry refused with or without orjson."""
 
 import json
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ts_compiled_handlers import json_text
+from ts_compiled_handlers.runtime import json_text
 
 ANSWERS = [
     [[0.1234567890123, -1e-12, 3.0, 1e300]],

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from ts_compiled_handlers.payload import RequestError, boolean_param, int_param
 from ts_compiled_handlers.protocols import kserve_v2
+from ts_compiled_handlers.request.payload import RequestError, boolean_param, int_param
 
 PARAMS = {"normalize": boolean_param, "top_k": int_param(1, 5)}
 
@@ -67,7 +67,7 @@ def test_embeddings_become_one_fp32_matrix():
 def test_embeddings_as_numpy_rows_become_the_same_matrix_of_their_shortest_floats():
     import torch
 
-    from ts_compiled_handlers.json_text import float32_rows
+    from ts_compiled_handlers.runtime.json_text import float32_rows
 
     rows = float32_rows(torch.tensor([[0.1, 0.5], [2.0, 3.0]]))  # what the embedding task answers
     (output,) = kserve_v2.outputs([{"embedding": row} for row in rows])

@@ -3,8 +3,8 @@
 import pytest
 from transformers import BertConfig, XLMRobertaConfig
 
-from ts_compiled_handlers import serving
-from ts_compiled_handlers.config import parse
+from ts_compiled_handlers.startup import serving
+from ts_compiled_handlers.startup.config import parse
 
 
 class Tokenizer:

@@ -103,8 +103,8 @@ def test_an_infinity_contender_is_its_torch_engine_at_its_dtype_with_or_without_
 
 @pytest.mark.heavy  # starts a process
 def test_infinity_starts_with_the_allocator_the_torchserve_contenders_get(tmp_path, monkeypatch):
-    from ts_compiled_handlers import allocator
     from ts_compiled_handlers.benchmarks.infinity_server import InfinityServer
+    from ts_compiled_handlers.runtime import allocator
 
     library = tmp_path / "libtcmalloc_minimal.so.4"
     library.write_bytes(b"")  # preloaded by nothing: the stand-in only writes down what it was given

@@ -1,16 +1,15 @@
 """The metrics our handlers emit are declared in handlers/metrics.yaml, or TorchServe drops them."""
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import yaml
 from fakes import RecordingMetrics
 
-from ts_compiled_handlers import metrics
-from ts_compiled_handlers.buckets import Group
+from ts_compiled_handlers.engine.buckets import Group
+from ts_compiled_handlers.runtime import metrics, package_files
 
-DECLARED = yaml.safe_load((Path(metrics.__file__).parent / "metrics.yaml").read_text())["model_metrics"]
+DECLARED = yaml.safe_load((package_files.PACKAGE / "metrics.yaml").read_text())["model_metrics"]
 
 
 def declared(kind: str) -> dict[str, list[str]]:
@@ -27,13 +26,13 @@ def test_every_gauge_counter_and_histogram_is_declared_with_the_dimensions_it_is
 
 
 def test_texts_are_counted_per_bucket_of_each_group():
-    from ts_compiled_handlers.buckets import BucketPlan
-    from ts_compiled_handlers.engine import Engine
-    from ts_compiled_handlers.layout import Call, Layout
-    from ts_compiled_handlers.length_stats import LengthStats
-    from ts_compiled_handlers.model_runner import EagerRunner
-    from ts_compiled_handlers.ts_metrics import TorchServeSink
-    from ts_compiled_handlers.worker import Worker
+    from ts_compiled_handlers.engine.buckets import BucketPlan
+    from ts_compiled_handlers.engine.engine import Engine
+    from ts_compiled_handlers.engine.layout import Call, Layout
+    from ts_compiled_handlers.engine.runner import EagerRunner
+    from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
+    from ts_compiled_handlers.worker.traffic_stats import LengthStats
+    from ts_compiled_handlers.worker.worker import Worker
 
     recorded = RecordingMetrics()
     plan = BucketPlan((8, 32), (1, 2), "all")
@@ -53,7 +52,7 @@ def test_texts_are_counted_per_bucket_of_each_group():
 
 
 def test_a_gauge_is_written_when_its_value_changes_only():
-    from ts_compiled_handlers.ts_metrics import TorchServeSink
+    from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 
     recorded = RecordingMetrics()
     sink = TorchServeSink(SimpleNamespace(model_name="m", metrics=recorded))

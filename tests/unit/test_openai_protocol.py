@@ -6,10 +6,10 @@ import struct
 
 import pytest
 
-from ts_compiled_handlers.payload import RequestError, boolean_param, int_param, number_param
 from ts_compiled_handlers.protocols import Answered, RequestSpec, Served
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
 from ts_compiled_handlers.protocols.openai_generation import ChatCompletionsProtocol, CompletionsProtocol
+from ts_compiled_handlers.request.payload import RequestError, boolean_param, int_param, number_param
 
 EMBEDDING = RequestSpec({"normalize": boolean_param, "dimensions": int_param(1, 8)}, 4, model_name="m")
 GENERATION = RequestSpec(

@@ -13,11 +13,11 @@ import torch
 from fakes import RecordingMetrics, answered, ready_handler, status
 from parity import assert_same_answers
 
-from ts_compiled_handlers import buckets, layout, packing
-from ts_compiled_handlers.classification import ClassificationHandler
-from ts_compiled_handlers.compiling import compiled_graph_count
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.token_classification import TokenClassificationHandler
+from ts_compiled_handlers.engine import buckets, layout, packing
+from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
+from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"seq_lens": [16, 32, 64], "batch_sizes": [1, 4], "pack_tokens": 64}
 EAGER = {"compile": {"enable": False}, "warmup": {"iterations": 1}}
@@ -128,14 +128,14 @@ def test_positions_of_an_xlmr_model_start_past_its_padding_index(handlers):
 
 def test_a_model_that_fails_the_packed_check_keeps_length_groups(tiny_models, monkeypatch, caplog):
     monkeypatch.setattr(packing, "first_position", lambda module: 0)  # XLM-R's positions, counted wrongly
-    with caplog.at_level(logging.WARNING, logger="ts_compiled_handlers.building"):
+    with caplog.at_level(logging.WARNING, logger="ts_compiled_handlers.startup.build_steps"):
         handler = ready_handler(ClassificationHandler, tiny_models["text-classification-xlmr"], buckets=GRID, **EAGER)
     assert not handler.engine.layout.packed and "Packing OFF" in caplog.text
     assert padded_tokens(handler, texts_of(handler, [30, 20, 14])) == 32 + 32 + 16  # a group per bucket
 
 
 def test_a_head_packing_cannot_reach_keeps_length_groups(tiny_models, caplog):
-    with caplog.at_level(logging.WARNING, logger="ts_compiled_handlers.building"):
+    with caplog.at_level(logging.WARNING, logger="ts_compiled_handlers.startup.build_steps"):
         handler = ready_handler(
             ClassificationHandler, tiny_models["text-classification-distilbert"], buckets=GRID, **EAGER
         )

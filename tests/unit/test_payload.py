@@ -1,8 +1,8 @@
 import pytest
 
-from ts_compiled_handlers.payload import RequestError, boolean_param
 from ts_compiled_handlers.protocols import RequestSpec, body_value
 from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.request.payload import RequestError, boolean_param
 
 PARAMS = {"normalize": boolean_param}
 

@@ -7,8 +7,8 @@ import zipfile
 import pytest
 import yaml
 
-from ts_compiled_handlers.length_stats import LengthStats, read_histograms
 from ts_compiled_handlers.scripts import build_mar, plan_buckets, plan_costs
+from ts_compiled_handlers.worker.traffic_stats import LengthStats, read_histograms
 
 
 def brute_force(histogram: dict[int, int], k: int, max_len: int, allowed: list[int]) -> int:
@@ -68,7 +68,7 @@ def test_reads_every_length_format(tmp_path, text):
 
 def test_handler_histogram_is_logged_and_read_back(caplog):
     stats = LengthStats("minilm", log_every=3)
-    with caplog.at_level(logging.INFO, logger="ts_compiled_handlers.length_stats"):
+    with caplog.at_level(logging.INFO, logger="ts_compiled_handlers.worker.traffic_stats"):
         stats.record([5, 9], padded_tokens=32)
         assert not caplog.records
         stats.record([9, 17], padded_tokens=64)
@@ -87,7 +87,7 @@ def test_handler_histogram_is_logged_and_read_back(caplog):
 
 def test_a_batch_over_several_log_points_logs_once_and_moves_on(caplog):
     stats = LengthStats("minilm", log_every=2)
-    with caplog.at_level(logging.INFO, logger="ts_compiled_handlers.length_stats"):
+    with caplog.at_level(logging.INFO, logger="ts_compiled_handlers.worker.traffic_stats"):
         stats.record([5] * 5, padded_tokens=80)
         stats.record([5], padded_tokens=16)
     assert [json.loads(r.getMessage().split(" ", 1)[1])["texts"] for r in caplog.records] == [5, 6]

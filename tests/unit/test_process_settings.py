@@ -8,7 +8,7 @@ import torch
 import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
 
-from ts_compiled_handlers import hardware, process_settings
+from ts_compiled_handlers.runtime import hardware, process_settings
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,9 @@ def serve_config(text: str) -> dict:
 def test_the_serve_deploy_file_is_a_valid_serve_config_of_our_builder():
     config = serve_config((RAY / "serve.yaml").read_text())
     (application,) = config["applications"]
-    assert application["import_path"] == "ts_compiled_handlers.ray_serve:app"
+    assert application["import_path"] == "ts_compiled_handlers.servers.ray.serve:app"
     assert config["http_options"]["host"] == "127.0.0.1"
-    from ts_compiled_handlers.ray_serve import AppArgs
+    from ts_compiled_handlers.servers.ray.serve import AppArgs
 
     AppArgs.model_validate(application["args"])  # every argument one the builder takes
 
@@ -35,7 +35,7 @@ def test_the_rayservice_holds_a_valid_serve_config_and_pod_templates():
     assert (service["apiVersion"], service["kind"]) == ("ray.io/v1", "RayService")
     assert set(service["spec"]) == {"serveConfigV2", "rayClusterConfig"}
     config = serve_config(service["spec"]["serveConfigV2"])
-    from ts_compiled_handlers.ray_serve import AppArgs
+    from ts_compiled_handlers.servers.ray.serve import AppArgs
 
     AppArgs.model_validate(config["applications"][0]["args"])
     cluster = service["spec"]["rayClusterConfig"]

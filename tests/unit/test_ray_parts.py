@@ -13,14 +13,17 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from ts_compiled_handlers import inference_api, package_files
-from ts_compiled_handlers.archive import Archive, ArchiveError, with_threads
-from ts_compiled_handlers.continuous_requests import ContinuousRequests
-from ts_compiled_handlers.inference_api import Route, route_of
+from ts_compiled_handlers.loops.decode_loop_driver import ContinuousRequests
+from ts_compiled_handlers.runtime import package_files
+from ts_compiled_handlers.servers import inference_api
+from ts_compiled_handlers.servers.archive import Archive, ArchiveError, with_threads
+from ts_compiled_handlers.servers.inference_api import Route, route_of
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-from ts_compiled_handlers.worker import Incoming, Reply
+from ts_compiled_handlers.worker.worker import Incoming, Reply
 
-ray_serve = pytest.importorskip("ts_compiled_handlers.ray_serve", reason="the ray extra")
+EMBEDDING_HANDLER = package_files.PACKAGE / "servers" / "torchserve" / "embedding_handler.py"
+
+ray_serve = pytest.importorskip("ts_compiled_handlers.servers.ray.serve", reason="the ray extra")
 
 
 @pytest.mark.parametrize(
@@ -101,7 +104,7 @@ def fake_archive(folder, handler_source: str | None = None, member_names=()) -> 
             "configFile": "model-config.yaml",
         }
     }
-    handler = handler_source or (package_files.PACKAGE / "embedding.py").read_text()
+    handler = handler_source or EMBEDDING_HANDLER.read_text()
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
         archive.writestr("model-config.yaml", yaml.safe_dump({"handler": {"task": "embedding"}}))
@@ -138,7 +141,9 @@ def test_archives_that_cannot_be_served_are_refused_with_the_reason(tmp_path):
         Archive.open(fake_archive(escaping, member_names=["../evil.py"]), root=tmp_path / "unpacked")
     two = tmp_path / "two"
     two.mkdir()
-    source = (package_files.PACKAGE / "embedding.py").read_text() + "\n\nclass Second(EmbeddingHandler):\n    pass\n"
+    source = (
+        package_files.PACKAGE / "servers/torchserve/embedding_handler.py"
+    ).read_text() + "\n\nclass Second(EmbeddingHandler):\n    pass\n"
     with pytest.raises(ArchiveError, match="one subclass"):
         Archive.open(fake_archive(two, source), root=tmp_path / "unpacked").handler_class()
 

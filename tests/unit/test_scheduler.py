@@ -1,4 +1,4 @@
-"""The token scheduler (handlers/scheduler.py) alone, then the async `handle` over a real tiny model."""
+"""The token scheduler (handlers/loops/token_scheduler.py) alone, then the async `handle` over a real tiny model."""
 
 import asyncio
 import json
@@ -13,13 +13,13 @@ from ts.metrics.metric_cache_errors import MetricsCacheKeyError
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.metrics.metric_type_enum import MetricTypes
 
-from ts_compiled_handlers import ts_async
-from ts_compiled_handlers.buckets import BucketPlan
-from ts_compiled_handlers.config import ConfigError, parse
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.scheduler import TokenScheduler
+from ts_compiled_handlers.engine.buckets import BucketPlan
+from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.scripts import build_mar
-from ts_compiled_handlers.worker import Worker
+from ts_compiled_handlers.servers.torchserve import async_replies
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.startup.config import ConfigError, parse
+from ts_compiled_handlers.worker.worker import Worker
 
 
 class GatedCall:
@@ -237,7 +237,7 @@ def test_an_answer_that_cannot_be_sent_the_async_way_goes_plain_and_handle_never
     def broken():
         raise LookupError("no out-queue here")
 
-    monkeypatch.setattr(ts_async, "out_queue", broken)
+    monkeypatch.setattr(async_replies, "out_queue", broken)
     sent = served(scheduled, {"r": {"inputs": "hello"}})
     (plain,) = sent["r"]  # one message: the answer itself, with its status and no header
     assert plain["code"] == 200 and "ts_stream_next" not in plain["headers"]

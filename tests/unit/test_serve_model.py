@@ -3,8 +3,8 @@ tests/integration/test_serve_command.py)."""
 
 import socket
 
-from ts_compiled_handlers.config import parse
 from ts_compiled_handlers.scripts.serve_model import fingerprint, handler_settings, parse_args, ports_from
+from ts_compiled_handlers.startup.config import parse
 
 
 def test_the_flags_become_the_handlers_keys_and_only_those_given():

@@ -11,13 +11,13 @@ from sentence_transformers.sparse_encoder.modules import SpladePooling
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-from ts_compiled_handlers import logit_score, splade
-from ts_compiled_handlers.packing import PackedModel, pack_rows
-from ts_compiled_handlers.request_batches import RequestBatches
-from ts_compiled_handlers.serving import Placement
+from ts_compiled_handlers.engine.packing import PackedModel, pack_rows
+from ts_compiled_handlers.loops.request_batches import RequestBatches
+from ts_compiled_handlers.request.tokenizing import TextTokenizer
+from ts_compiled_handlers.startup.serving import Placement
+from ts_compiled_handlers.tasks import logit_score, splade
 from ts_compiled_handlers.tasks.classification import ClassificationTask
-from ts_compiled_handlers.tokenizing import TextTokenizer
-from ts_compiled_handlers.worker import Incoming, Worker
+from ts_compiled_handlers.worker.worker import Incoming, Worker
 
 TEXTS = ["hello world", "the cat sat on the red mat", "alice walks to paris and bob runs to london", "a"]
 QUERY = "where does alice walk"
@@ -155,7 +155,7 @@ def test_a_template_that_cannot_carry_a_pair_leaves_pairs_as_two_texts(tiny_mode
     tokenizer.chat_template = (
         "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}"
     )
-    from ts_compiled_handlers.pair_texts import PairTexts
+    from ts_compiled_handlers.tasks.pair_texts import PairTexts
 
     texts = PairTexts(folder, tokenizer, {}, None)
     assert not texts.chat and "cannot carry query/document" in caplog.text
@@ -178,8 +178,8 @@ def test_an_answer_too_large_for_torchserve_is_refused_for_that_request_only():
     activates its whole vocabulary) gets a 413 that says what to send, not a dropped connection."""
     from types import SimpleNamespace
 
-    from ts_compiled_handlers.config import parse
-    from ts_compiled_handlers.payload import RequestError
+    from ts_compiled_handlers.request.payload import RequestError
+    from ts_compiled_handlers.startup.config import parse
     from ts_compiled_handlers.tasks.sparse_embedding import MAX_ENTRIES, SparseEmbeddingTask
 
     task = SparseEmbeddingTask(parse({"handler": {"task": "sparse-embedding"}}))

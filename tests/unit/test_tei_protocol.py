@@ -3,7 +3,6 @@
 
 import pytest
 
-from ts_compiled_handlers.payload import RequestError, boolean_param, choice_param
 from ts_compiled_handlers.protocols import Answered, RequestSpec
 from ts_compiled_handlers.protocols.tei import (
     TeiDecodeProtocol,
@@ -13,6 +12,7 @@ from ts_compiled_handlers.protocols.tei import (
     TeiRerankProtocol,
     body_object,
 )
+from ts_compiled_handlers.request.payload import RequestError, boolean_param, choice_param
 from ts_compiled_handlers.tasks.classification import optional_top_k
 
 PARAMS = {

@@ -1,10 +1,10 @@
-"""TextTokenizer calls the fast tokenizer's Rust backend directly (handlers/tokenizing.py): the
+"""TextTokenizer calls the fast tokenizer's Rust backend directly (handlers/request/tokenizing.py): the
 encodings must be the ones transformers' own call makes, for every tokenizer the tests serve."""
 
 import pytest
 from transformers import AutoTokenizer
 
-from ts_compiled_handlers.tokenizing import TextTokenizer, direct_backend
+from ts_compiled_handlers.request.tokenizing import TextTokenizer, direct_backend
 
 TEXTS = [
     "the cat sat on the mat",

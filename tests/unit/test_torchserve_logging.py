@@ -1,8 +1,8 @@
-"""The worker drops TorchServe's line per batch (handlers/torchserve.py) and nothing else."""
+"""The worker drops TorchServe's line per batch (handlers/servers/torchserve/adapter.py) and nothing else."""
 
 import logging
 
-from ts_compiled_handlers.torchserve import PerBatchLines, quiet_per_batch_lines
+from ts_compiled_handlers.servers.torchserve.adapter import PerBatchLines, quiet_per_batch_lines
 
 
 def test_the_worker_drops_torchserve_s_line_per_batch_only(caplog):

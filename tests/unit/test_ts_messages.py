@@ -14,7 +14,7 @@ import types
 import pytest
 from ts.protocol import otf_message_handler
 
-from ts_compiled_handlers import torchserve, ts_messages
+from ts_compiled_handlers.servers.torchserve import adapter, messages
 
 
 def sized(data: bytes) -> bytes:
@@ -88,7 +88,7 @@ def test_the_same_messages_as_torchserves_reader(seed, monkeypatch):
     stream = load_message(gpu=seed % 3 - 1) + b"".join(inference_message(rng) for _ in range(5))
     chunks = [rng.choice([1, 3, 7, 64, 4096, 1 << 20]) for _ in range(8)]
     theirs = read_all(otf_message_handler.retrieve_msg, stream, 6, [len(stream)])
-    ours = read_all(ts_messages.retrieve_msg, stream, 6, chunks)
+    ours = read_all(messages.retrieve_msg, stream, 6, chunks)
     assert typed(ours) == typed(theirs)
     assert any(message for command, message in theirs[1:])
 
@@ -97,19 +97,19 @@ def test_a_field_longer_than_one_receive():
     body = json.dumps({"inputs": "x" * 300_000}).encode()
     request = sized(b"id") + struct.pack("!i", -1) + sized(b"body") + sized(b"application/json") + sized(body)
     stream = b"I" + request + struct.pack("!i", -1) + struct.pack("!i", -1)
-    (command, batch), *_ = read_all(ts_messages.retrieve_msg, stream, 1, [70_000])
+    (command, batch), *_ = read_all(messages.retrieve_msg, stream, 1, [70_000])
     assert command == b"I" and batch[0]["parameters"][0]["value"] == {"inputs": "x" * 300_000}
 
 
 def test_the_frontend_gone_ends_the_worker_as_torchserves_does():
     with pytest.raises(SystemExit) as exited:
-        read_all(ts_messages.retrieve_msg, b"I" + struct.pack("!i", 5) + b"ab", 1, [3])
+        read_all(messages.retrieve_msg, b"I" + struct.pack("!i", 5) + b"ab", 1, [3])
     assert exited.value.code == 0
 
 
 def test_an_unknown_command_is_refused():
     with pytest.raises(ValueError, match="Invalid command"):
-        read_all(ts_messages.retrieve_msg, b"X", 1, [1])
+        read_all(messages.retrieve_msg, b"X", 1, [1])
 
 
 def test_installed_only_in_torchserves_worker_in_place_of_its_own_reader(monkeypatch):
@@ -120,19 +120,19 @@ def test_installed_only_in_torchserves_worker_in_place_of_its_own_reader(monkeyp
     async_loop.retrieve_msg = otf_message_handler.retrieve_msg
     monkeypatch.setitem(sys.modules, "ts.async_service", async_loop)
 
-    assert not torchserve.read_messages_from_memory()  # pytest's __main__ is not TorchServe's worker
+    assert not adapter.read_messages_from_memory()  # pytest's __main__ is not TorchServe's worker
     assert async_loop.retrieve_msg is otf_message_handler.retrieve_msg
 
     monkeypatch.setitem(sys.modules, "__main__", worker_script)
-    monkeypatch.setattr(torchserve.importlib.metadata, "version", lambda name: "0.11.1")
-    assert not torchserve.read_messages_from_memory()  # a release whose frames it does not know
+    monkeypatch.setattr(adapter.importlib.metadata, "version", lambda name: "0.11.1")
+    assert not adapter.read_messages_from_memory()  # a release whose frames it does not know
     assert worker_script.retrieve_msg is otf_message_handler.retrieve_msg
 
-    monkeypatch.setattr(torchserve.importlib.metadata, "version", lambda name: "0.12.0")
-    assert torchserve.read_messages_from_memory()
-    assert worker_script.retrieve_msg is ts_messages.retrieve_msg
-    assert async_loop.retrieve_msg is ts_messages.retrieve_msg
+    monkeypatch.setattr(adapter.importlib.metadata, "version", lambda name: "0.12.0")
+    assert adapter.read_messages_from_memory()
+    assert worker_script.retrieve_msg is messages.retrieve_msg
+    assert async_loop.retrieve_msg is messages.retrieve_msg
 
     worker_script.retrieve_msg = replaced = object()  # someone else's reader stays
-    assert not torchserve.read_messages_from_memory()
+    assert not adapter.read_messages_from_memory()
     assert worker_script.retrieve_msg is replaced

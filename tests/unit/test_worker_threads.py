@@ -12,15 +12,15 @@ import pytest
 import torch
 from fakes import answered, ready_handler
 
-from ts_compiled_handlers import hardware, process_settings, worker_threads
-from ts_compiled_handlers.compiling import compiled_graph_count
-from ts_compiled_handlers.embedding import EmbeddingHandler
-from ts_compiled_handlers.process_settings import ThreadShare
-from ts_compiled_handlers.worker_threads import LiveWorkers
+from ts_compiled_handlers.runtime import hardware, live_workers, process_settings
+from ts_compiled_handlers.runtime.live_workers import LiveWorkers
+from ts_compiled_handlers.runtime.process_settings import ThreadShare
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 HOLDER = """
 import sys, time
-from ts_compiled_handlers.worker_threads import LiveWorkers
+from ts_compiled_handlers.runtime.live_workers import LiveWorkers
 entry = LiveWorkers(sys.argv[1])  # kept: its open file holds the lock
 print("registered", flush=True)
 time.sleep(120)
@@ -95,7 +95,7 @@ def test_a_read_only_model_folder_gets_nothing_written_into_it(tmp_path):
 
 def test_without_a_writable_temp_dir_the_worker_keeps_the_starting_share(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
-    monkeypatch.setattr(worker_threads, "ROOT", Path("/proc/no-such-place"))
+    monkeypatch.setattr(live_workers, "ROOT", Path("/proc/no-such-place"))
     share = process_settings.share_cores(None, min_workers=2, model_dir=tmp_path)
     assert share.live is None and share.workers == 2 and share.threads == max(1, hardware.usable_cores() // 2)
     assert "Threads will not follow the live workers" in caplog.text

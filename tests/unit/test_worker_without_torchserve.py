@@ -19,12 +19,12 @@ SCRIPT = textwrap.dedent(
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from ts_compiled_handlers.model_thread import ModelThread
-    from ts_compiled_handlers.request_batches import RequestBatches
-    from ts_compiled_handlers.scheduled import ScheduledRequests
-    from ts_compiled_handlers.serving import Placement
+    from ts_compiled_handlers.loops.model_thread import ModelThread
+    from ts_compiled_handlers.loops.request_batches import RequestBatches
+    from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
+    from ts_compiled_handlers.startup.serving import Placement
     from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-    from ts_compiled_handlers.worker import Incoming, Worker
+    from ts_compiled_handlers.worker.worker import Incoming, Worker
 
     model_dir = sys.argv[1]
     grid = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}

@@ -1,0 +1,63 @@
+"""The engine: the model as it serves, built once at `initialize` (handlers/startup/build_steps.py), never
+changed after.
+
+It holds the model behind one interface (compiled, AOT package or eager: handlers/engine/runner.py),
+its layout (packed rows or length groups, handlers/engine/layout.py), the bucket plan and the dtype, and
+has one way to run the model: `run(token_ids)`, tokenized texts in, one output row per text out.
+The request path, warm-up, the compiled-vs-eager and dtype checks, the AOT build, the planner's
+shapes and the benchmarks all go through it; a check that needs another model or layout runs an
+engine made with `dataclasses.replace`.
+"""
+
+import dataclasses
+
+import torch
+
+from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.engine.layout import BatchIds, Call, Layout, call_inputs, text_rows
+from ts_compiled_handlers.engine.runner import ModelRunner
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """One output row per text, in order (per-token tasks: a (tokens, ...) row), the texts' token
+    counts, and the calls made."""
+
+    rows: list[torch.Tensor]
+    lengths: list[int]
+    calls: list[Call]
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    model: ModelRunner
+    layout: Layout
+    plan: buckets.BucketPlan
+    dtype: torch.dtype
+    device: torch.device
+    pad_id: int
+    per_token: bool = False  # outputs per token (token classification), not per text
+
+    def on(self, model: ModelRunner) -> "Engine":
+        """This engine over another model (a check's eager reference, a benchmark's contender)."""
+        return dataclasses.replace(self, model=model)
+
+    def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None) -> Outputs:
+        """The model over tokenized texts, in the calls the layout makes of them (`one_per_row`:
+        each text in a row of its own, as warm-up reaches each shape of the grid; `type_ids`: each
+        token's type, for text pairs, where the layout has them; zeros otherwise)."""
+        ids = BatchIds(token_ids, type_ids)
+        calls = self.layout.calls(ids.lengths, self.plan, one_per_row)
+        rows: list[torch.Tensor | None] = [None] * len(token_ids)
+        with torch.inference_mode():
+            for call in calls:
+                place = ids.placement(call)
+                inputs = call_inputs(ids, call, place, self.layout, self.pad_id)
+                if self.device.type != "cpu":
+                    inputs = {name: tensor.to(self.device) for name, tensor in inputs.items()}
+                output = self.model(inputs)
+                picked = text_rows(output, call, place, self.layout, self.per_token).float().cpu()
+                pieces = picked.split(place.lengths.tolist()) if self.per_token else picked.unbind(0)
+                for text, piece in zip(place.texts, pieces, strict=True):
+                    rows[text] = piece
+        return Outputs(rows, ids.lengths, calls)

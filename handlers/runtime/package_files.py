@@ -1,0 +1,18 @@
+"""The package's serving files: what a .mar carries of this package, and what the compile cache's
+digest covers. The tools installed beside them (`scripts`, `benchmarks`) are left out: a worker
+never imports them, and anything else that lands in the package's folder is not ours."""
+
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent  # this file sits in the package's runtime/ room
+NAME = __name__.partition(".")[0]  # the import name (the repository keeps its source in handlers/)
+TOOLS = ("scripts", "benchmarks")
+SUFFIXES = (".py", ".yaml")
+# Copied to the archive's root as sitecustomize.py, which a TorchServe worker runs first (it says why).
+ARCHIVE_SITECUSTOMIZE = "archive_sitecustomize.py"
+
+
+def serving_files(package: Path = PACKAGE) -> list[Path]:
+    """The package's modules and data files a worker reads, relative to `package`, sorted."""
+    found = (path.relative_to(package) for path in package.rglob("*") if path.suffix in SUFFIXES and path.is_file())
+    return sorted(path for path in found if path.parts[0] not in TOOLS and "__pycache__" not in path.parts)

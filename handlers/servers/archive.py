@@ -1,0 +1,133 @@
+"""A `.mar` our build made, opened outside TorchServe (Ray Serve replicas, Ray Data actors).
+
+TorchServe unpacks an archive into a temporary folder per worker; here each machine unpacks it
+once, into a folder named by the archive's digest under the temp dir, so every replica and actor of
+that machine shares the copy (and a new build of the same name is a new folder). The archive's
+MANIFEST.json names the handler file and the model-config.yaml; the handler class it defines says
+which task (`task_class`) and which worker (`worker_class`) serve it, exactly as under TorchServe.
+"""
+
+import dataclasses
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+import yaml
+
+from ts_compiled_handlers.runtime import package_files
+from ts_compiled_handlers.startup import compile_cache
+from ts_compiled_handlers.startup.serving import Placement
+
+UNPACKED = Path(tempfile.gettempdir()) / "ts_compiled_handlers" / "archives"
+
+
+class ArchiveError(ValueError):
+    """An archive that cannot be served: not found, not a .mar, or not one our build made."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Archive:
+    """An unpacked archive: its folder, the manifest's model name, version and handler file, and
+    its model-config.yaml."""
+
+    folder: Path
+    model_name: str
+    model_version: str
+    handler_file: str
+    yaml_config: dict
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, root: Path = UNPACKED) -> "Archive":
+        """The archive at `path` (a `.mar`, or a folder already unpacked), unpacked on this machine."""
+        path = Path(path).expanduser()
+        if path.is_dir():
+            return cls.read(path)
+        if not path.is_file():
+            raise ArchiveError(
+                f"no archive at {path} on this machine ({os.uname().nodename}): every node "
+                "that runs a replica must read the same path (docs/scale-out.md)"
+            )
+        if not zipfile.is_zipfile(path):
+            raise ArchiveError(f"{path} is not a .mar (a zip file): build one with `hfserve build`")
+        folder = root / compile_cache.file_digest(path)[:20]
+        if not folder.is_dir():
+            unpack(path, folder)
+        return cls.read(folder)
+
+    @classmethod
+    def read(cls, folder: Path) -> "Archive":
+        try:
+            model = json.loads((folder / "MAR-INF" / "MANIFEST.json").read_text())["model"]
+        except (OSError, KeyError, ValueError) as error:
+            raise ArchiveError(f"{folder} has no readable MAR-INF/MANIFEST.json: {error}") from error
+        config_file = model.get("configFile")
+        yaml_config = yaml.safe_load((folder / config_file).read_text()) if config_file else {}
+        return cls(folder, model["modelName"], model.get("modelVersion", "1.0"), model["handler"], yaml_config or {})
+
+    def handler_class(self):
+        """The handler class the manifest names: the one class of its file that subclasses ours."""
+        from ts_compiled_handlers.servers.torchserve.adapter import TorchServeHandler
+
+        path = self.folder / self.handler_file
+        spec = importlib.util.spec_from_file_location(f"archive_handler_{path.parent.name}_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        found = [
+            value
+            for value in vars(module).values()
+            if inspect.isclass(value) and issubclass(value, TorchServeHandler) and value.__module__ == module.__name__
+        ]
+        if len(found) != 1:
+            raise ArchiveError(f"{self.handler_file} must define one subclass of TorchServeHandler, not {len(found)}")
+        return found[0]
+
+    def placement(self, yaml_config: dict, name: str | None = None, gpu_id: int | None = None) -> Placement:
+        """Where a worker of this archive sits, under `name` (default: the archive's), with the
+        model-config.yaml a server adapted (`yaml_config`)."""
+        return Placement(self.folder, name or self.model_name, yaml_config, self.model_version, None, gpu_id)
+
+
+def show_worker_logs() -> None:
+    """Ray's worker processes give the root logger no handler, so only warnings reach stderr (Python's
+    last resort): this package's INFO lines (the ready line, the worker's settings) go to stderr
+    too, which Ray keeps in the worker's log and shows at the driver, as TorchServe's model log does."""
+    ours = logging.getLogger(package_files.NAME)
+    ours.setLevel(logging.INFO)
+    if not ours.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        ours.addHandler(handler)
+
+
+def with_threads(yaml_config: dict, cpus: float | None) -> dict:
+    """The model-config.yaml with `cpus` (what Ray gave a replica or actor) as the worker's threads,
+    unless it fixes them itself."""
+    handler = yaml_config.get("handler") or {}
+    if not cpus or "threads" in handler:
+        return yaml_config
+    return {**yaml_config, "handler": {**handler, "threads": max(1, int(cpus))}}
+
+
+def unpack(path: Path, folder: Path) -> None:
+    """Unpack next to `folder`, then rename: replicas that start together on one machine never
+    read a half-written copy (the one that loses the race drops its own)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.namelist():
+                if Path(member).is_absolute() or ".." in Path(member).parts:
+                    raise ArchiveError(f"{path} holds a path outside the archive: {member}")
+            archive.extractall(partial)
+        os.replace(partial, folder)
+    except OSError:
+        if not folder.is_dir():
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)

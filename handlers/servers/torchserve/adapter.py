@@ -1,0 +1,201 @@
+"""The TorchServe adapter: the only code that reads or writes TorchServe's context.
+
+A `.mar` names a thin subclass (handlers/servers/torchserve/embedding_handler.py, ...) that says which task it serves.
+`initialize` builds the worker (handlers/worker/worker.py) from what the context says (a `Placement`)
+and picks its loop once; `handle` turns `(data, context)` into `Incoming` requests, hands them to
+the loop, and writes the replies back: status, content type and headers in, answers out. The loops:
+- request batches (handlers/loops/request_batches.py): `handle` drives preprocess / inference /
+  postprocess, each overridable the way TorchServe's docs teach; generation's own
+  (handlers/loops/generation_batches.py) streams through TorchServe's intermediate responses;
+- `continuousBatching: true`: the decode loop (handlers/loops/decode_loop.py), `ts_stream_next` per reply;
+- `asyncCommunication: true`: the scheduled loop (handlers/loops/scheduled_requests.py), answers sent through the
+  async worker's out-queue (handlers/servers/torchserve/async_replies.py).
+"""
+
+import importlib.metadata
+import logging
+import sys
+from typing import Any
+
+from ts.handler_utils.utils import send_intermediate_predict_response
+from ts.protocol import otf_message_handler
+from ts.torch_handler.base_handler import BaseHandler
+
+from ts_compiled_handlers.loops.decode_loop import DecodeLoop
+from ts_compiled_handlers.loops.generation_batches import GenerationBatches
+from ts_compiled_handlers.loops.model_thread import ModelThread
+from ts_compiled_handlers.loops.request_batches import Batch, RequestBatches
+from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
+from ts_compiled_handlers.request.payload import phrase
+from ts_compiled_handlers.servers.torchserve import async_replies, messages
+from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
+from ts_compiled_handlers.startup.config import parse
+from ts_compiled_handlers.startup.serving import Placement
+from ts_compiled_handlers.tasks import Task
+from ts_compiled_handlers.tasks.generation import GenerationTask
+from ts_compiled_handlers.worker.worker import Incoming, Reply, Worker
+
+logger = logging.getLogger(__name__)
+KNOWN_FRAMES = ("0.12.",)  # the TorchServe releases whose frames messages.py reads
+READER_MODULES = ("__main__", "ts.async_service")  # the worker's script and its async loop hold the reader
+
+
+class TorchServeHandler(BaseHandler):
+    """Serves one task's worker under TorchServe; a subclass names the task (`task_class`)."""
+
+    task_class: type[Task] = Task
+    worker_class: type[Worker] = Worker
+    warmup_progress = None  # called as warmup_progress(done, total) after each shape (the build's bar)
+
+    def initialize(self, context):
+        """The worker built, warmed, checked (under asyncCommunication in its model thread), then its loop."""
+        self.context = context
+        placement = Placement(
+            context.system_properties["model_dir"],
+            context.model_name,
+            context.model_yaml_config or {},
+            (context.manifest or {}).get("model", {}).get("modelVersion"),
+            context.system_properties.get("batch_size"),
+            context.system_properties.get("gpu_id"),
+        )
+        sink = TorchServeSink(context)
+        quiet_per_batch_lines()
+        build = (self.worker_class.build, placement, self.task_class, sink, self.warmup_progress)
+        if parse(placement.yaml_config).asynchronous:
+            model_thread, self.worker = ModelThread.start(*build)
+            self.loop = ScheduledRequests(self.worker, model_thread)
+        else:
+            self.worker = build[0](*build[1:])
+            self.loop = self.request_loop(self.worker)
+        sink.declare_traffic_metrics()
+        read_messages_from_memory()
+        self.initialized = True
+
+    def request_loop(self, worker: Worker):
+        if not isinstance(worker.task, GenerationTask):
+            return RequestBatches(worker)
+        return DecodeLoop(worker) if worker.serving.config.continuous else GenerationBatches(worker, self.send_chunks)
+
+    def handle(self, data, context):
+        """One reply per request, in order; a request's failure is its own reply. Never raises.
+        Under asyncCommunication, a coroutine TorchServe awaits."""
+        self.context = context
+        if isinstance(self.loop, ScheduledRequests):
+            return answer_when_done(
+                [self.loop.serve(self.incoming(index, body)) for index, body in enumerate(data)], context
+            )
+        if isinstance(self.loop, DecodeLoop):
+            requests = [
+                (context.request_ids[index], self.resent_or_incoming(index, body)) for index, body in enumerate(data)
+            ]
+            return write(self.loop.call(requests), context, stream_next=True)
+        try:
+            batch = self.inference(self.preprocess(data))
+            replies = self.loop.replies(batch, self.postprocess(batch))
+        except Exception as error:  # a defect past every per-request boundary: still answer everyone
+            replies = self.loop.fail_all([Incoming(None) for _ in data], error)
+        return write(replies, context)
+
+    # -- the steps of request batches, overridable ---------------------------------------------
+    def preprocess(self, data) -> Batch:
+        return self.loop.preprocess([self.incoming(index, body) for index, body in enumerate(data)])
+
+    def inference(self, data: Batch, *args, **kwargs) -> Batch:
+        return self.loop.inference(data)
+
+    def postprocess(self, data: Batch) -> list[Any]:
+        return self.loop.postprocess(data)
+
+    # -- TorchServe's context, read ----------------------------------------------------------------
+    def incoming(self, index: int, request: dict) -> Incoming:
+        """Request `index` of the batch: its body, content type and `url_path` (the route)."""
+        body = request.get("data") if request.get("data") is not None else request.get("body")
+        header = self.header(index, "data" if request.get("data") is not None else "body")
+        content_type = header.get("content-type") if isinstance(header, dict) else None
+        return Incoming(body, content_type, (self.header(index, "url_path") or "").strip("/"))
+
+    def resent_or_incoming(self, index: int, request: dict) -> Incoming | None:
+        """None for a request the frontend resends (no body, no headers: continuous batching)."""
+        if not request and not self.context.request_processor[index].get_request_properties():
+            return None
+        return self.incoming(index, request)
+
+    def header(self, index: int, name: str) -> Any:
+        return self.context.get_request_header(index, name) if self.context.request_processor else None
+
+    def send_chunks(self, batch: Batch, chunks: dict[int, str]) -> None:
+        """Streamed text, through TorchServe's intermediate responses."""
+        for index in chunks:
+            self.context.set_response_content_type(index, batch.replies[index].content_type)
+        request_ids = {index: self.context.request_ids[index] for index in chunks}
+        send_intermediate_predict_response(chunks, request_ids, "Intermediate Prediction success", 200, self.context)
+
+    # -- what tools and tests read of the worker ---------------------------------------------------
+    engine = property(lambda self: self.worker.engine)
+    serving = property(lambda self: self.worker.serving)
+    started = property(lambda self: self.worker.started)
+    threads = property(lambda self: self.worker.threads)
+    lengths = property(lambda self: self.worker.lengths)
+    tokenize = property(lambda self: self.worker.tokenize)
+    tokenizer = property(lambda self: self.worker.serving.tokenizer)
+    config = property(lambda self: self.worker.serving.config)
+    model_source = property(lambda self: self.worker.model_source)
+
+
+class PerBatchLines(logging.Filter):
+    """TorchServe's worker logs a line for every batch it receives ("Backend received inference
+    at: ..."), which the frontend reads from its stdout and the package's log4j2.xml then drops:
+    dropped here instead, before it is written."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.module == "otf_message_handler" and str(record.msg).startswith("Backend received"))
+
+
+def quiet_per_batch_lines() -> None:
+    """The worker's root logger (TorchServe logs through it) without its per-batch line; once per process."""
+    root = logging.getLogger()
+    if not any(isinstance(each, PerBatchLines) for each in root.filters):
+        root.addFilter(PerBatchLines())
+
+
+def read_messages_from_memory() -> bool:
+    """The worker's loops read the frontend's messages through messages.py instead of TorchServe's
+    reader (called once the model is loaded, before the next message is read); False outside
+    TorchServe's worker process, for a release whose frames it does not know, or where something
+    else already replaced TorchServe's reader."""
+    if not hasattr(sys.modules["__main__"], "TorchModelServiceWorker"):  # in process: tests, Ray, tools
+        return False
+    try:
+        release = importlib.metadata.version("torchserve")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    if not release.startswith(KNOWN_FRAMES):
+        logger.info("TorchServe %s: its own message reader kept (ours knows %s)", release, KNOWN_FRAMES)
+        return False
+    modules = [sys.modules[name] for name in READER_MODULES if name in sys.modules]
+    loops = [module for module in modules if getattr(module, "retrieve_msg", None) is otf_message_handler.retrieve_msg]
+    for module in loops:
+        module.retrieve_msg = messages.retrieve_msg
+    if loops:
+        logger.info("TorchServe %s's messages are read by %s", release, messages.__name__)
+    return bool(loops)
+
+
+def write(replies: list[Reply], context, stream_next: bool = False) -> list:
+    """The replies' statuses, content types and headers into the context; their bodies returned.
+    `stream_next`: each reply's `last` becomes its `ts_stream_next` header (None: none)."""
+    for index, reply in enumerate(replies):
+        if reply.status != 200:
+            context.set_response_status(reply.status, phrase(reply.status), index)
+        context.set_response_content_type(index, reply.content_type)
+        for name, value in reply.headers.items():
+            context.set_response_header(index, name, value)
+    if stream_next:
+        context.stopping_criteria = [lambda _, last=reply.last: last for reply in replies]
+    return [reply.body for reply in replies]
+
+
+async def answer_when_done(pending: list, context) -> list:
+    """The scheduled loop's replies, each first sent through the async worker's out-queue."""
+    replies = [await reply for reply in pending]  # the loop's `serve` never raises
+    return async_replies.send_first(write(replies, context), context)

@@ -1,0 +1,103 @@
+"""Starting a worker from the archive's AOT package, and building that package (handlers/startup/aot_package.py).
+
+A worker serves the package only if it matches this worker (manifest), is whole (sha256) and
+answers the build's recorded probe rows; otherwise it says why, loudly, and compiles instead. The
+build (`hfserve build --precompile aot`, scripts/precompile.py) loads the model as a worker would,
+decides its layout by the same check, and exports it.
+"""
+
+import logging
+import time
+
+import torch
+
+from ts_compiled_handlers.engine import packing
+from ts_compiled_handlers.engine.engine import Engine
+from ts_compiled_handlers.engine.layout import Layout
+from ts_compiled_handlers.engine.runner import EagerRunner
+from ts_compiled_handlers.runtime import hardware
+from ts_compiled_handlers.startup import aot_package, warmup
+from ts_compiled_handlers.startup.serving import HARDWARE, Serving, Started
+from ts_compiled_handlers.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+
+def package_manifest(serving: Serving, dtype: torch.dtype) -> dict:
+    """What an AOT package must have been built for to serve this worker."""
+    return aot_package.manifest(HARDWARE, dtype, serving.plan, serving.compile_options, serving.model_dir)
+
+
+def serve_package(task: Task, serving: Serving, began: float, progress=None) -> tuple[Engine, Started] | None:
+    """The engine over the archive's AOT package, warmed and checked; None (and why, in the log)
+    where there is none or it cannot serve this worker."""
+    packed = serving.model_dir / aot_package.PACKAGE_DIR
+    if not (packed.is_dir() and serving.config.compile.enable and serving.config.task in aot_package.TASKS):
+        return None
+    # `dtype: auto` is not checked against float32 again: the build did, on this model and on
+    # hardware with the CPU flags or CUDA capability the manifest makes this worker match.
+    dtype = hardware.DTYPES.get(serving.config.dtype, HARDWARE.auto_dtype)
+    try:
+        package = aot_package.load(packed, package_manifest(serving, dtype), serving.model_dir, serving.device)
+        load_eager = _eager_loader(task, serving, dtype, package.layout)
+        engine = task.engine(aot_package.AotModel(package, load_eager, serving.plan), serving, dtype, package.layout)
+        load_seconds = time.perf_counter() - began
+        report = warm_up_package(engine, serving, package.reference, progress)
+    except (aot_package.PackageError, warmup.WarmupError) as error:  # mismatched, damaged, or other answers
+        logger.warning("AOT package IGNORED, compiling instead: %s: %s", type(error).__name__, error)
+        return None
+    except Exception as error:  # a defect: the traceback, then compile all the same
+        logger.warning("AOT package IGNORED, compiling instead: %s: %s", type(error).__name__, error, exc_info=True)
+        return None
+    return engine, Started(report, "aot", load_seconds)
+
+
+def _eager_loader(task: Task, serving: Serving, dtype: torch.dtype, layout: Layout):
+    """Loads the eager model, for an AOT worker that needs it after all (a shape outside the package)."""
+
+    def load() -> torch.nn.Module:
+        began = time.perf_counter()
+        module = task.build_model(serving.model_dir).eval().to(serving.device, dtype)
+        logger.info("Eager model loaded in %.1fs", time.perf_counter() - began)
+        return packing.PackedModel(module) if layout.packed else module
+
+    return load
+
+
+def warm_up_package(engine: Engine, serving: Serving, reference: aot_package.Reference, progress=None):
+    """Each length bucket once at batch 1 and the largest batch once, then the package against the
+    build's eager answers. A package's first call at a new shape costs what later calls do (only
+    the first calls of all set up the runtime; docs/design.md, "Cold start and AOT packages"), so
+    the whole grid bought nothing; the build ran it, and the full check, on its own host."""
+    began = time.perf_counter()
+    plan = engine.plan
+    shapes = [(1, seq_len) for seq_len in plan.seq_lens] + [(plan.max_batch, plan.seq_lens[0])]
+    for done, (batch, seq_len) in enumerate(shapes, start=1):
+        engine.run(serving.probes.filler(seq_len, batch), one_per_row=True)
+        if progress is not None:
+            progress(done, len(shapes))
+    seconds = time.perf_counter() - began
+    if serving.config.warmup.verify:
+        outputs = engine.run(reference.token_ids).rows
+        warmup.check_drift("AOT package vs the build's eager", outputs, reference.rows, serving.tolerance(engine.dtype))
+    return warmup.WarmupReport(len(shapes), 0, seconds, seconds)
+
+
+def build_package(task: Task, serving: Serving, eager: Engine) -> dict:
+    """Export the eager engine's model into the archive's AOT package, with eager's answers on the
+    probe rows that a worker checks the package against (returns the build's timings)."""
+    probe = serving.probes.package_rows()
+    reference = aot_package.Reference(probe, eager.run(probe).rows)
+    valid_for = package_manifest(serving, eager.dtype)
+    module, options = eager.model.eager, serving.compile_options
+    return aot_package.build(module, serving.plan, options, valid_for, serving.model_dir, reference, eager.layout)
+
+
+def check_package_everywhere(engine: Engine, serving: Serving, progress=None) -> None:
+    """The whole grid through the served package, then its answers against the eager model at every
+    length: what the build checks beyond a worker's start."""
+    warmup.run_grid(engine, 1, serving.probes.filler, None, progress)
+    probe = serving.probes.check_rows()
+    eager = engine.on(EagerRunner(engine.model.eager)).run(probe).rows
+    served = engine.run(probe).rows
+    warmup.check_drift("AOT package vs eager, every length", served, eager, serving.tolerance(engine.dtype))

@@ -1,0 +1,190 @@
+"""Building the engine at `initialize`: each step a function from what it needs to what it makes.
+
+    serve_package(task, serving)      -> engine      the archive's AOT package, if it matches and passes its
+                                                     check (handlers/startup/aot_start.py)
+    load_model(task, serving)         -> module      the eager model at the chosen dtype (`auto` checked vs float32)
+    choose_layout(task, serving, ...) -> Engine      packed rows if packed answers equal alone ones, else groups
+    compile_and_warm_up(engine, ...)  -> Started     compiled over the grid (or from the host's cache), checked
+
+`build_engine` runs them in that order. What goes wrong is loud: a package, a packing check or a
+compile that fails for a known reason logs one line saying why; anything else also logs its
+traceback.
+"""
+
+import contextlib
+import copy
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from ts_compiled_handlers.engine import packing
+from ts_compiled_handlers.engine.engine import Engine
+from ts_compiled_handlers.engine.layout import Layout
+from ts_compiled_handlers.engine.runner import EagerRunner
+from ts_compiled_handlers.runtime import hardware, process_settings
+from ts_compiled_handlers.startup import aot_start, compile_cache, eager_fallback, warmup
+from ts_compiled_handlers.startup.compiling import CompiledModel
+from ts_compiled_handlers.startup.serving import HARDWARE, Serving, Started
+from ts_compiled_handlers.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+# Where the compiled kernels came from, as the ready line says it (handlers/worker/ready_report.py logs it).
+CACHE_SOURCES = {
+    "archive": "hit, unpacked from the archive",
+    "host": "hit, this host's cache from an earlier worker",
+    "compiled": "miss, compiled here",
+    "off": "off",
+    "aot": "not needed, the archive's AOT package serves",
+}
+
+
+def build_engine(task: Task, serving: Serving, progress=None) -> tuple[Engine, Started]:
+    """The engine a worker serves: from the archive's AOT package where it can, else compiled."""
+    began = time.perf_counter()
+    served = aot_start.serve_package(task, serving, began, progress)
+    if served is not None:
+        return served
+    engine = eager_engine(task, serving)
+    load_seconds = time.perf_counter() - began
+    graphs_needed = task.graphs_needed(serving.plan)
+    engine = engine.on(CompiledModel(engine.model.eager, serving.compile_options, graphs_needed, task.FREEZES))
+    return engine, compile_and_warm_up(engine, serving, load_seconds, progress)
+
+
+def eager_engine(task: Task, serving: Serving) -> Engine:
+    """The model loaded at its dtype, over the layout it serves, run eagerly: what is compiled or exported."""
+    module, dtype = load_model(task, serving)
+    return choose_layout(task, serving, module, dtype)
+
+
+def load_model(task: Task, serving: Serving) -> tuple[torch.nn.Module, torch.dtype]:
+    """The eager model on the device at the chosen dtype."""
+    module = task.build_model(serving.model_dir).eval().to(serving.device)
+    dtype = choose_dtype(task, serving, module)
+    return module.to(dtype), dtype
+
+
+def choose_dtype(task: Task, serving: Serving, module: torch.nn.Module) -> torch.dtype:
+    """The configured dtype; for `auto`, the hardware's pick if it stays close to float32."""
+    config = serving.config
+    if config.dtype != "auto":
+        return hardware.DTYPES[config.dtype]
+    chosen = HARDWARE.auto_dtype
+    if chosen == torch.float32 or not config.warmup.verify:
+        return chosen
+    probe = serving.probes.check_rows()
+    reference = task.engine(EagerRunner(module), serving, torch.float32, Layout()).run(probe).rows
+    candidate = copy.deepcopy(module).to(chosen)  # casting back to float32 would lose bits
+    try:
+        outputs = task.engine(EagerRunner(candidate), serving, chosen, Layout()).run(probe).rows
+        warmup.check_drift(f"dtype auto -> {chosen}", outputs, reference, serving.tolerance(chosen))
+    except warmup.WarmupError as error:
+        on_failure(config.compile.on_failure, error)
+        chosen = torch.float32
+    return chosen
+
+
+def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: torch.dtype) -> Engine:
+    """An eager engine over packed rows if the plan packs and, on the probe, each text packed with
+    others gets the answer it gets alone; otherwise over length groups."""
+    alone = task.engine(EagerRunner(module), serving, dtype, Layout())
+    if serving.plan.pack_tokens is None or not hasattr(module, "packed"):
+        return alone
+    layout = Layout(serving.plan.pack_tokens, packing.first_position(module))
+    packed = task.engine(EagerRunner(packing.PackedModel(module)), serving, dtype, layout)
+    probe = serving.probes.check_rows()
+    try:
+        expected = alone.run(probe).rows
+        together = packed.run(probe).rows
+        warmup.check_drift("packed vs alone", together, expected, serving.tolerance(dtype))
+        warmup.check_error("packed vs alone", together, expected, serving.tolerance(dtype) ** 0.5)
+    except (warmup.WarmupError, NotImplementedError) as error:  # answers that differ, a head it cannot reach
+        logger.warning("Packing OFF, texts run in length groups: %s: %s", type(error).__name__, error)
+        return alone
+    except Exception:  # a model that takes no position_ids or 4-D mask, or a defect: groups, and why
+        logger.warning("Packing OFF, texts run in length groups: the packed model failed", exc_info=True)
+        return alone
+    logger.info("Packing on: rows of up to %d tokens, positions from %d", layout.pack_budget, layout.first_position)
+    return packed
+
+
+def on_failure(policy: str, error: Exception) -> None:
+    """Log a failed compile or check (with its traceback unless it is a failed comparison) and
+    raise it again if the policy is `fail`."""
+    known = isinstance(error, warmup.WarmupError)
+    logger.error(
+        "Compile or warm-up check failed (on_failure=%s): %s: %s",
+        policy,
+        type(error).__name__,
+        error,
+        exc_info=None if known else error,
+    )
+    if policy == "fail":
+        raise error
+
+
+def compile_and_warm_up(engine: Engine, serving: Serving, load_seconds: float, progress=None) -> Started:
+    """Compile the engine's model over the whole grid, inside the lease on this host's compile cache."""
+    host_cache = _host_cache(engine, serving)
+    packed_cache = serving.model_dir / compile_cache.PACKED_DIR
+    with host_cache.lease(packed_cache) if host_cache else contextlib.nullcontext() as lease:
+        report = warm_up(engine, serving, progress)
+        if lease is not None and engine.model.is_compiled:
+            host_cache.publish(lease)
+    compiled = engine.model.is_compiled
+    if compiled:
+        process_settings.stop_compile_workers()
+    return Started(report, lease.source if lease is not None and compiled else "off", load_seconds, host_cache)
+
+
+def _host_cache(engine: Engine, serving: Serving) -> compile_cache.HostCache | None:
+    """This host's compile cache for the engine (None where compilation or the cache is off)."""
+    option = serving.config.compile.cache_dir
+    root = compile_cache.default_root() if option == "auto" else None if option == "off" else Path(option)
+    if not serving.config.compile.enable or root is None:
+        return None
+    valid_for = compile_cache.manifest(HARDWARE, engine.dtype, engine.plan, serving.compile_options, serving.model_dir)
+    return compile_cache.HostCache(root, valid_for)
+
+
+def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupReport:
+    """Compile and run the whole grid, then check compiled answers against eager ones; a failure
+    follows `compile.on_failure` (serve eagerly, or fail the worker)."""
+    model, config = engine.model, serving.config
+    try:
+        model.compile()
+        check = model.graphs_needed if model.is_compiled else None
+        report = warmup.run_grid(engine, config.warmup.iterations, serving.probes.filler, check, progress)
+        if model.is_compiled and config.warmup.verify:
+            probe = serving.probes.check_rows()
+            eager = engine.on(EagerRunner(model.eager)).run(probe).rows
+            compiled = engine.run(probe).rows
+            warmup.check_drift("compiled vs eager", compiled, eager, serving.tolerance(engine.dtype))
+        return report
+    except Exception as error:  # a compile error can be of any type; all follow on_failure
+        if not config.compile.enable:
+            raise
+        on_failure(config.compile.on_failure, error)
+        model.fall_back_to_eager(eager_fallback.fallback_of(error))
+        report = warmup.run_grid(engine, 1, serving.probes.filler, None)
+        return dataclasses.replace(report, graphs=0)
+
+
+def trace_again(engine: Engine, serving: Serving, threads: int) -> None:
+    """Trace the grid at a new thread count. Dynamo guards on the thread count, so without this
+    every call after a re-share would count as a recompile and run eagerly. The kernels come from
+    inductor's cache (built with dynamic threads, they do not change); dynamo keeps the graphs of
+    every count it has seen."""
+    began = time.perf_counter()
+    try:
+        engine.model.retrace(lambda: warmup.run_grid(engine, 1, serving.probes.filler, None))
+    except Exception as error:  # as at start: a compile error can be of any type
+        logger.exception("Tracing the grid again at %d threads failed", threads)
+        detail = f"tracing again at {threads} threads: {eager_fallback.fallback_of(error)}"
+        engine.model.fall_back_to_eager(eager_fallback.Fallback("retrace_failed", detail))
+        return
+    logger.info("Grid traced again at %d threads in %.1fs", threads, time.perf_counter() - began)

@@ -1,0 +1,447 @@
+"""The handler's configuration: one frozen, typed record parsed from model-config.yaml.
+
+TorchServe hands the handler the whole yaml as `context.model_yaml_config`. Its own keys
+(`minWorkers`, `batchSize`, ...) stay where TorchServe reads them; the standard `pt2: compile:`
+section is honoured; everything of ours lives under `handler:`. Unknown keys and bad values raise
+`ConfigError` naming the key, the value and what is allowed, so `initialize` fails loudly.
+Each key's meaning and the reason for its default sit beside it, once: docs/configuration.md is
+generated from them (scripts/config_table.py).
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+TASKS = ("embedding", "sparse-embedding", "text-classification", "token-classification", "text-generation")
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Which tensor dimensions the compiled graphs treat as dynamic; see docs/design.md, "Shape strategy".
+DYNAMIC = ("none", "batch", "all")
+OVERFLOW = ("truncate", "reject")
+ON_FAILURE = ("eager", "fail")
+PT2_COMPILE_KEYS = ("enable", "backend", "mode", "fullgraph", "dynamic")
+
+
+class ConfigError(ValueError):
+    """A model-config.yaml key with a value the handler cannot use."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        super().__init__(f"model-config.yaml: {key}={value!r} is not valid; allowed: {allowed}")
+
+
+def _choice(*options: str) -> Callable[[Any, str], str]:
+    def check(value, key):
+        if value not in options:
+            raise ConfigError(key, value, " | ".join(options))
+        return value
+
+    return check
+
+
+def _boolean(value, key) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "true | false")
+    return value
+
+
+def _auto_boolean(value, key) -> bool | None:
+    if value == "auto":
+        return None
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "auto | true | false")
+    return value
+
+
+def _positive_int(value, key) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "an integer >= 1")
+    return value
+
+
+def _threads(value, key) -> int | None:
+    return None if value == "auto" else _positive_int(value, key)
+
+
+def _tolerance(value, key) -> float | None:
+    if value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError(key, value, "auto | a number between 0 and 1")
+    return float(value)
+
+
+def _sorted_ints(value, key) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, value, "a non-empty list of integers >= 1")
+    items = tuple(_positive_int(item, key) for item in value)
+    if list(items) != sorted(set(items)):
+        raise ConfigError(key, value, "integers in increasing order, without repeats")
+    return items
+
+
+def _seq_lens(value, key) -> str | tuple[int, ...]:
+    return value if value == "auto" else _sorted_ints(value, key)
+
+
+def _auto_or_positive(value, key) -> str | int:
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "auto | an integer >= 1")
+    return value
+
+
+def _pack_tokens(value, key) -> str | int:
+    if value in ("auto", "off"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "auto | off | a token count >= 1")
+    return value
+
+
+def _backend(value, key) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, value, "a torch.compile backend name such as inductor")
+    return value
+
+
+def _cache_dir(value, key) -> str:
+    if value in ("auto", "off") or (isinstance(value, str) and value.startswith("/")):
+        return value
+    raise ConfigError(key, value, "auto | off | an absolute path")
+
+
+def _option(check: Callable[[Any, str], Any], default: Any, *, meaning: str, why: str, shown: str | None = None):
+    """A `handler:` key: its check, its default, what it means and why that default (docs/configuration.md
+    is generated from these). `shown`: how a default of None is written in model-config.yaml."""
+    return dataclasses.field(default=default, metadata={"check": check, "meaning": meaning, "why": why, "shown": shown})
+
+
+def _section(cls):
+    """A nested section of keys (`buckets:`, `compile:`, ...), parsed by its own fields."""
+    return dataclasses.field(default=cls(), metadata={"check": lambda value, key: _parse_section(cls, value, key)})
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketConfig:
+    seq_lens: str | tuple[int, ...] = _option(
+        _seq_lens,
+        "auto",
+        meaning="length buckets; `auto` = 16, 32, 64, ... doubling up to the model's own limit (sentence-transformers' "
+        "`max_seq_length`, else the tokenizer's `model_max_length`, else its position table), the limit the "
+        "largest; text generation: up to 256 prompt tokens; a list is capped at the limit",
+        why="each bucket twice the one below, so a text over 16 tokens is padded to less than twice its length, and "
+        "every text up to the model's limit is answered whole, as its reference library answers it; re-plan with "
+        "`hfserve plan`",
+    )
+    batch_sizes: tuple[int, ...] = _option(
+        _sorted_ints,
+        (1, 2, 4, 8),
+        meaning="batch buckets warmed; the largest is the most rows per call",
+        why="8 packed rows of 256 tokens hold the archive's default `batchSize` (32) of texts of the load test's "
+        "traffic (median 30 tokens) in one call; length groups answer a larger batch in calls of 8; text "
+        "generation's decode slots",
+    )
+    max_tokens: str | int = _option(
+        _auto_or_positive,
+        "auto",
+        meaning="the most tokens (rows x length) one model call holds: the long buckets of a long-context model "
+        "take fewer rows (at least one); `auto` = 4096",
+        why="bounds a call's memory and a warm-up shape's time as the limit grows (attention is quadratic in length); "
+        "the default grid up to 256 tokens is not cut by it",
+    )
+    overflow: str = _option(
+        _choice(*OVERFLOW),
+        "truncate",
+        meaning="a text over the largest bucket: `truncate` it, or `reject` it with 413",
+        why="what sentence-transformers' `encode` does",
+    )
+    pack_tokens: str | int = _option(
+        _pack_tokens,
+        "auto",
+        meaning="encoder tasks: a batch's texts are packed end to end into rows of at most this many tokens "
+        "([Packing](design.md#packing)); `auto` = the largest length bucket, at most 256; "
+        "`off` = length groups; a number = that budget (`hfserve plan` plans one)",
+        why="256-token rows were the fastest budget on MiniLM's traffic (1.13 computed tokens per real one, "
+        "1.40x the length groups; [Packing](performance.md#packing))",
+    )
+    histogram_every: int = _option(
+        _positive_int,
+        1000,
+        meaning="log the histogram of live token lengths every this many texts (for `plan_buckets.py --log`)",
+        why="about one line per 12 s at the 87 requests/s of the MiniLM soak run, not one per request",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileConfig:
+    enable: bool = _option(
+        _boolean,
+        True,
+        meaning="`false` serves eagerly (the switch that turns compilation off)",
+        why="compiled matched or beat eager per call at every shape measured "
+        "(see [Per bucket](performance.md#per-bucket))",
+    )
+    backend: str = _option(
+        _backend,
+        "inductor",
+        meaning="the `torch.compile` backend",
+        why="torch's own compiler; AOT packages need it",
+    )
+    mode: str = _option(
+        _choice(*MODES),
+        "default",
+        meaning="the `torch.compile` mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs",
+        why="`default` compiles fastest; the others trade longer compiles for speed "
+        "(see [Tuning](operations.md#tuning))",
+    )
+    freezing: bool | None = _option(
+        _auto_boolean,
+        None,
+        meaning="inductor's `freezing`: the weights become constants of the graph, folded and, on CPU, "
+        "prepacked for oneDNN; `auto` = on where the whole model is compiled on the CPU (not `regional`, not "
+        "text generation)",
+        why="on the CPU it halves MiniLM's float32 call and takes a quarter off its bfloat16 1x16 call; it keeps "
+        "a packed copy of the weights beside the model's (see [Small shapes](performance.md#small-shapes))",
+        shown="`auto`",
+    )
+    fullgraph: bool = _option(
+        _boolean,
+        False,
+        meaning="passed to `torch.compile`: `true` makes a graph break an error",
+        why="a model with graph breaks still compiles, in pieces; warm-up counts its graphs per shape",
+    )
+    dynamic: str = _option(
+        _choice(*DYNAMIC),
+        "all",
+        meaning="which dims the graphs treat as dynamic: `none`, `batch`, `all` "
+        "(see [Shape strategy](design.md#shape-strategy))",
+        why="one graph for the whole grid: the only strategy that starts in a minute on 2 cores",
+    )
+    regional: bool = _option(
+        _boolean,
+        False,
+        meaning="compile the repeated transformer block instead of the whole model",
+        why="~30% less compile time here, but no faster than eager (see [Compile policy](design.md#compile-policy))",
+    )
+    on_failure: str = _option(
+        _choice(*ON_FAILURE),
+        "eager",
+        meaning="a compile or verify failure: serve `eager`ly (logged loudly, `CompileFallback 1`), "
+        "or `fail` the worker (registration fails fast)",
+        why="a slower answer beats no answer; choose `fail` where speed is part of the contract",
+    )
+    cache_dir: str = _option(
+        _cache_dir,
+        "auto",
+        meaning="where the workers of a host share compiled kernels (handlers/startup/compile_cache.py): "
+        "`auto` = `$COMPILED_HANDLERS_CACHE_DIR` (`off` there turns it off host-wide), else "
+        "`<tmp>/compiled-handlers-cache`; an absolute path; `off` leaves inductor's own cache alone",
+        why="a restarted or added worker loads instead of compiling",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupConfig:
+    iterations: int = _option(
+        _positive_int,
+        2,
+        meaning="calls per grid shape during warm-up",
+        why="the first call compiles, the second proves the graph is reused",
+    )
+    verify: bool = _option(
+        _boolean,
+        True,
+        meaning="compare compiled with eager, and `auto` dtype with float32",
+        why="a wrong answer must not go live",
+    )
+    tolerance: float | None = _option(
+        _tolerance,
+        None,
+        shown="`auto`",
+        meaning="largest allowed 1 - cosine; auto = 1e-4 (float32), 2e-3 (bf16/fp16)",
+        why="what MiniLM and the test models pass in each dtype (the test suite runs with it)",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingConfig:
+    """embedding only."""
+
+    dimensions: str = _option(
+        _choice("auto", "any"),
+        "auto",
+        meaning="embedding: which models take a request's `dimensions` (the first N values, then normalized): "
+        "`auto` = those whose config.json says they were trained for it (`matryoshka_dimensions`, "
+        "`is_matryoshka`), `any` = every model",
+        why="a model not trained for it (Matryoshka) loses meaning when cut; vLLM refuses it the same way",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """text-generation only."""
+
+    max_new_tokens: int = _option(
+        _positive_int,
+        64,
+        meaning="text-generation: the most tokens a request may ask for; sizes the static KV cache",
+        why="the cache is allocated per batch bucket: bigger costs memory for every request",
+    )
+    default_new_tokens: int | None = _option(
+        _positive_int,
+        None,
+        shown="min(20, `max_new_tokens`)",
+        meaning="text-generation: tokens when a request does not say",
+        why="short enough that a request without a budget cannot hold its batch for long",
+    )
+    max_stop_strings: int = _option(
+        _positive_int,
+        8,
+        meaning="text-generation: stop strings per request",
+        why="each is checked after every token",
+    )
+    steps_per_call: int = _option(
+        _positive_int,
+        8,
+        meaning="continuous batching (`continuousBatching: true`, handlers/loops/decode_loop.py): the most decode "
+        "steps per handler call (each call is a frontend round trip; a call ends early after a step in which a prompt "
+        "finished)",
+        why="see [Generation](performance.md#generation)",
+    )
+    max_request_seconds: int = _option(
+        _positive_int,
+        300,
+        meaning='continuous batching: a request running longer ends with `finish_reason: "time"`',
+        why="TorchServe's `responseTimeout` bounds one call, not a request",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """encoder tasks under `asyncCommunication: true` (handlers/loops/token_scheduler.py)."""
+
+    call_tokens: str | int = _option(
+        _auto_or_positive,
+        "auto",
+        meaning="with `asyncCommunication: true` (encoder tasks): the most tokens of waiting requests one model "
+        "call takes (the oldest request always goes); "
+        "`auto` = the largest batch bucket x the pack budget (length groups: x the largest length bucket), "
+        "within `buckets.max_tokens`; `hfserve plan` plans the grid it follows",
+        why="one call of the warmed grid's largest rows: every shape it makes is warmed, and a call is never "
+        "longer than a full request batch was",
+    )
+    max_queue: int = _option(
+        _positive_int,
+        100,
+        meaning="with `asyncCommunication: true`: requests a worker holds (queued or in a call); one more is "
+        "answered 503 at once",
+        why="TorchServe's own `job_queue_size` default: a backlog is refused, never grown without bound",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class HandlerConfig:
+    task: str = _option(
+        _choice(*TASKS),
+        "embedding",
+        meaning=f"which handler serves the model: {', '.join(TASKS)}",
+        why="the demo model is a sentence embedder; `hfserve build --task` sets it",
+    )
+    dtype: str = _option(
+        _choice(*DTYPE_NAMES),
+        "auto",
+        meaning="`auto` = bfloat16 on CUDA >= 8.0 or CPUs with AMX/AVX512-BF16, float16 on older CUDA, else "
+        "float32; refused back to float32 if it drifts past the tolerance",
+        why="the fastest type the hardware computes natively, never at a cost in answers the check can see",
+    )
+    threads: int | None = _option(
+        _threads,
+        None,
+        shown="`auto`",
+        meaning="intra-op threads per worker; `auto` = cores / the model's live workers (at least `minWorkers`), "
+        "followed as workers come and go; a number is kept whatever the worker count",
+        why="workers of one host must not oversubscribe the cores",
+    )
+    max_inputs: int = _option(
+        _positive_int,
+        64,
+        meaning="texts per request (a longer list gets 413)",
+        why="bounds what one request can make a worker hold",
+    )
+    buckets: BucketConfig = _section(BucketConfig)
+    compile: CompileConfig = _section(CompileConfig)
+    warmup: WarmupConfig = _section(WarmupConfig)
+    embedding: EmbeddingConfig = _section(EmbeddingConfig)
+    generation: GenerationConfig = _section(GenerationConfig)
+    scheduler: SchedulerConfig = _section(SchedulerConfig)
+    # Not `handler:` keys: TorchServe's minWorkers, used to share the cores between workers, its
+    # asyncCommunication, which hands requests to the worker as they come (handlers/loops/scheduled_requests.py), and
+    # its continuousBatching, which runs generation as a decode loop (handlers/loops/decode_loop.py).
+    workers: int = dataclasses.field(default=1, metadata={"internal": True})
+    asynchronous: bool = dataclasses.field(default=False, metadata={"internal": True})
+    continuous: bool = dataclasses.field(default=False, metadata={"internal": True})
+
+
+def _parse_section(cls, raw: Any, key: str):
+    if raw is None:
+        raw = {}
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    if not isinstance(raw, dict):
+        raise ConfigError(key, raw, f"a mapping with keys {', '.join(fields)}")
+    for name in raw:
+        if name not in fields:
+            raise ConfigError(f"{key}.{name}", raw[name], f"one of the keys {', '.join(fields)}")
+    values = {name: fields[name].metadata["check"](value, f"{key}.{name}") for name, value in raw.items()}
+    return cls(**values)
+
+
+def _pt2_compile(yaml_config: dict) -> dict:
+    """TorchServe's `pt2: compile:` section as keys of our `compile:` section."""
+    pt2 = yaml_config.get("pt2")
+    if pt2 is None:
+        return {}
+    section = pt2.get("compile") if isinstance(pt2, dict) else None
+    if not isinstance(section, dict):
+        raise ConfigError("pt2", pt2, "a mapping with a compile: section")
+    for name, value in section.items():
+        if name not in PT2_COMPILE_KEYS:
+            raise ConfigError(f"pt2.compile.{name}", value, f"one of the keys {', '.join(PT2_COMPILE_KEYS)}")
+    merged = dict(section)
+    if "dynamic" in merged:
+        merged["dynamic"] = "all" if _boolean(merged["dynamic"], "pt2.compile.dynamic") else "none"
+    return merged
+
+
+def check_async_batch_size(batch_size: Any) -> None:
+    """TorchServe 0.12's AsyncBatchAggregator removes each job from the map it is iterating over, so
+    a second request in one message throws ConcurrentModificationException and the worker dies."""
+    if batch_size not in (None, 1):
+        raise ConfigError("batchSize", batch_size, "1 with asyncCommunication (TorchServe 0.12 fails on more)")
+
+
+def parse(yaml_config: dict | None) -> HandlerConfig:
+    """The HandlerConfig for a model-config.yaml; `handler.compile` wins over `pt2.compile`."""
+    yaml_config = yaml_config or {}
+    handler = yaml_config.get("handler") or {}
+    if not isinstance(handler, dict):
+        raise ConfigError("handler", handler, "a mapping")
+    own_compile = handler.get("compile") or {}
+    if isinstance(own_compile, dict):
+        own_compile = {**_pt2_compile(yaml_config), **own_compile}
+    config = _parse_section(HandlerConfig, {**handler, "compile": own_compile}, "handler")
+    if (config.generation.default_new_tokens or 0) > config.generation.max_new_tokens:
+        raise ConfigError(
+            "handler.generation.default_new_tokens",
+            config.generation.default_new_tokens,
+            f"at most generation.max_new_tokens ({config.generation.max_new_tokens})",
+        )
+    continuous = _boolean(yaml_config.get("continuousBatching", False), "continuousBatching")
+    if continuous and config.task != "text-generation":
+        raise ConfigError("continuousBatching", True, f"false for task {config.task}: only text-generation runs a loop")
+    asynchronous = _boolean(yaml_config.get("asyncCommunication", False), "asyncCommunication")
+    if asynchronous and config.task == "text-generation":
+        raise ConfigError("asyncCommunication", True, "false for text-generation: it runs continuousBatching")
+    if asynchronous:
+        check_async_batch_size(yaml_config.get("batchSize", 1))
+    workers = _positive_int(yaml_config.get("minWorkers", 1), "minWorkers")
+    return dataclasses.replace(config, workers=workers, asynchronous=asynchronous, continuous=continuous)

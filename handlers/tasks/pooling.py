@@ -1,0 +1,85 @@
+"""sentence-transformers pooling, read from the model's own files and run inside the compiled graph."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ts_compiled_handlers.engine.packing import pool_per_text
+
+# sentence-transformers' poolings as its Pooling config names them (`pooling_mode`, 6.x), and the
+# older boolean flags for them, in the order it concatenates them.
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "lasttoken")
+LEGACY_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+def read_json(path: Path, default: Any) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else default
+
+
+def named_prompts(settings: dict) -> dict[str, str]:
+    """A config_sentence_transformers.json's prompts by name (a null one is no prompt)."""
+    return {name: text for name, text in (settings.get("prompts") or {}).items() if text is not None}
+
+
+def module_folder(model_dir: Path, kind: str) -> Path | None:
+    """The folder of the model's sentence-transformers module of `kind` (`Pooling`, `Normalize`, ...)."""
+    modules = read_json(model_dir / "modules.json", [])
+    found = next((module for module in modules if module["type"].endswith("." + kind)), None)
+    return None if found is None else model_dir / found.get("path", "")
+
+
+def pooling_modes(model_dir: Path) -> tuple[str, ...]:
+    """The poolings of the model's Pooling module, in order (mean pooling if it has none)."""
+    folder = module_folder(model_dir, "Pooling") or model_dir / "1_Pooling"
+    config = read_json(folder / "config.json", {})
+    modes = config.get("pooling_mode")
+    if modes is None:
+        modes = tuple(mode for flag, mode in LEGACY_FLAGS.items() if config.get(flag)) or ("mean",)
+    modes = (modes,) if isinstance(modes, str) else tuple(modes)
+    unsupported = [mode for mode in modes if mode not in POOLING_MODES]
+    if unsupported:
+        raise ValueError(f"{folder.name}/config.json pools {unsupported}; served poolings: {', '.join(POOLING_MODES)}")
+    if config.get("include_prompt", True) is False:
+        raise ValueError(f"{folder.name}/config.json pools without its prompt (include_prompt: false): not served")
+    return modes
+
+
+def normalizes(model_dir: Path) -> bool:
+    return module_folder(model_dir, "Normalize") is not None
+
+
+class SentenceEmbedder(torch.nn.Module):
+    """The transformer and its pooling, as one module so that both are compiled together."""
+
+    def __init__(self, encoder: torch.nn.Module, modes: tuple[str, ...]):
+        super().__init__()
+        self.encoder = encoder
+        self.modes = modes
+
+    def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
+        """Each packed text's pooled embedding (rows, slots, H * modes), under a 4-D mask."""
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        return pool_per_text(hidden, segments, self.modes)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+        counts = mask.sum(dim=1).clamp(min=1e-9)  # (B, 1)
+        last = (attention_mask.sum(dim=1) - 1).clamp(min=0)  # (B,) each right-padded row's last token
+        pooled = {
+            "cls": lambda: hidden[:, 0],
+            "max": lambda: hidden.masked_fill(mask == 0, -1e9).max(dim=1).values,
+            "mean": lambda: (hidden * mask).sum(dim=1) / counts,
+            "mean_sqrt_len_tokens": lambda: (hidden * mask).sum(dim=1) / counts.sqrt(),
+            "lasttoken": lambda: hidden[torch.arange(hidden.shape[0], device=hidden.device), last],
+        }
+        return torch.cat([pooled[mode]() for mode in self.modes], dim=-1)  # (B, H * len(modes))

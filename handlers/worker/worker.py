@@ -1,0 +1,257 @@
+"""The worker: one model served, built once per process and never rebuilt, under any server.
+
+`Worker.build(placement, task_class, metrics)` reads the archive, builds, warms and checks the
+engine (handlers/startup/serving.py, handlers/startup/build_steps.py) and says it is ready; after that a loop
+(handlers/loops/request_batches.py, handlers/loops/scheduled_requests.py, handlers/loops/decode_loop.py) drives requests
+through its three steps, top to bottom:
+
+    accept(incoming)       the body read by its route's protocol, checked, tokenized -> Accepted
+    run(accepted requests) the engine over their texts in one go -> each one's output rows
+    respond(accepted, rows) the task's answers in the protocol's body
+
+Nothing here knows a server: what the server says of the worker is a `Placement`, a request is an
+`Incoming`, metrics go to a `MetricsSink`. The only state that changes after `build` is the
+traffic's statistics and the thread counts traced.
+"""
+
+import dataclasses
+import importlib.metadata
+import logging
+import time
+from typing import Any
+
+import torch
+
+from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.engine.engine import Engine
+from ts_compiled_handlers.engine.layout import Call
+from ts_compiled_handlers.protocols import RequestSpec, Served, for_route, read_request
+from ts_compiled_handlers.request.outcome import refusal
+from ts_compiled_handlers.request.payload import RequestError
+from ts_compiled_handlers.request.tokenizing import Accepted, TextTokenizer, Tokenized
+from ts_compiled_handlers.runtime import allocator
+from ts_compiled_handlers.runtime.json_text import as_json
+from ts_compiled_handlers.runtime.metrics import MetricsSink
+from ts_compiled_handlers.runtime.process_settings import ThreadShare
+from ts_compiled_handlers.startup import build_steps
+from ts_compiled_handlers.startup.config import parse
+from ts_compiled_handlers.startup.serving import Placement, Serving, Started, read_serving
+from ts_compiled_handlers.tasks import Task
+from ts_compiled_handlers.worker import ready_report
+from ts_compiled_handlers.worker.traffic_stats import LengthStats
+
+logger = logging.getLogger(__name__)
+
+# Every answer's token count (the request's texts after truncation, special tokens included), as
+# TEI reports it; bodies keep their shape (the OpenAI and rerank bodies carry it as `usage` too).
+USAGE_HEADER = "x-prompt-tokens"
+NULL_SINK = MetricsSink()
+
+
+@dataclasses.dataclass(frozen=True)
+class Incoming:
+    """One request as a server hands it over: its body (bytes, or text or JSON the server already
+    read; None for a body-less GET), its content type, and its route: the path after
+    /predictions/{model}[/{version}], without slashes at its ends."""
+
+    body: Any
+    content_type: str | None = None
+    route: str = ""
+
+
+@dataclasses.dataclass
+class Reply:
+    """What one request gets back, for the server to send: its body (bytes or text, or a value a
+    loop encodes), status, content type and headers. `last`, for loops that answer a request more
+    than once: whether this is its last reply (None: a plain reply, sent once)."""
+
+    body: Any = None
+    status: int = 200
+    content_type: str = "application/json"
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    last: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    """One model served: what was built for it, and the request path's three steps."""
+
+    placement: Placement
+    task: Task
+    serving: Serving
+    engine: Engine
+    started: Started
+    threads: ThreadShare
+    tokenize: TextTokenizer
+    spec: RequestSpec
+    lengths: LengthStats
+    metrics: MetricsSink
+    traced_threads: set[int] = dataclasses.field(default_factory=set)
+
+    @classmethod
+    def build(cls, placement: Placement, task_class: type[Task], metrics: MetricsSink = NULL_SINK, progress=None):
+        """The worker, ready: engine built, warmed over the grid, checked; `progress(done, total)`
+        is told of each warmed shape (the build's bar)."""
+        began = time.perf_counter()
+        allocator.log_in_use()  # a serving worker's, not a build's or a benchmark's
+        task, serving, threads = cls.read(placement, task_class)
+        engine, started = build_steps.build_engine(task, serving, progress)
+        engine.model.mark_ready()
+        config = serving.config
+        worker = cls(
+            placement,
+            task,
+            serving,
+            engine,
+            started,
+            threads,
+            TextTokenizer(
+                serving.tokenizer,
+                engine.plan.max_seq_len,
+                config.buckets.overflow == "reject",
+                offsets=task.OFFSETS,
+                **task.tokenizer_options(),
+            ),
+            RequestSpec(
+                task.param_checks(),
+                config.max_inputs,
+                task.adapt_body,
+                task.PAIRS,
+                placement.model_name,
+                serving.tokenizer,
+                tei_info(placement, task, engine, config),
+                task.prompts,
+            ),
+            LengthStats(placement.model_name, config.buckets.histogram_every),
+            metrics,
+            {threads.threads},
+        )
+        ready_report.announce(metrics, engine, started, serving, threads, time.perf_counter() - began)
+        return worker
+
+    @staticmethod
+    def read(placement: Placement, task_class: type[Task]) -> tuple[Task, Serving, ThreadShare]:
+        """Everything before the model: the task, configuration, threads, tokenizer, plan (the AOT
+        build starts here too)."""
+        task = task_class(parse(placement.yaml_config))
+        serving, threads = read_serving(placement, task)
+        task.read_settings(serving)
+        return task, serving, threads
+
+    @property
+    def served(self) -> Served:
+        return Served(self.placement.model_name, self.placement.model_version)
+
+    @property
+    def model_source(self) -> str:
+        """What the worker serves from: `aot package`, `archive cache`, `host cache`, `compiled` or `eager`."""
+        return ready_report.model_source(self.engine, self.started)
+
+    # -- the request path ---------------------------------------------------------------------
+    def accept(self, incoming: Incoming, index: int = 0) -> Accepted:
+        """The request read by the first protocol of its route that takes its body, checked and
+        tokenized; RequestError for a refusal, `Answered` for an answer without the model."""
+        request = read_request(incoming.body, incoming.content_type, incoming.route, self.task.protocols, self.spec)
+        return Accepted(index, request, self.tokenized(request))
+
+    def tokenized(self, request) -> Tokenized:
+        """The request's texts (as the task gives them to the model) tokenized, per its truncation."""
+        truncate, side = request.params.get("truncate"), request.params.get("truncation_direction")
+        if request.token_ids is not None:  # sent as token ids (the OpenAI embeddings body)
+            return self.tokenize.ids(request.token_ids, truncate, side)
+        return self.tokenize(self.task.model_texts(request), truncate, side)
+
+    def run(self, requests: list[Accepted]) -> list[list[torch.Tensor]]:
+        """The engine over the requests' texts in one go: each request's output rows, in order.
+        Runs where the model's calls run, so the cores are re-shared (and the grid re-traced) first."""
+        self.follow_worker_count()
+        outputs = self.engine.run(
+            [ids for request in requests for ids in request.token_ids], type_ids=type_ids_of(requests)
+        )
+        self.report_recompiles()
+        self.record_traffic(outputs.lengths, outputs.calls)
+        rows, position = [], 0
+        for request in requests:
+            rows.append(outputs.rows[position : position + len(request.token_ids)])
+            position += len(request.token_ids)
+        return rows
+
+    def respond(self, accepted: Accepted, rows: list[torch.Tensor]) -> Any:
+        """The request's body: the task's answers in its protocol's form."""
+        request = accepted.request
+        return request.protocol.encode(request, self.task.answer(accepted, rows), self.served, accepted.tokens)
+
+    def reply(self, accepted: Accepted, rows: list[torch.Tensor]) -> "Reply":
+        """The request's reply, its body encoded once, its usage in a header."""
+        return Reply(as_json(self.respond(accepted, rows)), headers={USAGE_HEADER: str(accepted.tokens)})
+
+    def error_body(self, route: str, error: RequestError) -> Any:
+        """A refusal in the shape of the route's protocols (the plain one for an unknown route)."""
+        protocols = for_route(route, self.task.protocols)
+        return protocols[-1].error(error) if protocols else error.body()
+
+    def refused(self, route: str, error: BaseException, stage: str) -> "Reply":
+        """The reply to a request that failed in `stage`: a bug is counted and logged, and a 500."""
+        if not isinstance(error, RequestError):
+            self.metrics.count("RequestFailures", stage, 1)
+        refused = refusal(error, stage)
+        return Reply(as_json(self.error_body(route, refused)), refused.status)
+
+    # -- what the worker keeps track of -------------------------------------------------------
+    def record_traffic(self, lengths: list[int], calls: list[Call]) -> None:
+        """Count live traffic's lengths, padding (pack tails included) and texts per shape; export
+        the padded-token ratio since ready_report. Warm-up and re-tracing are not traffic."""
+        if not self.engine.model.ready:
+            return
+        self.lengths.record(lengths, buckets.padded_tokens([call.group for call in calls]))
+        # 3 decimals: the ratio settles after some traffic, and a gauge is a log line only when it changes
+        self.metrics.gauge("PaddedTokenRatio", round(self.lengths.padded_ratio, 3), "Ratio")
+        prefix = "packed " if self.engine.layout.packed else ""
+        for call in calls:
+            self.metrics.count(
+                "BucketRequests", f"{prefix}{call.group.batch_size}x{call.group.seq_len}", len(call.texts)
+            )
+
+    def report_recompiles(self) -> None:
+        self.metrics.gauge("RecompilesAfterReady", self.engine.model.recompiles_after_ready, "Count")
+
+    def follow_worker_count(self) -> None:
+        """Re-share the cores if workers came or went (and trace the grid at the new thread count)."""
+        try:
+            changed = self.threads.refresh()
+        except OSError as error:  # the count is an optimization: never a reason to fail a batch
+            logger.warning("Could not recount the live workers: %s", error)
+            return
+        model, threads = self.engine.model, self.threads.threads
+        if changed and model.is_compiled and model.guards_thread_count and threads not in self.traced_threads:
+            self.traced_threads.add(threads)
+            build_steps.trace_again(self.engine, self.serving, threads)
+
+
+def tei_info(placement: Placement, task: Task, engine: Engine, config) -> dict:
+    """What TEI's `GET info` answers (handlers/protocols/tei.py): the model, its limits, this release."""
+    try:
+        version = importlib.metadata.version("ts-compiled-handlers")
+    except importlib.metadata.PackageNotFoundError:  # served from an archive's copy alone
+        version = None
+    return {
+        "model_id": placement.model_name,
+        "model_dtype": str(engine.dtype).removeprefix("torch."),
+        "model_type": task.tei_model_type(),
+        "max_input_length": engine.plan.max_seq_len,
+        "max_batch_tokens": max(engine.plan.batch_sizes) * engine.plan.max_seq_len,
+        "max_client_batch_size": config.max_inputs,
+        "auto_truncate": config.buckets.overflow != "reject",
+        "version": version,
+    }
+
+
+def type_ids_of(requests: list[Accepted]) -> list[list[int]] | None:
+    """The token types of the requests' texts, where any of them is a text pair (else None: all 0)."""
+    if all(request.tokenized.type_ids is None for request in requests):
+        return None
+    return [
+        types
+        for request in requests
+        for types in request.tokenized.type_ids or [[0] * len(ids) for ids in request.token_ids]
+    ]
