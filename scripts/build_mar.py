@@ -229,7 +229,6 @@ def stage(model_dir: Path, config: dict, staging: Path) -> list[Path]:
     for path in package_files.serving_files():
         (staging / package_files.NAME / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(package_files.PACKAGE / path, staging / package_files.NAME / path)
-    shutil.copy2(package_files.PACKAGE / package_files.ARCHIVE_SITECUSTOMIZE, staging / "sitecustomize.py")
     write_model_config(config, staging)
     every = [path for path in model_dir.rglob("*") if path.is_file() and ".git" not in path.parts]
     return sorted(set(every) - set(kept))

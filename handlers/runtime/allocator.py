@@ -3,17 +3,16 @@
 On a CPU the serving path's small allocations are a large share of what is not the model: glibc's
 malloc and free were ~30% of the Rust tokenizer's time, and with tcmalloc the worker spent 0.93-0.97x
 the CPU outside the model (docs/performance.md, "The memory allocator"). An allocator is chosen
-when a process starts (`LD_PRELOAD`), never after. So the commands that start TorchServe (`hfserve
-serve`, the benchmarks, the image's entry point) set it for the frontend, whose workers inherit it;
-and a worker of plain `torchserve --start`, which nobody gave one, starts itself again under it
-(`restart_worker`, from the archive's sitecustomize.py) before TorchServe's code runs. A worker then
-says which one it got. `HFSERVE_ALLOCATOR` picks: unset or `auto` (tcmalloc if found), `system`
-(glibc's), or a library's path. A user's own `LD_PRELOAD` is kept.
+when a process starts (`LD_PRELOAD`), never after, and only by whoever starts it: the commands that
+start TorchServe (`hfserve serve` / `start`, the benchmarks, the image's entry point) set it for the
+frontend, whose workers inherit it; plain `torchserve --start` gets it from
+`LD_PRELOAD=$(python -m ts_compiled_handlers.runtime.allocator)` before it. A worker says which one
+it got, and how to get tcmalloc where it got glibc's. `HFSERVE_ALLOCATOR` picks: unset or `auto`
+(tcmalloc if found), `system` (glibc's), or a library's path. A user's own `LD_PRELOAD` is kept.
 """
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -50,19 +49,6 @@ def preload(env: dict, dirs=LIBRARY_DIRS) -> dict:
     return {"LD_PRELOAD": choice}
 
 
-def restart_worker(command: list[str], env: dict, execve=os.execve) -> None:
-    """Run this worker's `command` (its `sys.orig_argv`) again in this process under the allocator
-    `preload` picks for `env`, if it picks one. The pid and the pipes the frontend holds stay; the
-    new interpreter finds LD_PRELOAD set and goes on. Where exec fails the worker goes on, on glibc's."""
-    chosen = preload(env)
-    if not chosen:
-        return
-    try:
-        execve(sys.executable, command, {**env, **chosen})
-    except OSError as error:
-        print(f"Memory allocator: the worker stays on glibc's, exec failed: {error}", file=sys.stderr)
-
-
 def in_use(maps: Path = Path("/proc/self/maps")) -> str:
     """The allocator this process runs with: a known one mapped in, else `glibc` (`unknown` off Linux)."""
     try:
@@ -77,8 +63,9 @@ def log_in_use() -> str:
     name = in_use()
     if name == "glibc":
         logger.info(
-            "Memory allocator: glibc's (tcmalloc not installed, HFSERVE_ALLOCATOR=system, or another LD_PRELOAD); "
-            "tcmalloc cuts the serving path's CPU: install libtcmalloc-minimal4 (docs/operations.md#memory-allocator)"
+            "Memory allocator: glibc's. tcmalloc cuts the serving path's CPU: install libtcmalloc-minimal4, then "
+            "start TorchServe with `LD_PRELOAD=$(python -m ts_compiled_handlers.runtime.allocator) torchserve "
+            "--start ...` or with `hfserve serve` / `hfserve start` (docs/operations.md#memory-allocator)"
         )
     else:
         logger.info("Memory allocator: %s", name)

@@ -8,8 +8,6 @@ PACKAGE = Path(__file__).parent.parent  # this file sits in the package's runtim
 NAME = __name__.partition(".")[0]  # the import name (the repository keeps its source in handlers/)
 TOOLS = ("scripts", "benchmarks")
 SUFFIXES = (".py", ".yaml")
-# Copied to the archive's root as sitecustomize.py, which a TorchServe worker runs first (it says why).
-ARCHIVE_SITECUSTOMIZE = "archive_sitecustomize.py"
 
 
 def serving_files(package: Path = PACKAGE) -> list[Path]:

@@ -69,7 +69,7 @@ def server(tmp_path_factory, minilm_dir, wheel, installed_files):
         config = root / "config.properties"
         config.write_text(with_settings(config.read_text(), port_settings(ports)))
     torchserve = TorchServe(root, root / "model_store", ports, env=wheel.env)
-    if "LD_PRELOAD" not in {**os.environ, **wheel.env}:  # as typed: the archives' sitecustomize.py picks the allocator
+    if "LD_PRELOAD" not in {**os.environ, **wheel.env}:  # as typed: no allocator chosen for it
         torchserve.env.pop("LD_PRELOAD", None)
     torchserve.bin_dir = wheel.venv / "bin"
     models = [f"{name}={name}.mar" for name, _, _ in MODELS]
@@ -189,17 +189,19 @@ def test_the_frontend_pid_names_torchserves_java_process(server):
     assert any(b"ModelServer" in argument for argument in arguments)
 
 
-def test_plain_torchserve_workers_restart_themselves_under_tcmalloc_where_it_is_installed(server):
-    """TorchServe started as typed, without LD_PRELOAD: each worker of our archives starts again under
-    the allocator `hfserve serve` would have set (handlers/archive_sitecustomize.py, handlers/runtime/allocator.py)."""
+def test_plain_torchserve_workers_keep_the_allocator_they_were_started_with_and_say_it(server):
+    """TorchServe started as typed, without LD_PRELOAD: nothing in our archives restarts a worker, so
+    each runs the allocator it was started with, and its log says which and how to get tcmalloc
+    (handlers/runtime/allocator.py)."""
     frontend = Path(f"/proc/{server.frontend_pid()}/environ").read_bytes().split(b"\0")
     preloaded = os.environ.get("LD_PRELOAD")
     assert preloaded is not None or not any(entry.startswith(b"LD_PRELOAD=") for entry in frontend)
-    chosen = preloaded or allocator.preload(dict(os.environ)).get("LD_PRELOAD", "")
-    expected = next((name for name in allocator.KNOWN if name in chosen), "glibc")
+    expected = next((name for name in allocator.KNOWN if name in (preloaded or "")), "glibc")
     for name, _, _ in MODELS:
         for pid in server.worker_pids(name):
             assert allocator.in_use(Path(f"/proc/{pid}/maps")) == expected
+    said = (server.workdir / "logs" / "model_log.log").read_text()
+    assert f"Memory allocator: {expected}" in said
 
 
 def test_the_wheel_installs_one_package_of_its_own_name(wheel):

@@ -1,15 +1,12 @@
 """The allocator a server's processes start with (handlers/runtime/allocator.py): found, chosen, reported."""
 
-import json
 import logging
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from ts_compiled_handlers.runtime import allocator, package_files
+from ts_compiled_handlers.runtime import allocator
 from ts_compiled_handlers.scripts.serve import TorchServe
 
 
@@ -99,59 +96,20 @@ def test_the_module_prints_the_library_for_the_images_entry_point(tmp_path):
     assert done.stdout == f"{chosen}\n"
 
 
-WORKER_COMMAND = ["python", "/srv/ts/model_service_worker.py", "--sock-type", "unix", "--sock-name", "/tmp/.ts.sock"]
-
-
-def test_a_worker_nobody_gave_an_allocator_execs_its_own_command_again_under_the_chosen_one(tmp_path):
+def test_the_old_module_path_still_prints_the_library_and_says_it_is_deprecated(tmp_path):
+    """`python -m ts_compiled_handlers.allocator` (images and scripts written before the rooms) keeps
+    working for one release: the same line on stdout, the note on stderr."""
     chosen = library(tmp_path, "libtcmalloc_minimal.so.4")
-    execs = []
-    env = {"PATH": "/usr/bin", "HFSERVE_ALLOCATOR": str(chosen)}
-    allocator.restart_worker(WORKER_COMMAND, env, execve=lambda *call: execs.append(call))
-    assert execs == [(sys.executable, WORKER_COMMAND, {**env, "LD_PRELOAD": str(chosen)})]
-    for env in ({"LD_PRELOAD": "/opt/mine.so"}, {"HFSERVE_ALLOCATOR": "system"}):  # chosen already, or refused
-        allocator.restart_worker(WORKER_COMMAND, env, execve=lambda *call: execs.append(call))
-    assert len(execs) == 1
-
-
-def test_a_worker_whose_exec_fails_goes_on_and_says_why(tmp_path, capsys):
-    def refuse(*call):
-        raise PermissionError("exec refused")
-
-    allocator.restart_worker(WORKER_COMMAND, {"HFSERVE_ALLOCATOR": str(library(tmp_path, "lib.so"))}, execve=refuse)
-    assert "stays on glibc's, exec failed: exec refused" in capsys.readouterr().err
-
-
-def a_library_to_preload() -> Path:
-    """tcmalloc where it is installed; else the C library, mapped anyway, so preloading it changes nothing."""
-    maps = Path("/proc/self/maps").read_text().split()
-    return allocator.find() or Path(next(path for path in maps if Path(path).name.startswith("libc.so")))
-
-
-@pytest.mark.heavy  # starts processes
-def test_the_archives_sitecustomize_restarts_a_torchserve_worker_in_place_and_runs_the_one_it_hides(tmp_path):
-    """As TorchServe starts a worker: the archive's folder first on PYTHONPATH, the worker script
-    `.../ts/model_service_worker.py`; the interpreter's own sitecustomize after it on the path."""
-    archive, hidden, ts = tmp_path / "archive", tmp_path / "site", tmp_path / "ts"
-    for folder in (archive, hidden, ts):
-        folder.mkdir()
-    shutil.copy(package_files.PACKAGE / "archive_sitecustomize.py", archive / "sitecustomize.py")
-    (hidden / "sitecustomize.py").write_text("print('the hidden sitecustomize ran')\n")
-    report = (
-        "import json, os, sys\n"
-        "mapped = os.environ['MAPPED'] in open('/proc/self/maps').read()\n"
-        "print(json.dumps([os.getpid(), os.environ.get('LD_PRELOAD'), sys.argv[1:], mapped]))\n"
+    env = {"PATH": "/usr/bin:/bin", "HFSERVE_ALLOCATOR": str(chosen)}
+    done = subprocess.run(
+        [sys.executable, "-m", "ts_compiled_handlers.allocator"], env=env, capture_output=True, text=True
     )
-    (ts / "model_service_worker.py").write_text(report)
-    (tmp_path / "other.py").write_text(report)
-    chosen = a_library_to_preload()
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{archive}:{hidden}", "HFSERVE_ALLOCATOR": str(chosen)}
-    env["MAPPED"] = str(chosen.resolve())
-    for script, restarted in ((ts / "model_service_worker.py", True), (tmp_path / "other.py", False)):
-        command = [sys.executable, str(script), "--port", "9000"]
-        worker = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
-        printed = worker.communicate(timeout=120)[0].splitlines()
-        assert worker.returncode == 0 and printed[0] == "the hidden sitecustomize ran" and len(printed) == 2
-        pid, preload, arguments, mapped = json.loads(printed[1])
-        assert pid == worker.pid and arguments == ["--port", "9000"]  # the same process, its command kept
-        assert preload == (str(chosen) if restarted else None)
-        assert mapped or not restarted
+    assert done.returncode == 0 and done.stdout == f"{chosen}\n"
+    assert "deprecated" in done.stderr and "ts_compiled_handlers.runtime.allocator" in done.stderr
+
+
+def test_a_worker_on_glibcs_allocator_says_how_to_get_tcmalloc(caplog, monkeypatch):
+    monkeypatch.setattr(allocator, "in_use", lambda: "glibc")
+    with caplog.at_level(logging.INFO, logger=allocator.__name__):
+        assert allocator.log_in_use() == "glibc"
+    assert "LD_PRELOAD=$(python -m ts_compiled_handlers.runtime.allocator) torchserve --start" in caplog.text
