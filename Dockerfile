@@ -1,7 +1,9 @@
 # TorchServe with these handlers, compiled: a C++ compiler is in the image, since inductor builds
 # the kernels (and AOT packages) where the image runs. TorchServe's image conventions: a non-root
-# user `model-server`, its home /home/model-server holding config.properties, key_file.json and
-# tmp/, the model store /home/model-server/model-store as a volume, TorchServe's ports.
+# user `model-server` (uid and gid 1000, what the manifests' runAsUser and fsGroup name), its home
+# /home/model-server (0700: TorchServe writes key_file.json there before making it 0600) holding
+# config.properties, key_file.json and tmp/, the model store /home/model-server/model-store as a
+# volume, TorchServe's inference port.
 #
 #   bash scripts/build_image.sh          # where only package registries are reachable, too
 #   docker build -t ts-compiled-handlers .   # with BuildKit (DOCKER_BUILDKIT=1 on Docker 20.10)
@@ -40,7 +42,9 @@ RUN headers=$(python3 -c 'import os, sysconfig; print("" if os.path.exists(os.pa
     && apt-get update -q \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless g++ libtcmalloc-minimal4 $headers \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --home-dir /home/model-server --shell /bin/bash model-server
+    && groupadd --gid 1000 model-server \
+    && useradd --uid 1000 --gid model-server --create-home --home-dir /home/model-server --shell /bin/bash model-server \
+    && chmod 0700 /home/model-server
 RUN --mount=type=secret,id=pip.conf --mount=type=secret,id=ca-certificates \
     --mount=type=bind,source=deploy/docker/wheels,target=/wheels \
     export PIP_CONFIG_FILE=/run/secrets/pip.conf PIP_NO_CACHE_DIR=1 \
@@ -55,15 +59,17 @@ RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
 
 ENV PATH=/opt/venv/bin:$PATH \
     TEMP=/home/model-server/tmp \
-    COMPILED_HANDLERS_CACHE_DIR=/home/model-server/tmp/compiled-handlers-cache \
+    HFSERVE_CACHE_DIR=/home/model-server/tmp/compiled-handlers-cache \
     HFSERVE_WORKDIR=/home/model-server
 USER model-server
 WORKDIR /home/model-server
-# The secure config, with the inference and metrics APIs on every interface of the container (its
-# published ports); the management API stays on the container's loopback, token authorization on.
-RUN hfserve init --bind 0.0.0.0 --model-store model-store . && mkdir tmp
+# The secure config, with the inference API on every interface of the container (its published
+# port), token authorization on; the management API and the metrics API, which asks no key, stay on
+# the container's loopback (`docker exec` reads them; the Kubernetes profiles open metrics to a
+# monitoring namespace only: docs/operations.md#security).
+RUN hfserve init --bind 0.0.0.0 --model-store model-store --metrics-bind 127.0.0.1 . && mkdir tmp
 VOLUME /home/model-server/model-store
-EXPOSE 8080 8082
+EXPOSE 8080
 # Ready once TorchServe answers /ping with its key and every registered model has a warm worker.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s CMD ["hfserve", "health"]
 

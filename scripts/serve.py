@@ -14,13 +14,15 @@
 (`python scripts/serve.py COMMAND ...` is the same.)
 
 Each server gets its own working directory (key_file.json, ports.json, logs, TMPDIR with
-TorchServe's pid file), so tests can run several side by side and stop exactly the one they
-started; every command but `start` finds the server by `--workdir` (default $HFSERVE_WORKDIR, else
-runs/server under the current folder): its ports.json, or the config.properties of a server
-started there by hand (`torchserve --start --ts-config config.properties`, as the image does).
-`start` takes `--ts-config`, else ./config.properties where there is one, else the package's own
-secure config; the copy it runs is in the working directory. TorchServe starts with tcmalloc where
-libtcmalloc-minimal4 is installed (handlers/runtime/allocator.py; `HFSERVE_ALLOCATOR=system` keeps glibc's).
+TorchServe's pid file), made 0700: TorchServe writes key_file.json before it makes the file 0600,
+and a command warns when the key file it reads is open to other users. Tests can run several
+servers side by side and stop exactly the one they started. Every command but `start` finds the
+server by `--workdir` (default $HFSERVE_WORKDIR, else runs/server under the current folder): its
+ports.json, or the config.properties of a server started there by hand (`torchserve --start
+--ts-config config.properties`, as the image does). `start` takes `--ts-config`, else
+./config.properties where there is one, else the package's own secure config; the copy it runs is
+in the working directory. TorchServe starts with tcmalloc where libtcmalloc-minimal4 is installed
+(handlers/runtime/allocator.py; `HFSERVE_ALLOCATOR=system` keeps glibc's).
 """
 
 import argparse
@@ -28,6 +30,7 @@ import json
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -150,10 +153,13 @@ def read_setting(text: str, key: str) -> str | None:
     return values[-1] if values else None
 
 
-def init(folder: Path, force: bool = False, bind: str = "127.0.0.1", store: str = "model_store") -> list[Path]:
+def init(
+    folder: Path, force: bool = False, bind: str = "127.0.0.1", store: str = "model_store", metrics_bind=None
+) -> list[Path]:
     """Our secure config.properties, metrics.yaml and log4j2.xml in `folder`, and an empty model store there:
     what a plain `torchserve --start --ts-config config.properties` run there reads. `bind` moves
-    the inference and metrics APIs (a container's published ports); management stays on loopback."""
+    the inference and metrics APIs (a container's published ports), `metrics_bind` the metrics API
+    elsewhere (it asks no key: the image keeps it on loopback); management stays on loopback."""
     written = [folder / "config.properties", folder / "metrics.yaml", folder / "log4j2.xml"]
     existing = [str(path) for path in written if path.exists()]
     if existing and not force:
@@ -162,18 +168,50 @@ def init(folder: Path, force: bool = False, bind: str = "127.0.0.1", store: str 
         raise UserError(f"--model-store {store!r}: a folder name in {folder}, letters, digits, _ . - only")
     text = TEMPLATE.read_text()
     settings = {"model_store": store, "allowed_urls": f"{store}/[A-Za-z0-9_.-]+[.]mar"}
-    for api in ("inference", "metrics"):
-        settings[f"{api}_address"] = read_setting(text, f"{api}_address").replace("127.0.0.1", bind)
+    hosts = {"inference": bind, "metrics": metrics_bind or bind}
+    for api, host in hosts.items():
+        settings[f"{api}_address"] = read_setting(text, f"{api}_address").replace("127.0.0.1", host)
     # the comments say what this file sets: its model store, and where it listens
     text = text.replace("--model-store model_store", f"--model-store {store}")
-    if bind != "127.0.0.1":
-        listeners = f"# Inference and metrics on {bind}; management and gRPC on loopback only;"
-        text = text.replace("# Every listener on loopback only, gRPC too;", listeners)
+    text = text.replace("# Every listener on loopback only, gRPC too;", listeners_comment(hosts))
     (folder / store).mkdir(parents=True, exist_ok=True)
     written[0].write_text(with_settings(text, settings))
     written[1].write_text(METRICS.read_text())
     written[2].write_text(LOG_CONFIG.read_text())
     return [*written, folder / store]
+
+
+def listeners_comment(hosts: dict[str, str]) -> str:
+    """The config's comment line on where it listens, for the inference and metrics hosts of `init`."""
+    if set(hosts.values()) == {"127.0.0.1"}:
+        return "# Every listener on loopback only, gRPC too;"
+    if hosts["inference"] == hosts["metrics"]:
+        return f"# Inference and metrics on {hosts['inference']}; management and gRPC on loopback only;"
+    return f"# Inference on {hosts['inference']}, metrics on {hosts['metrics']}; management and gRPC on loopback only;"
+
+
+def private_workdir(folder: Path) -> None:
+    """`folder` made (or narrowed to) 0700 where it is this user's: TorchServe writes key_file.json
+    there, readable by all until it makes the file 0600, and its logs and pid file."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
+        folder.chmod(0o700)
+
+
+def warn_if_open(key_file: Path) -> None:
+    """Say so on stderr where a key file can be read or changed by group or others (TorchServe
+    makes its own 0600; a copy, or one made by hand, may not be)."""
+    try:
+        mode = stat.S_IMODE(key_file.stat().st_mode)
+    except FileNotFoundError:
+        return
+    if mode & 0o077:
+        print(
+            f"hfserve: WARNING: {key_file} (mode {mode:04o}) is open to other users, who may read the "
+            f"server's tokens or change them: chmod 600 {key_file}",
+            file=sys.stderr,
+        )
 
 
 # A worker's log lines that say why its initialize failed: our handler's policy line, exceptions.
@@ -219,12 +257,17 @@ class TorchServe:
         workdir = Path(workdir)
         if (workdir / "ports.json").is_file():
             recorded = json.loads((workdir / "ports.json").read_text())
-            return cls(workdir, Path(recorded["model_store"]), recorded["ports"])
-        text = (workdir / "config.properties").read_text()
-        return cls(workdir, workdir / (read_setting(text, "model_store") or "model_store"), configured_ports(text))
+            server = cls(workdir, Path(recorded["model_store"]), recorded["ports"])
+        else:
+            text = (workdir / "config.properties").read_text()
+            store = workdir / (read_setting(text, "model_store") or "model_store")
+            server = cls(workdir, store, configured_ports(text))
+        warn_if_open(server.key_file())
+        return server
 
     def run(self, *args: str) -> None:
         """`torchserve ARGS` in the working directory, as a user would type it there."""
+        private_workdir(self.workdir)
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         command = [str(self.bin_dir / "torchserve"), *args]
         subprocess.run(command, cwd=self.workdir, env=self.env, check=True, stdout=subprocess.DEVNULL)
@@ -246,6 +289,7 @@ class TorchServe:
     ) -> None:
         """Start with our config.properties, or with `config_text` (another profile: then return once
         TorchServe answers /ping at all, since its models may still be warming up)."""
+        private_workdir(self.workdir)
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.properties"
         config.write_text(config_text or render_config(self.model_store, self.ports, base_config, bind))
@@ -260,6 +304,7 @@ class TorchServe:
                     return
                 # /ping needs the inference token too, which exists once the key file is written.
                 if self.key_file().is_file() and self.ping().ok:
+                    warn_if_open(self.key_file())
                     return
             except (requests.ConnectionError, ValueError, KeyError):
                 pass
@@ -395,6 +440,9 @@ def parse_args(argv):
     init_command.add_argument("folder", nargs="?", type=Path, default=Path("."), help="where they go")
     init_command.add_argument("--force", action="store_true", help="overwrite the files it writes")
     init_command.add_argument("--bind", default="127.0.0.1", help="the inference and metrics APIs' address")
+    init_command.add_argument(
+        "--metrics-bind", help="the metrics API's address, over --bind (it asks no key; the image's: 127.0.0.1)"
+    )
     init_command.add_argument("--model-store", dest="store", default="model_store", help="the model store's folder")
     register = command("register", "register an archive of the model store; returns when its workers are warm")
     register.add_argument("archive", help="a .mar file in the model store")
@@ -510,7 +558,8 @@ def main(argv=None) -> None:
         start(args)
         return
     if args.command == "init":
-        print("wrote " + ", ".join(str(path) for path in init(args.folder, args.force, args.bind, args.store)))
+        written = init(args.folder, args.force, args.bind, args.store, args.metrics_bind)
+        print("wrote " + ", ".join(str(path) for path in written))
         return
     if not any((args.workdir / name).is_file() for name in ("ports.json", "config.properties")):
         raise UserError(f"no server was started from {args.workdir}; run hfserve start (or pass its --workdir)")

@@ -97,7 +97,12 @@ def test_the_dockerfile_layers_go_from_what_changes_least_to_the_package_alone()
     assert "COPY . " not in recipe and "--chmod" not in recipe  # no source tree; Docker 20.10's BuildKit
     assert "USER model-server" in steps and "WORKDIR /home/model-server" in steps
     assert "VOLUME /home/model-server/model-store" in steps
-    assert re.search(r"^RUN hfserve init --bind 0\.0\.0\.0 --model-store model-store \.", recipe, re.MULTILINE)
+    init = r"^RUN hfserve init --bind 0\.0\.0\.0 --model-store model-store --metrics-bind 127\.0\.0\.1 \."
+    assert re.search(init, recipe, re.MULTILINE)  # metrics, which ask no key, on the container's loopback
+    assert "EXPOSE 8080" in steps and not any(line.startswith("EXPOSE") and "8082" in line for line in steps)
+    # the manifests' runAsUser and fsGroup; a home no one else reads, where TorchServe writes its key file
+    assert re.search(r"groupadd --gid 1000 model-server.*useradd --uid 1000 --gid model-server ", recipe, re.DOTALL)
+    assert "chmod 0700 /home/model-server" in recipe
     assert 'ENTRYPOINT ["/usr/local/bin/dockerd-entrypoint.sh"]' in steps and 'CMD ["serve"]' in steps
     assert os.access(ENTRYPOINT, os.X_OK)  # COPY keeps git's mode
 

@@ -30,7 +30,7 @@ def test_every_shipped_manifest_matches_the_api_models(manifest):
 
 
 def test_the_check_catches_misspelt_misplaced_and_mistyped_fields():
-    service = yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())
+    service = next(yaml.safe_load_all((DEPLOY / "inferenceservice.yaml").read_text()))  # then its NetworkPolicy
     broken = copy.deepcopy(service)
     broken["spec"]["predictor"]["minReplica"] = 1
     broken["spec"]["predictor"]["model"]["resources"] = ["cpu"]
