@@ -142,7 +142,7 @@ def parse_args(argv):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    os.environ.setdefault("COMPILED_HANDLERS_CACHE_DIR", "off")  # torch.compile compiles, as on a fresh host
+    os.environ.setdefault("HFSERVE_CACHE_DIR", "off")  # torch.compile compiles, as on a fresh host
     with tempfile.TemporaryDirectory() as scratch:
         result = bench(args, Path(scratch))
     machine = measure.machine_summary()

@@ -237,7 +237,7 @@ def parse_args(argv):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.contender:
-        os.environ["COMPILED_HANDLERS_CACHE_DIR"] = "off"  # each contender compiles with its own options
+        os.environ["HFSERVE_CACHE_DIR"] = "off"  # each contender compiles with its own options
         with contextlib.redirect_stdout(sys.stderr):  # the child's last stdout line is its JSON alone
             found = run_contender(args)
         print(json.dumps(found))

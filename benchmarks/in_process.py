@@ -32,7 +32,7 @@ def build_aot_package(handler_class, model_dir, yaml_config: dict) -> dict:
     """The AOT package of `model_dir` built in place, as `hfserve build --precompile aot` builds it
     (without the build's own checks); the build's timings."""
     from ts_compiled_handlers.startup import aot_start, build_steps
-    from ts_compiled_handlers.startup.serving import Placement
+    from ts_compiled_handlers.startup.placement import Placement
 
     placement = Placement(model_dir, "test", yaml_config)
     task, serving, _ = handler_class.worker_class.read(placement, handler_class.task_class)

@@ -244,7 +244,7 @@ def main(argv=None) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         texts = texts_of_lengths(tokenizer, traffic_lengths(2000, seed=0, high=64 if args.quick else 256), seed=0)
         # A host compile cache of the run's own: a restarted worker loads what the first one compiled.
-        cache = {"COMPILED_HANDLERS_CACHE_DIR": str(temp / "compile-cache")}
+        cache = {"HFSERVE_CACHE_DIR": str(temp / "compile-cache")}
         server = TorchServe.on_free_ports(temp / "server", temp / "store", env=cache)
         server.start()
         try:

@@ -81,10 +81,10 @@ def precompile_cache(staging: Path, handler_file: str) -> dict:
     handler.initialize(worker_context(staging, config))
     seconds = time.perf_counter() - started
     compiled, source = handler.engine.model.is_compiled, handler.started.cache_source
-    if not compiled or source != "compiled":
-        raise RuntimeError(f"nothing to pack: compiled={compiled}, cache {source}")
-    built = {"initialize_seconds": round(seconds, 1), "graphs": handler.started.report.graphs}
     host_cache = handler.started.host_cache
+    if not compiled or source != "compiled" or host_cache.failure:  # a failure is logged with its reason
+        raise RuntimeError(f"nothing to pack: compiled={compiled}, cache {source}, see the log")
+    built = {"initialize_seconds": round(seconds, 1), "graphs": handler.started.report.graphs}
     compile_cache.pack(host_cache.published, host_cache.valid_for, staging / compile_cache.PACKED_DIR, built)
     return {**built, "valid_for": host_cache.valid_for}
 
@@ -95,7 +95,7 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
     from ts_compiled_handlers.startup import aot_start, build_steps
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
-    from ts_compiled_handlers.startup.serving import Placement
+    from ts_compiled_handlers.startup.placement import Placement
 
     context = worker_context(staging, config)
     served = handler_class(handler_file)
@@ -128,7 +128,7 @@ def main(argv=None) -> None:
     # handler file sits there. Our package's modules there are copies of the installed ones.
     sys.path.insert(0, staging)
     with tempfile.TemporaryDirectory() as root:
-        os.environ["COMPILED_HANDLERS_CACHE_DIR"] = root  # an empty host cache: nothing is reused
+        os.environ["HFSERVE_CACHE_DIR"] = root  # an empty host cache: nothing is reused
         outcome = PRECOMPILERS[kind](Path(staging), handler_file)
     Path(result).write_text(json.dumps(outcome))
 

@@ -3,8 +3,9 @@
     hfserve serve ./my-model --name mine --port 8080      # or a Hub id from the local cache
     hfserve serve BAAI/bge-small-en-v1.5 --dtype float32 --max-client-batch-size 64
 
-It builds `model_store/NAME.mar` unless an archive built from the same model files, options and
-release is there (then it is reused, and with it this host's compile cache), starts TorchServe,
+It builds `model_store/NAME.mar` unless an archive built from the same model files (by content),
+options and release is there, unchanged since (then it is reused, and with it this host's compile
+cache), starts TorchServe,
 registers the archive, waits until its worker is warm, and prints one ready line with the URLs
 and the key file. It stays in the foreground: SIGINT or SIGTERM stops TorchServe and exits 0.
 Everything it writes is under the folder it runs in: model_store/ and runs/serve-NAME/ (the
@@ -27,6 +28,7 @@ from ts_compiled_handlers.scripts import build_mar, hub
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.serve import TEMPLATE, TorchServe, busy, free_ports
 from ts_compiled_handlers.scripts.task_inference import TASKS, AmbiguousTask
+from ts_compiled_handlers.startup.compile_cache import file_digest
 from ts_compiled_handlers.startup.config import ConfigError
 
 
@@ -66,32 +68,58 @@ def handler_settings(args) -> dict:
     return settings
 
 
-def fingerprint(model_dir: Path, task: str, config: dict) -> str:
-    """What the archive was built from: the model's files (names, sizes, times), task, config, release."""
+def fingerprint(model_dir: Path, task: str, config: dict, content: bool = True) -> str:
+    """What the archive is built from: the model's files (their sha256; with `content=False` their
+    sizes and mtimes, a fast first check), task, config and release."""
     try:
         release = version("ts-compiled-handlers")
     except PackageNotFoundError:
         release = "unknown"
     files = sorted(
-        (str(path.relative_to(model_dir)), path.stat().st_size, path.stat().st_mtime_ns)
-        for path in model_dir.rglob("*")
-        if path.is_file()
+        (str(path.relative_to(model_dir)), file_print(path, content)) for path in model_dir.rglob("*") if path.is_file()
     )
     made_from = {"model": str(model_dir.resolve()), "files": files, "task": task, "config": config, "release": release}
     return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()
 
 
+def file_print(path: Path, content: bool = True) -> str | list[int]:
+    """A file's sha256, or (`content=False`, the fast first check) its size and mtime."""
+    if content:
+        return file_digest(path)
+    info = path.stat()
+    return [info.st_size, info.st_mtime_ns]
+
+
+CHECKS = ("quick", "content")  # sizes and mtimes first: nothing is read when they differ
+
+
 def archive(model_dir: Path, task: str, name: str, config: dict, store: Path) -> Path:
-    """model_store/NAME.mar, built unless the one there was built from the same things."""
+    """model_store/NAME.mar, built unless the one there was built from the same things. The record
+    (NAME.built-from) goes before a build and comes back after it: an archive cut short is never reused."""
     target, record = store / f"{name}.mar", store / f"{name}.built-from"
-    wanted = fingerprint(model_dir, task, config)
-    if target.is_file() and record.is_file() and record.read_text() == wanted:
+    if reusable(target, record, model_dir, task, config):
         print(f"reusing {target} (built from the same model files, options and release)")
         return target
+    record.unlink(missing_ok=True)
     target.unlink(missing_ok=True)
+    model = {check: fingerprint(model_dir, task, config, check == "content") for check in CHECKS}
     built = build_mar.build(model_dir, task, name, store, config)
-    record.write_text(wanted)
+    record.write_text(json.dumps({check: [model[check], file_print(built, check == "content")] for check in CHECKS}))
     return built
+
+
+def reusable(target: Path, record: Path, model_dir: Path, task: str, config: dict) -> bool:
+    """Whether `target` is the archive its record describes, built from these model files, task,
+    config and release; by content in the end (a file rewritten in place may keep its size and mtime)."""
+    try:
+        recorded = json.loads(record.read_text())
+        for check in CHECKS:
+            content = check == "content"
+            if recorded[check] != [fingerprint(model_dir, task, config, content), file_print(target, content)]:
+                return False
+        return True
+    except (OSError, ValueError, KeyError, TypeError):  # no record or archive, or a record of another format
+        return False
 
 
 def ports_from(args) -> dict[str, int]:

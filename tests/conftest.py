@@ -33,9 +33,9 @@ def compile_cache(tmp_path_factory):
     it on with a folder of their own.
     """
     cache = os.environ.get("TEST_INDUCTOR_CACHE") or str(tmp_path_factory.mktemp("inductor-cache"))
-    names = ("TORCHINDUCTOR_CACHE_DIR", "COMPILED_HANDLERS_CACHE_DIR")
+    names = ("TORCHINDUCTOR_CACHE_DIR", "HFSERVE_CACHE_DIR")
     previous = {name: os.environ.get(name) for name in names}
-    os.environ.update({"TORCHINDUCTOR_CACHE_DIR": cache, "COMPILED_HANDLERS_CACHE_DIR": "off"})
+    os.environ.update({"TORCHINDUCTOR_CACHE_DIR": cache, "HFSERVE_CACHE_DIR": "off"})
     yield cache
     for name, value in previous.items():
         if value is None:

@@ -3,9 +3,10 @@
 TorchServe never tells a backend how many workers its model has (`minWorkers` is only where it
 starts; `register --workers`, `scale` and restarts change it), so the workers of one model find
 each other: each holds an exclusive `flock` on a file of its own in a folder named after the
-model's extracted archive, which all its workers share (the folder is in the temp dir, so a
-read-only model folder works too). A file whose lock can be taken belongs to a worker that is
-gone (the kernel drops the lock when a process dies, even by kill -9) and is removed.
+model's extracted archive, which all its workers share (the folder is in this user's own folder
+of the temp dir, handlers/runtime/private_dirs.py, so a read-only model folder works too). A file
+whose lock can be taken belongs to a worker that is gone (the kernel drops the lock when a process
+dies, even by kill -9) and is removed.
 Each worker recounts at most once a second, before a batch, and re-applies `cores // workers`
 threads when the count changed (`ThreadShare`, handlers/runtime/process_settings.py). Compiled kernels
 follow the change because they are built with inductor's `cpp.dynamic_threads` (same module).
@@ -15,10 +16,11 @@ import fcntl
 import hashlib
 import os
 import secrets
-import tempfile
 from pathlib import Path
 
-ROOT = Path(tempfile.gettempdir()) / f"compiled-handlers-workers-{os.getuid()}"
+from ts_compiled_handlers.runtime import private_dirs
+
+ROOT = private_dirs.TEMP / "workers"
 # model folder -> this process's locked file in it: a process is one worker however many handlers it builds
 _HELD: dict[Path, tuple[Path, int]] = {}
 
@@ -27,10 +29,7 @@ class LiveWorkers:
     """This worker's entry among the live workers of one model, and their count."""
 
     def __init__(self, model_dir: Path, root: Path | None = None):
-        root = root or ROOT
-        root.mkdir(mode=0o700, exist_ok=True)
-        if root.is_symlink() or root.stat().st_uid != os.getuid():  # in a shared temp dir: only our own
-            raise PermissionError(f"{root} is not a folder of this user's")
+        root = private_dirs.private_folder(root or ROOT)  # in a shared temp dir: only our own
         self.folder = root / hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:16]
         self.folder.mkdir(mode=0o700, exist_ok=True)
         if self.folder not in _HELD:

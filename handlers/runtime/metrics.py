@@ -20,6 +20,7 @@ COUNTERS = {
     "RequestFailures": "Stage",  # requests answered 500 (preprocess, inference, postprocess or handle)
     "BatchSplits": "Cause",  # batched model calls that raised and were split, by exception type
     "EagerFallbacks": "Reason",  # workers serving eagerly though compiling was on (eager_fallback.Fallback)
+    "CompileCacheErrors": "Error",  # workers serving without the host compile cache, by errno (compile_cache)
 }
 # Histograms of the token scheduler: per model call, its tokens (in thousands); per request, its
 # wait in the queue (s). TorchServe's Prometheus histograms have the default buckets, 0.005 to 10:

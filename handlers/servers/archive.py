@@ -1,12 +1,17 @@
 """A `.mar` our build made, opened outside TorchServe (Ray Serve replicas, Ray Data actors).
 
 TorchServe unpacks an archive into a temporary folder per worker; here each machine unpacks it
-once, into a folder named by the archive's digest under the temp dir, so every replica and actor of
-that machine shares the copy (and a new build of the same name is a new folder). The archive's
-MANIFEST.json names the handler file and the model-config.yaml; the handler class it defines says
-which task (`task_class`) and which worker (`worker_class`) serve it, exactly as under TorchServe.
+once, into a folder named by the archive's digest in the user's own folder of the temp dir
+(`<tmp>/hfserve-<uid>/archives`, handlers/runtime/private_dirs.py: an unpacked folder is trusted and
+its handler file run, so no other user may have made it), so every replica and actor of that machine
+shares the copy (and a new build of the same name is a new folder). The archive's
+MANIFEST.json names the handler file and the model-config.yaml. Which task serves it is read from
+the model-config.yaml (`handler.task`), so a server other than TorchServe never imports TorchServe;
+only an archive built with a handler file of its own (`hfserve build --handler`, a subclass of the
+TorchServe adapter) has its task and worker classes read from that file, which needs TorchServe.
 """
 
+import ast
 import dataclasses
 import importlib.util
 import inspect
@@ -20,11 +25,15 @@ from pathlib import Path
 
 import yaml
 
-from ts_compiled_handlers.runtime import package_files
+from ts_compiled_handlers.runtime import package_files, private_dirs
 from ts_compiled_handlers.startup import compile_cache
-from ts_compiled_handlers.startup.serving import Placement
+from ts_compiled_handlers.startup.config import parse
+from ts_compiled_handlers.startup.placement import Placement
+from ts_compiled_handlers.tasks import Task
+from ts_compiled_handlers.tasks.registry import task_class
+from ts_compiled_handlers.worker.worker import Worker
 
-UNPACKED = Path(tempfile.gettempdir()) / "ts_compiled_handlers" / "archives"
+UNPACKED = private_dirs.TEMP / "archives"
 
 
 class ArchiveError(ValueError):
@@ -55,6 +64,10 @@ class Archive:
             )
         if not zipfile.is_zipfile(path):
             raise ArchiveError(f"{path} is not a .mar (a zip file): build one with `hfserve build`")
+        try:
+            root = private_dirs.private_folder(root)
+        except private_dirs.NotPrivateError as error:
+            raise ArchiveError(f"{path} is not unpacked: {error}") from error
         folder = root / compile_cache.file_digest(path)[:20]
         if not folder.is_dir():
             unpack(path, folder)
@@ -69,6 +82,14 @@ class Archive:
         config_file = model.get("configFile")
         yaml_config = yaml.safe_load((folder / config_file).read_text()) if config_file else {}
         return cls(folder, model["modelName"], model.get("modelVersion", "1.0"), model["handler"], yaml_config or {})
+
+    def served_by(self) -> tuple[type[Task], type[Worker]]:
+        """The task and worker classes that serve this archive: ours for its `handler.task` where
+        its handler file is one of ours, else those of the handler class the file defines."""
+        if is_stock_handler(self.folder / self.handler_file):
+            return task_class(parse(self.yaml_config).task), Worker
+        handler = self.handler_class()
+        return handler.task_class, handler.worker_class
 
     def handler_class(self):
         """The handler class the manifest names: the one class of its file that subclasses ours."""
@@ -87,10 +108,25 @@ class Archive:
             raise ArchiveError(f"{self.handler_file} must define one subclass of TorchServeHandler, not {len(found)}")
         return found[0]
 
-    def placement(self, yaml_config: dict, name: str | None = None, gpu_id: int | None = None) -> Placement:
+    def placement(self, yaml_config: dict, name: str | None = None, gpu_id: int | None = None, **how) -> Placement:
         """Where a worker of this archive sits, under `name` (default: the archive's), with the
-        model-config.yaml a server adapted (`yaml_config`)."""
-        return Placement(self.folder, name or self.model_name, yaml_config, self.model_version, None, gpu_id)
+        model-config.yaml a server adapted (`yaml_config`) and how the server hands it requests
+        (`how`: Placement's `one_at_a_time`, `continuous`)."""
+        return Placement(self.folder, name or self.model_name, yaml_config, self.model_version, None, gpu_id, **how)
+
+
+def is_stock_handler(path: Path) -> bool:
+    """A handler file as `hfserve build` writes one (any version): imports, then one class whose
+    body only names its task (`task_class = ...`). Anything else is a user's own handler."""
+    try:
+        body = ast.parse(path.read_text()).body
+    except (OSError, SyntaxError, ValueError):
+        return False
+    body = [node for node in body if not isinstance(node, (ast.Import, ast.ImportFrom, ast.Expr))]
+    if len(body) != 1 or not isinstance(body[0], ast.ClassDef):
+        return False
+    statements = [node for node in body[0].body if not isinstance(node, ast.Expr)]
+    return len(statements) == 1 and ast.unparse(statements[0]).startswith("task_class = ")
 
 
 def show_worker_logs() -> None:
@@ -117,7 +153,6 @@ def with_threads(yaml_config: dict, cpus: float | None) -> dict:
 def unpack(path: Path, folder: Path) -> None:
     """Unpack next to `folder`, then rename: replicas that start together on one machine never
     read a half-written copy (the one that loses the race drops its own)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         with zipfile.ZipFile(path) as archive:

@@ -10,15 +10,24 @@ so that is what is packed. On a host, one directory per manifest is shared by ev
 A worker takes the lock; if <key>/ exists it copies it and lets go at once. Otherwise it fills
 <key>/ from the packed cache, or compiles with the lock held and publishes what it wrote by an
 atomic rename, so the workers waiting on the lock load instead of compiling too.
+
+Inductor unpickles what the cache holds, so <root> must be this user's own folder (by default
+`<tmp>/hfserve-<uid>/compile-cache`, handlers/runtime/private_dirs.py) and the lock file is never
+a symbolic link. The cache only saves time: where it cannot be used (a disk full or read-only, a
+folder refused) the worker serves without it, says why once in the log and counts it in
+`CompileCacheErrors`, rather than fail its start, be restarted and compile again forever.
 """
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
+import functools
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -29,12 +38,13 @@ from typing import Iterator
 
 import torch
 
-from ts_compiled_handlers.runtime import package_files, process_settings
+from ts_compiled_handlers.runtime import package_files, private_dirs, process_settings
 from ts_compiled_handlers.runtime.hardware import read_cpu_flags
 
 logger = logging.getLogger(__name__)
 
-ROOT_ENV = "COMPILED_HANDLERS_CACHE_DIR"
+ROOT_ENV = "HFSERVE_CACHE_DIR"
+OLD_ROOT_ENV = "COMPILED_HANDLERS_CACHE_DIR"  # its former name: still read, with a deprecation warning
 PACKED_DIR = "compile_cache"
 MANIFEST_FILE = "manifest.json"
 TARBALL_FILE = "inductor-cache.tar.gz"
@@ -48,11 +58,19 @@ CPU_VECTOR_FLAGS = (
 
 
 def default_root() -> Path | None:
-    """The host's cache root: $COMPILED_HANDLERS_CACHE_DIR (`off`: none), else a folder in the temp dir."""
+    """The host's cache root: $HFSERVE_CACHE_DIR (`off`: none), else this user's folder in the temp dir."""
     chosen = os.environ.get(ROOT_ENV)
+    if chosen is None and OLD_ROOT_ENV in os.environ:
+        chosen = os.environ[OLD_ROOT_ENV]
+        _warn_old_name()
     if chosen == "off":
         return None
-    return Path(chosen or Path(tempfile.gettempdir()) / "compiled-handlers-cache")
+    return Path(chosen) if chosen else private_dirs.TEMP / "compile-cache"
+
+
+@functools.cache
+def _warn_old_name() -> None:
+    logger.warning("%s is deprecated: name the compile cache's folder in %s instead", OLD_ROOT_ENV, ROOT_ENV)
 
 
 def triton_version() -> str | None:
@@ -180,8 +198,8 @@ def unpack(tarball: Path, target: Path) -> None:
 class Lease:
     """This worker's cache directory, where it came from, and (while compiling) the held lock."""
 
-    directory: Path
-    source: str  # "archive", "host" or "compiled"
+    directory: Path | None  # None where the host cache was given up
+    source: str  # "archive", "host", "compiled", or "error" (given up: inductor gets a throwaway folder)
     holding_lock: bool
 
 
@@ -194,6 +212,8 @@ class HostCache:
         self.key = manifest_key(valid_for)
         self.published = self.root / self.key
         self.own = self.root / f"{self.key}.worker-{socket.gethostname()}-{os.getpid()}"
+        self.failure: str | None = None  # why the cache failed (`failure_label`), for CompileCacheErrors
+        self._lock: int | None = None
 
     @contextlib.contextmanager
     def lease(self, packed: Path | None) -> Iterator[Lease]:
@@ -201,34 +221,67 @@ class HostCache:
 
         The lock is held through the body only when nothing could be loaded, so that one worker
         compiles while the others wait. A body that raises or never publishes leaves nothing behind.
+        An OSError on the cache gives it up: the body runs with a throwaway folder of its own.
         """
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / f"{self.key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, also when the process dies
-            self._lock = lock
-            self._remove_dead_copies()
-            source = self._fill(packed)
-            holding = source == "compiled"
-            shutil.rmtree(self.own, ignore_errors=True)
-            if holding:
-                self.own.mkdir()
-            else:
-                source = self._copy_published(source)
-                fcntl.flock(lock, fcntl.LOCK_UN)
-            process_settings.use_inductor_cache(self.own)
-            yield Lease(self.own, source, holding_lock=holding)
+        lease = self._take(packed)
+        try:
+            directory = lease.directory or _throwaway_folder()
+            if directory is not None:
+                process_settings.use_inductor_cache(directory)
+            yield lease
+        finally:
+            self._close_lock()
 
     def publish(self, lease: Lease) -> None:
-        """Make what this worker compiled the host's cache: copied aside, then renamed into place."""
+        """Make what this worker compiled the host's cache: copied aside, then renamed into place.
+        If that fails (a full or read-only disk), this worker still serves what it compiled."""
         if not lease.holding_lock:
             return
-        staging = Path(tempfile.mkdtemp(prefix=f"{self.key}.tmp-", dir=self.root))
-        shutil.copytree(lease.directory, staging, dirs_exist_ok=True)
-        _seal(staging)
-        staging.rename(self.published)
+        staging = self.root / f"{self.key}.tmp-{os.getpid()}"
+        try:
+            shutil.copytree(lease.directory, staging)
+            _seal(staging)
+            staging.rename(self.published)
+            logger.info("Compile cache published for the other workers of this host: %s", self.published)
+        except OSError as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            self._failed(error, "NOT PUBLISHED (this worker serves what it compiled, the next one compiles again)")
+        finally:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            lease.holding_lock = False
+
+    def _take(self, packed: Path | None) -> Lease:
+        """Take the lock and fill this worker's copy; the lock is kept only by a worker that compiles."""
+        try:
+            private_dirs.private_folder(self.root)
+            self._lock = open_lock(self.root / f"{self.key}.lock")
+            fcntl.flock(self._lock, fcntl.LOCK_EX)  # released on close, also when the process dies
+            self._remove_dead_copies()
+            source = self._fill(packed)
+            shutil.rmtree(self.own, ignore_errors=True)
+            if source == "compiled":
+                self.own.mkdir()
+                return Lease(self.own, source, holding_lock=True)
+            source = self._copy_published(source)
+        except OSError as error:
+            self._close_lock()
+            self._failed(error, "OFF for this worker, which serves without it")
+            return Lease(None, "error", holding_lock=False)
         fcntl.flock(self._lock, fcntl.LOCK_UN)
-        lease.holding_lock = False
-        logger.info("Compile cache published for the other workers of this host: %s", self.published)
+        return Lease(self.own, source, holding_lock=False)
+
+    def _failed(self, error: OSError, outcome: str) -> None:
+        """Said once in the log, with the reason and what to do; kept for the CompileCacheErrors metric."""
+        if self.failure is not None:
+            return
+        self.failure = failure_label(error)
+        advice = "" if isinstance(error, private_dirs.NotPrivateError) else f" ({ADVICE})"
+        logger.warning("Compile cache %s: %s%s", outcome, error, advice)
+
+    def _close_lock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def _copy_published(self, source: str) -> str:
         """This worker's own copy of the published cache; an empty one (compile) if it cannot be made."""
@@ -236,7 +289,7 @@ class HostCache:
             shutil.copytree(self.published, self.own, copy_function=_writable_copy)
             return source
         except OSError as error:
-            logger.warning("Compile cache of this host UNREADABLE, compiling instead: %s", error)
+            self._failed(error, "of this host UNREADABLE, compiling instead")
             shutil.rmtree(self.own, ignore_errors=True)
             self.own.mkdir()
             return "compiled"
@@ -266,6 +319,36 @@ class HostCache:
             stale_copy = leftover.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid))
             if stale_copy or ".tmp-" in leftover.name:  # a .tmp- folder is never renamed after its lock is gone
                 shutil.rmtree(leftover, ignore_errors=True)
+
+
+ADVICE = f"free space, or set {ROOT_ENV} to a writable folder of this user's, or to `off`"
+
+
+def _throwaway_folder() -> Path | None:
+    """An inductor cache folder for a worker without the host cache (None if none can be made):
+    never inductor's default `<tmp>/torchinductor_<user>`, which another user may have made first."""
+    try:
+        return Path(tempfile.mkdtemp(prefix="hfserve-inductor-"))
+    except OSError:
+        return None
+
+
+def open_lock(path: Path) -> int:
+    """The lock file's descriptor, never through a symbolic link: whoever planted one would have us
+    create or truncate the file it points to (ELOOP instead)."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+
+
+def failure_label(error: OSError) -> str:
+    """The CompileCacheErrors label: the errno's name (ENOSPC, EROFS, EACCES, ...), `not_private`
+    for a folder refused (handlers/runtime/private_dirs.py), else `other`."""
+    if isinstance(error, private_dirs.NotPrivateError):
+        return "not_private"
+    number = error.errno
+    if number is None:  # shutil.copytree's Error lists each file's OSError as text
+        found = re.search(r"\[Errno (\d+)\]", str(error))
+        number = int(found.group(1)) if found else None
+    return errno.errorcode.get(number, "other")
 
 
 def _seal(directory: Path) -> None:

@@ -7,7 +7,7 @@ from ts_compiled_handlers.runtime import hardware
 from ts_compiled_handlers.runtime.metrics import MetricsSink
 from ts_compiled_handlers.runtime.process_settings import ThreadShare
 from ts_compiled_handlers.startup.build_steps import CACHE_SOURCES
-from ts_compiled_handlers.startup.serving import HARDWARE, Serving, Started
+from ts_compiled_handlers.startup.serving import Serving, Started
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +36,16 @@ def announce(
     metrics.gauge("AotPackage", int(source == "aot package"), "Count")
     if engine.model.fallback is not None:
         metrics.count("EagerFallbacks", engine.model.fallback.reason, 1)
+    if started.host_cache is not None and started.host_cache.failure is not None:
+        metrics.count("CompileCacheErrors", started.host_cache.failure, 1)
     logger.info(
         "Ready in %.1fs from %s: %s, %s, dtype %s, compiled=%s mode=%s dynamic=%s regional=%s, "
         "lengths %s x batches %s, %d graphs, model load %.1fs, first pass over the grid %.1fs, warm-up %.1fs, "
         "%d threads (live workers: %d, %s), compile cache: %s",
         seconds,
         source,
-        HARDWARE.device_name,
-        sorted(HARDWARE.cpu_flags),
+        hardware.detect().device_name,
+        sorted(hardware.detect().cpu_flags),
         str(engine.dtype).removeprefix("torch."),
         engine.model.is_compiled,
         options.mode,

@@ -40,7 +40,7 @@ def listening(port: int) -> bool:
 
 class Served:
     def __init__(self, folder: Path, model: Path, port: int, *flags: str):
-        env = {**os.environ, "COMPILED_HANDLERS_CACHE_DIR": str(folder / "compile-cache")}
+        env = {**os.environ, "HFSERVE_CACHE_DIR": str(folder / "compile-cache")}
         command = [str(HFSERVE), "serve", str(model), "--name", "minilm", "--port", str(port), *flags]
         self.process = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, text=True)
         self.lines = []

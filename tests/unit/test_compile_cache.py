@@ -4,18 +4,24 @@ The real handler's use of it (packed cache hit, metrics, several TorchServe work
 tests/integration/test_compile_cache_server.py.
 """
 
+import errno
+import fcntl
 import logging
 import multiprocessing
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from ts_compiled_handlers.runtime import package_files, process_settings
-from ts_compiled_handlers.startup import compile_cache
+from ts_compiled_handlers.runtime import metrics, package_files, private_dirs, process_settings
+from ts_compiled_handlers.startup import build_steps, compile_cache, warmup
 from ts_compiled_handlers.startup.compile_cache import HostCache, PackedCacheError
+from ts_compiled_handlers.worker import ready_report
 
 VALID_FOR = {"format": 1, "torch": "2.13.0", "dtype": "bfloat16", "buckets": {"seq_lens": [16]}}
 
@@ -182,3 +188,135 @@ def test_four_workers_started_at_once_compile_once(tmp_path, attempt):
     assert [worker.exitcode for worker in workers] == [0, 0, 0, 0]
     seen = sorted(results.get(timeout=5) for _ in workers)
     assert seen == [("compiled", 10_000)] + [("host", 10_000)] * 3  # nobody saw a half-written kernel
+
+
+# A shared machine: the cache's folders and lock file are this user's own, and its I/O errors never
+# fail a worker (TorchServe would restart it into a compile that fails again, forever).
+
+
+@pytest.fixture(autouse=True)
+def throwaway_folders_in_tmp_path(tmp_path, monkeypatch):
+    """A worker without the host cache gives inductor a throwaway temp folder: the test's own."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+@pytest.mark.parametrize("planted", ["other owner", "world-writable"])
+def test_a_cache_folder_another_user_owns_or_may_write_is_refused_never_used(tmp_path, caplog, planted):
+    root = tmp_path / "root"
+    root.mkdir()
+    if planted == "other owner":
+        os.chown(root, 12345, 12345)
+    else:
+        root.chmod(0o777)
+    cache = HostCache(root, VALID_FOR)
+    with caplog.at_level(logging.WARNING), cache.lease(None) as lease:
+        assert (lease.source, lease.directory, lease.holding_lock) == ("error", None, False)
+        throwaway = Path(os.environ[process_settings.INDUCTOR_CACHE_ENV])  # not inductor's predictable default
+        assert throwaway.name.startswith("hfserve-inductor-") and throwaway.stat().st_mode & 0o777 == 0o700
+    assert list(root.iterdir()) == []  # no lock file, no copy: nothing read or written there
+    assert cache.failure == "not_private"
+    reason = "owned by uid 12345" if planted == "other owner" else "writable by other users (mode 0777)"
+    assert f"{root} is {reason}" in caplog.text and "remove it" in caplog.text
+
+
+def test_the_default_folder_is_this_users_own_and_the_old_variable_still_works(monkeypatch, caplog):
+    monkeypatch.delenv(compile_cache.ROOT_ENV, raising=False)
+    monkeypatch.delenv(compile_cache.OLD_ROOT_ENV, raising=False)
+    assert compile_cache.default_root() == private_dirs.TEMP / "compile-cache"
+    assert private_dirs.TEMP.name == f"hfserve-{os.getuid()}"
+    compile_cache._warn_old_name.cache_clear()
+    monkeypatch.setenv(compile_cache.OLD_ROOT_ENV, "/srv/old")
+    with caplog.at_level(logging.WARNING):
+        assert compile_cache.default_root() == compile_cache.default_root() == Path("/srv/old")
+    assert caplog.text.count("COMPILED_HANDLERS_CACHE_DIR is deprecated") == 1  # once, however often read
+    monkeypatch.setenv(compile_cache.ROOT_ENV, "off")
+    assert compile_cache.default_root() is None  # the new name wins
+
+
+@pytest.mark.parametrize("target_exists", [False, True])
+def test_a_symlinked_lock_file_is_not_followed(tmp_path, caplog, target_exists):
+    root = tmp_path / "root"
+    root.mkdir(mode=0o700)
+    target = tmp_path / "victim"
+    if target_exists:
+        target.write_text("someone's data")
+    (root / f"{compile_cache.manifest_key(VALID_FOR)}.lock").symlink_to(target)
+    with caplog.at_level(logging.WARNING), HostCache(root, VALID_FOR).lease(None) as lease:
+        assert lease.source == "error"
+    assert (target.read_text() == "someone's data") if target_exists else not target.exists()
+    assert "Compile cache OFF for this worker" in caplog.text and "Too many levels of symbolic links" in caplog.text
+
+
+def disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_when_publishing_leaves_the_worker_serving_said_once(tmp_path, caplog, monkeypatch):
+    root = tmp_path / "root"
+    cache = HostCache(root, VALID_FOR)
+    with caplog.at_level(logging.WARNING), cache.lease(None) as lease:
+        fake_inductor_cache(lease.directory)
+        monkeypatch.setattr(compile_cache.shutil, "copytree", disk_full)
+        cache.publish(lease)  # no exception: the worker goes on serving what it compiled
+        cache.publish(lease)
+        assert not lease.holding_lock and (lease.directory / "kernel.so").is_file()
+    assert cache.failure == "ENOSPC" and not cache.published.exists() and not list(root.glob("*.tmp-*"))
+    assert caplog.text.count("Compile cache NOT PUBLISHED") == 1 and "No space left" in caplog.text
+    with open(root / f"{cache.key}.lock") as lock:  # let go: the next worker compiles, not waits
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_a_cache_that_cannot_be_written_at_all_is_given_up_before_compiling(tmp_path, caplog, monkeypatch, code):
+    def refused(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(compile_cache, "open_lock", refused)
+    cache = HostCache(tmp_path / "root", VALID_FOR)
+    with caplog.at_level(logging.WARNING), cache.lease(packed_cache(tmp_path)) as lease:
+        assert lease.source == "error" and not lease.holding_lock  # no lock held: siblings are not kept waiting
+    assert cache.failure == errno.errorcode[code]
+    assert "Compile cache OFF for this worker" in caplog.text and os.strerror(code) in caplog.text
+
+
+def test_the_failure_label_names_the_errno_even_inside_a_copy_error():
+    assert compile_cache.failure_label(OSError(errno.EROFS, "Read-only file system")) == "EROFS"
+    copy_error = shutil.Error([("a", "b", "[Errno 28] No space left on device: 'b'")])
+    assert compile_cache.failure_label(copy_error) == "ENOSPC"
+    assert compile_cache.failure_label(OSError("no errno")) == "other"
+    assert compile_cache.failure_label(private_dirs.NotPrivateError("x")) == "not_private"
+
+
+def test_a_worker_whose_cache_fails_starts_serving_and_counts_it(tmp_path, caplog, monkeypatch):
+    """compile_and_warm_up with stand-ins for the model and its warm-up: a full disk while
+    publishing, then the ready report's metric."""
+    monkeypatch.setenv(compile_cache.ROOT_ENV, str(tmp_path / "host"))
+    monkeypatch.setattr(compile_cache, "manifest", lambda *args: VALID_FOR)
+    monkeypatch.setattr(process_settings, "stop_compile_workers", lambda: None)
+    engine = SimpleNamespace(
+        model=SimpleNamespace(is_compiled=False, fallback=None),
+        dtype=torch.float32,
+        plan=SimpleNamespace(dynamic="all", seq_lens=(8,), batch_sizes=(1,)),
+    )
+    compile_options = SimpleNamespace(enable=True, cache_dir="auto", mode="default", regional=False)
+    serving = SimpleNamespace(config=SimpleNamespace(compile=compile_options), model_dir=tmp_path, compile_options=None)
+
+    def compiled(engine, serving, progress=None):
+        fake_inductor_cache(Path(os.environ[process_settings.INDUCTOR_CACHE_ENV]))
+        engine.model.is_compiled = True
+        monkeypatch.setattr(compile_cache.shutil, "copytree", disk_full)
+        return warmup.WarmupReport(shapes=1, graphs=1, compile_seconds=1.0, warmup_seconds=1.0)
+
+    monkeypatch.setattr(build_steps, "warm_up", compiled)
+    counted = []
+
+    class Counted(metrics.MetricsSink):
+        def count(self, name, label, value):
+            counted.append((name, label, value))
+
+    with caplog.at_level(logging.INFO):
+        started = build_steps.compile_and_warm_up(engine, serving, load_seconds=1.0)
+        assert started.cache_source == "compiled" and started.host_cache.failure == "ENOSPC"
+        ready_report.announce(Counted(), engine, started, serving, SimpleNamespace(threads=1, workers=1), seconds=2.0)
+    assert counted == [("CompileCacheErrors", "ENOSPC", 1)]
+    assert caplog.text.count("Compile cache NOT PUBLISHED") == 1 and "Ready in 2.0s from compiled" in caplog.text

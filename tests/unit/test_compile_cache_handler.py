@@ -1,5 +1,6 @@
 """A real handler (tiny BERT, in process) with a packed compile cache: used, refused, or ignored."""
 
+import errno
 import json
 import logging
 import shutil
@@ -83,3 +84,19 @@ def test_the_cache_can_be_switched_off_per_model_or_per_host(tiny_bert, empty_ho
     monkeypatch.setenv(compile_cache.ROOT_ENV, "off")
     handler = ready_handler(EmbeddingHandler, tiny_bert, **GRID)
     assert handler.started.cache_source == "off" and handler.engine.model.is_compiled
+
+
+def test_a_full_disk_under_the_host_cache_never_fails_the_worker(tiny_bert, empty_host, caplog, monkeypatch):
+    """Publishing what it compiled fails: the worker serves anyway (else TorchServe restarts it to
+    compile and fail again), says why once and counts it."""
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(compile_cache.shutil, "copytree", disk_full)
+    with caplog.at_level(logging.INFO):
+        handler = ready_handler(EmbeddingHandler, tiny_bert, **GRID)
+    assert handler.started.cache_source == "compiled" and handler.engine.model.is_compiled
+    assert handler.started.host_cache.failure == "ENOSPC"
+    assert caplog.text.count("Compile cache NOT PUBLISHED") == 1 and "No space left" in caplog.text
+    assert len(answered(handler, [{"inputs": "still serving"}])[0]["embedding"]) == 32
