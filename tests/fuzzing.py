@@ -2,8 +2,9 @@
 
 `hostile_cases(task, seed, count)` yields `Case`s: random bytes, random and mutated JSON, random
 Unicode (lone surrogates, control characters, NUL, bidi marks) as JSON and as text, random content
-types, deep nesting, unreadable numbers, KServe v2 envelopes, and each task's parameters with
-random values. The same seed gives the same cases.
+types, deep nesting, unreadable numbers, KServe v2 envelopes, each task's parameters with random
+values, and TEI tokenize bodies whose answer would pass the answer budget (a 25 MB answer once
+made TorchServe drop the worker). The same seed gives the same cases.
 """
 
 import dataclasses
@@ -151,6 +152,16 @@ OPENAI_FIELDS = [
 ]  # fmt: skip
 
 
+# The tasks that serve TEI's tokenize route (handlers/protocols/tei.py); the others answer it 404.
+TOKENIZE_TASKS = ("embedding", "text-classification", "sparse-embedding")
+
+
+def huge_tokenize(rng: random.Random) -> bytes:
+    """A tokenize body whose answer would pass the answer budget (6 MiB): one 650 KB text of
+    325,000 tokens (~25 MB as TEI's answer), or 64 texts of 3,000 tokens (~12 MB)."""
+    return dumps({"inputs": rng.choice(["a " * 325_000, ["a " * 3000] * 64])})
+
+
 def openai_body(rng: random.Random, route: str, name: str) -> dict:
     body = {"model": rng.choice([name, name, "gpt-4", None, 5])}
     if route == "v1/embeddings":
@@ -204,12 +215,12 @@ def _body(rng: random.Random, task: str, kind: str) -> tuple[bytes, bool]:
         return b'{"inputs": "x", "seed": ' + b"9" * rng.choice([4301, 20_000]) + b"}", False
     if kind == "v2":
         return dumps(v2_envelope(rng, task)), True
-    if kind == "openai":
+    if kind in ("openai", "huge"):
         return b"", False  # made by hostile_cases, which knows the path
     return dumps(valid_body(rng, task)), rng.random() < 0.2  # "valid": a well-formed body, any content type
 
 
-KINDS = ["bytes", "json", "mutated", "unicode", "params", "deep", "number", "v2", "openai", "openai", "valid"]
+KINDS = ["bytes", "json", "mutated", "unicode", "params", "deep", "number", "v2", "openai", "openai", "valid", "huge"]
 
 
 def hostile_cases(task: str, seed: int, count: int, name: str = "model"):
@@ -219,11 +230,13 @@ def hostile_cases(task: str, seed: int, count: int, name: str = "model"):
         kind = rng.choice(KINDS)
         body, v2 = _body(rng, task, kind)
         route = ""
+        if kind == "huge":
+            body, route = huge_tokenize(rng), "tokenize" if task in TOKENIZE_TASKS else ""
         if kind == "openai":
             route = rng.choice(OPENAI_ROUTES[task])
             openai = openai_body(rng, route, name)
             body = rng.choice([dumps(openai), dumps(openai), mutate(rng, dumps(openai))])
-        content_type = "application/json" if rng.random() < 0.6 else rng.choice(CONTENT_TYPES)
+        content_type = "application/json" if rng.random() < 0.6 or kind == "huge" else rng.choice(CONTENT_TYPES)
         yield Case(kind, body, content_type, v2, route)
 
 
@@ -248,3 +261,35 @@ class _Stream:
     def recv(self, size: int) -> bytes:
         chunk, self.data = self.data[:size], self.data[size:]
         return chunk
+
+
+# -- bodies by the megabyte, and a batch of them: a few bytes each on the wire, ~21 times their size
+# once JSON-decoded into Python lists (tests/unit/test_body_limits.py) ----------------------------
+def nested_lists(megabytes: float, wrapped: bool = False) -> bytes:
+    """`[[],[],...]` of about `megabytes` MB; in `{"inputs": ...}` if `wrapped`."""
+    lists = b"[" + b",".join([b"[]"] * int(megabytes * 1_000_000 / 3)) + b"]"
+    return b'{"inputs": ' + lists + b"}" if wrapped else lists
+
+
+def nested_list_batch(seed: int, count: int, megabytes: float = 1.0) -> list[Case]:
+    """A batch of `count` nested-list bodies of up to `megabytes` MB, plain or in `inputs`, the
+    same for the same seed."""
+    rng = random.Random(f"nested-lists-{seed}")
+    return [
+        Case("nested-megabytes", nested_lists(megabytes * rng.uniform(0.5, 1), rng.random() < 0.5), "application/json")
+        for _ in range(count)
+    ]
+
+
+def batch_message(bodies: list[tuple[bytes, str]]) -> bytes:
+    """TorchServe's frontend's message for one batch of (body, content type), as a worker's reader receives it."""
+
+    def sized(data: bytes) -> bytes:
+        return struct.pack("!i", len(data)) + data
+
+    end = struct.pack("!i", -1)
+    requests = [
+        sized(f"request-{index}".encode()) + end + sized(b"body") + sized(content_type.encode()) + sized(body) + end
+        for index, (body, content_type) in enumerate(bodies)
+    ]
+    return b"I" + b"".join(requests) + end

@@ -1,17 +1,24 @@
 """The scheduled loop: each request answered as soon as the model call that took it is done.
 
 Where a server hands requests over one at a time, as they arrive, on an event loop (TorchServe's
-`asyncCommunication: true`, a Ray Serve replica), a request is read and tokenized on the loop,
-queued in the token scheduler (handlers/loops/token_scheduler.py), and answered once its call is done; model
-work runs in the worker's one model thread (handlers/loops/model_thread.py). A queue at
-`scheduler.max_queue` answers 503 at once.
+`asyncCommunication: true`, a Ray Serve replica), a request is read and tokenized in the reader
+thread, queued in the token scheduler (handlers/loops/token_scheduler.py), and answered once its
+call is done; model work runs in the worker's one model thread (handlers/loops/model_thread.py). A
+queue at `scheduler.max_queue` (requests being read count) answers 503 at once, before any reading.
+
+The reader thread keeps the event loop free while a large body is decoded and tokenized (on the
+loop, one such body stalled every request of the replica, `/ping` included), and reads one body
+at a time, so the memory of decoding is one body's whatever arrives. It does no torch work, so it
+starts no OpenMP team (handlers/loops/model_thread.py).
 """
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.loops.token_scheduler import CallReport, TokenScheduler
-from ts_compiled_handlers.protocols import Answered
 from ts_compiled_handlers.request.payload import RequestError
-from ts_compiled_handlers.runtime.json_text import as_json
+from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.runtime.metrics import MetricsSink
 from ts_compiled_handlers.worker.worker import Incoming, Reply, Worker
 
@@ -35,22 +42,40 @@ class ScheduledRequests:
             lambda error: metrics.count("BatchSplits", type(error).__name__, 1),
             model_thread.executor,
         )
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="request-reader")
+        self.reading = 0  # requests in the reader thread, held as much as queued ones
+
+    @property
+    def full(self) -> bool:
+        return self.scheduler.held + self.reading >= self.scheduler.max_queue
+
+    def check_room(self) -> None:
+        """A 503 for a request that arrives at a full queue, before anything of it is read."""
+        if self.full:
+            raise RequestError(503, FULL)
 
     async def serve(self, incoming: Incoming) -> Reply:
         """The request's reply; never raises."""
         stage = "preprocess"
         try:
-            accepted = self.worker.accept(incoming)
+            self.check_room()
+            accepted = await self.read(incoming)
+            if isinstance(accepted, Reply):  # answered without the model
+                return accepted
             stage = "inference"
-            if self.scheduler.full:
-                raise RequestError(503, FULL)
             rows = await self.scheduler.submit(accepted, accepted.tokens)
             stage = "postprocess"
             return self.worker.reply(accepted, rows)
-        except Answered as answered:  # answered without the model
-            return Reply(as_json(answered.body))
         except Exception as error:  # its own failure (the scheduler isolates a failing call)
             return self.worker.refused(incoming.route, error, stage)
+
+    async def read(self, incoming: Incoming) -> Accepted | Reply:
+        """The request read, checked and tokenized in the reader thread (`Worker.accept`)."""
+        self.reading += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.reader, self.worker.accept, incoming)
+        finally:
+            self.reading -= 1
 
 
 def report(metrics: MetricsSink, made: CallReport) -> None:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 from typing import Any, Callable, Literal
 
+from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.payload import ParamCheck, RequestError
 
 # The deepest JSON any request needs is 4 levels (a KServe v2 body); deeper is refused before any
@@ -22,7 +23,8 @@ MAX_JSON_DEPTH = 16
 @dataclasses.dataclass(frozen=True)
 class RequestSpec:
     """What a task accepts, for the protocols to check against: its parameters, the most texts
-    per request, and its own body forms rewritten to the common one (chat messages to a prompt)."""
+    per request, its own body forms rewritten to the common one (chat messages to a prompt), and
+    the most bytes an answer may take."""
 
     params: dict[str, ParamCheck]
     max_inputs: int
@@ -32,6 +34,7 @@ class RequestSpec:
     tokenizer: Any = None  # the model's tokenizer, for routes answered without the model (TEI's tokenize)
     info: dict = dataclasses.field(default_factory=dict)  # what TEI's `info` says of the model
     prompts: dict = dataclasses.field(default_factory=dict)  # the model's named prompts (embedders)
+    budget: AnswerBudget = AnswerBudget()  # what one answer may take (handlers/request/answer_budget.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Protocol:
     """One way of talking to the handler. Subclasses set `routes` and implement `decode` and `encode`."""
 
     routes: tuple[str, ...] = ("",)  # the `url_path` values it serves
+    texts_field = "inputs"  # the body's field of texts, named when an answer would be too large
     content_type = "application/json"
     reads_body = True  # False: answered whatever the body (a GET without one)
 

@@ -62,6 +62,7 @@ class EmbeddingsProtocol(OpenAIProtocol):
     or a list of token-id lists; `encoding_format` float or base64 (float32 little-endian, as OpenAI)."""
 
     routes = ("v1/embeddings",)
+    texts_field = "input"
 
     def read(self, value: Any, spec: RequestSpec) -> Request:
         value = self.body_object(value, spec)

@@ -56,6 +56,7 @@ class CompletionsProtocol(OpenAIProtocol):
     """`POST v1/completions`: `prompt` a string or a list of strings, one choice per prompt."""
 
     routes = ("v1/completions",)
+    texts_field = "prompt"
     stream_content_type = "text/event-stream"
     id_prefix, object_name, chunk_object = "cmpl", "text_completion", "text_completion"
 
@@ -128,6 +129,7 @@ class ChatCompletionsProtocol(CompletionsProtocol):
     """`POST v1/chat/completions`: `messages` through the chat template, one assistant message back."""
 
     routes = ("v1/chat/completions",)
+    texts_field = "messages"
     id_prefix, object_name, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
     def prompts(self, value: dict, spec: RequestSpec) -> tuple[list[str], dict]:

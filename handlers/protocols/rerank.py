@@ -29,6 +29,7 @@ class RerankForm:
 
 class RerankProtocol(Protocol):
     routes = ("", "rerank")
+    texts_field = "documents"
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, dict) and "query" in value and "documents" in value

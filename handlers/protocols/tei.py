@@ -17,7 +17,8 @@ clients written for TEI work with the URL `/predictions/{name}/{version}` as the
 A body may also carry its options in a `parameters` object (the HF Inference API's convention,
 which huggingface_hub's client uses); options it sends as null are left out. TEI's `Left` and
 `Right` truncation directions are taken in either case. Refusals are TEI's `{"error", "error_type"}`.
-`tokenize` counts characters for `start`/`stop` (Python's offsets), where TEI counts bytes.
+`tokenize` counts characters for `start`/`stop` (Python's offsets), where TEI counts bytes, and is
+held to the answer budget (handlers/request/answer_budget.py) before its answer is made.
 """
 
 import dataclasses
@@ -28,6 +29,9 @@ from ts_compiled_handlers.protocols.rerank import RerankForm, ranked
 from ts_compiled_handlers.request.payload import RequestError, boolean_param, check_params, check_texts
 
 ERROR_TYPES = {429: "Overloaded", 503: "Overloaded"}  # other 4xx: Validation, other 5xx: Backend
+CHARACTERS_PER_TOKEN = 250  # TEI tokenizes at most this many characters per token of max_input_length
+# The fewest bytes one token takes in a tokenize answer: {"id":0,"text":"","special":true,"start":0,"stop":0},
+TOKEN_BYTES = 53
 
 
 def body_object(value: Any, required: str) -> dict:
@@ -124,6 +128,7 @@ class TeiRerankProtocol(TeiProtocol):
     """TEI's rerank body (`texts`, `return_text`); ours (`documents`) is handlers/protocols/rerank.py."""
 
     routes = ("rerank",)
+    texts_field = "texts"
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, dict) and "texts" in value
@@ -147,13 +152,16 @@ class TeiRerankProtocol(TeiProtocol):
 
 
 class TeiTokenizeProtocol(TeiProtocol):
-    """Answered by the tokenizer alone, without the model."""
+    """Answered by the tokenizer alone, without the model. As in TEI, every token of a text is
+    answered (none is cut), and a text of more than 250 characters per token of the model's limit
+    is refused with 413 before it is tokenized; the texts' tokens together are held to the answer
+    budget before any of their answer is made (a 650 KB text made a 25 MB answer, ~320 MB of dicts)."""
 
     routes = ("tokenize",)
 
     def read(self, value: Any, spec: RequestSpec) -> Request:
         body = body_object(value, "inputs")
-        texts = texts_of(body.pop("inputs"), spec)
+        texts = check_characters(texts_of(body.pop("inputs"), spec), spec)
         special = boolean_param(body.pop("add_special_tokens", True), "add_special_tokens")
         prompt = body.pop("prompt_name", None)
         check_params(body, {})
@@ -161,11 +169,40 @@ class TeiTokenizeProtocol(TeiProtocol):
             if prompt not in spec.prompts:
                 raise RequestError(422, "'prompt_name' must name one of the model's prompts", "prompt_name")
             texts = [spec.prompts[prompt] + text for text in texts]
-        raise Answered([tokens(spec.tokenizer, text, special) for text in texts])
+        encoded = encodings(texts, special, spec)
+        raise Answered([tokens(spec.tokenizer, text, encoding) for text, encoding in zip(texts, encoded, strict=True)])
 
 
-def tokens(tokenizer, text: str, add_special_tokens: bool) -> list[dict]:
-    encoded = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+def check_characters(texts: list[str], spec: RequestSpec) -> list[str]:
+    """TEI's bound on what it tokenizes: at most 250 characters per token of the model's limit."""
+    limit = CHARACTERS_PER_TOKEN * spec.info.get("max_input_length", 1 << 20)
+    for position, text in enumerate(texts):
+        if len(text) > limit:
+            message = f"'inputs'[{position}] has {len(text)} characters; at most {limit}, as TEI tokenizes"
+            raise RequestError(413, message, "inputs")
+    return texts
+
+
+def encodings(texts: list[str], add_special_tokens: bool, spec: RequestSpec) -> list:
+    """Each text's ids and offsets, the budget checked after each text: what is held stays near it."""
+    encoded, count = [], 0
+    for text in texts:
+        encoded.append(
+            spec.tokenizer(
+                text,
+                add_special_tokens=add_special_tokens,
+                return_offsets_mapping=True,
+                return_token_type_ids=False,
+                return_attention_mask=False,
+            )
+        )
+        count += len(encoded[-1]["input_ids"])
+        spec.budget.check(count, TOKEN_BYTES, "tokens", "inputs", "send fewer or shorter texts in 'inputs'")
+    return encoded
+
+
+def tokens(tokenizer, text: str, encoded) -> list[dict]:
+    """A text's tokens in TEI's form, from its encoding (ids and character offsets)."""
     specials = set(tokenizer.all_special_ids)
     answer = []
     for token_id, (start, stop) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True):
@@ -177,6 +214,7 @@ def tokens(tokenizer, text: str, add_special_tokens: bool) -> list[dict]:
 
 class TeiDecodeProtocol(TeiProtocol):
     routes = ("decode",)
+    texts_field = "ids"
 
     def read(self, value: Any, spec: RequestSpec) -> Request:
         body = body_object(value, "ids")

@@ -7,17 +7,21 @@ client of a model on TorchServe changes only the host and port to reach the same
     POST /v2/models/{name}[/versions/{version}]/infer    KServe v2's path (its body: the v2 protocol)
 
 Every other request needs `Authorization: Bearer KEY`. Only the key's SHA-256 travels to the
-servers that check it, never the key itself.
+servers that check it, never the key itself. A body is held to TorchServe's `max_request_size`
+(`read_body`): one client's body must not run a server out of memory.
 """
 
 import dataclasses
 import hashlib
 import hmac
 import json
+from collections.abc import AsyncIterable
 
+from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.worker.worker import Reply
 
 HEALTHY = Reply(json.dumps({"status": "Healthy"}))
+MAX_REQUEST_SIZE = 6_553_500  # TorchServe's default max_request_size, in bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +73,29 @@ def refusal(path: str, method: str, route: Route | None, name: str, version: str
             404, "ModelVersionNotFoundException", f"Model version: {route.version} does not exist for model: {name}"
         )
     return None
+
+
+async def read_body(chunks: AsyncIterable[bytes], content_length: str | None, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to pass `limit` bytes: by its Content-Length
+    before any of it is read, else (a chunked body states none) once what was read passes it, the
+    rest left unread."""
+    if content_length is not None:
+        stated = content_length.strip()
+        if not (stated.isascii() and stated.isdigit()):
+            raise RequestError(400, "Content-Length is not a number of bytes")
+        if len(stated) > len(str(limit)) or int(stated) > limit:
+            raise too_large(limit)
+    read, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        read.append(chunk)
+    return b"".join(read)
+
+
+def too_large(limit: int) -> RequestError:
+    return RequestError(413, f"request body is over {limit} bytes (max_request_size)")
 
 
 def unauthorized() -> Reply:

@@ -65,7 +65,7 @@ def server(tmp_path_factory, tiny_bert):
     for name, (handler, extra) in ARCHIVES.items():
         precompile = "aot" if name == "guarded" else None
         build(tiny_bert, "embedding", name, store, extra, handler_file=handler, precompile=precompile)
-    cache = {"COMPILED_HANDLERS_CACHE_DIR": str(tmp_path_factory.mktemp("host-compile-cache"))}
+    cache = {"HFSERVE_CACHE_DIR": str(tmp_path_factory.mktemp("host-compile-cache"))}
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store, env=cache)
     torchserve.start()
     try:

@@ -106,13 +106,14 @@ def test_an_answer_is_normalized_after_its_dimensions_as_torch_normalizes(params
     vector included (its norm floored, as torch floors it)."""
     from types import SimpleNamespace
 
+    from ts_compiled_handlers.protocols.plain import PlainProtocol
     from ts_compiled_handlers.startup.config import parse
     from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
     task = EmbeddingTask(parse({"handler": {"task": "embedding"}}))
     task.normalize_default = True
     rows = [*torch.randn(3, 16, generator=torch.Generator().manual_seed(0)), torch.zeros(16)]
-    answers = task.answer(SimpleNamespace(request=SimpleNamespace(params=params)), rows)
+    answers = task.answer(SimpleNamespace(request=SimpleNamespace(params=params, protocol=PlainProtocol())), rows)
     expected = torch.stack(rows)[:, : params.get("dimensions", 16)]
     if params.get("normalize", True):
         expected = torch.nn.functional.normalize(expected, dim=-1)

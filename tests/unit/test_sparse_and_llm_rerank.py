@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 from ts_compiled_handlers.engine.packing import PackedModel, pack_rows
 from ts_compiled_handlers.loops.request_batches import RequestBatches
 from ts_compiled_handlers.request.tokenizing import TextTokenizer
-from ts_compiled_handlers.startup.serving import Placement
+from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import logit_score, splade
 from ts_compiled_handlers.tasks.classification import ClassificationTask
 from ts_compiled_handlers.worker.worker import Incoming, Worker
@@ -174,20 +174,22 @@ def test_rendered_texts_get_no_special_tokens_and_are_never_cut(tiny_models):
 
 
 def test_an_answer_too_large_for_torchserve_is_refused_for_that_request_only():
-    """64 texts of a SPLADE model fit max_response_size; an answer past MAX_ENTRIES (a model that
-    activates its whole vocabulary) gets a 413 that says what to send, not a dropped connection."""
+    """64 texts of a SPLADE model fit max_response_size; an answer past the answer budget (a model
+    that activates its whole vocabulary) gets a 413 that says what to send, not a dropped connection,
+    before its entries are listed."""
     from types import SimpleNamespace
 
     from ts_compiled_handlers.request.payload import RequestError
     from ts_compiled_handlers.startup.config import parse
-    from ts_compiled_handlers.tasks.sparse_embedding import MAX_ENTRIES, SparseEmbeddingTask
+    from ts_compiled_handlers.tasks.sparse_embedding import ENTRY_BYTES, SparseEmbeddingTask
 
-    task = SparseEmbeddingTask(parse({"handler": {"task": "sparse-embedding"}}))
+    config = parse({"handler": {"task": "sparse-embedding"}})
+    task = SparseEmbeddingTask(config)
     task.max_active_dims = None
-    rows = [torch.rand(30522) + 0.01 for _ in range(MAX_ENTRIES // 30522 + 1)]
+    rows = [torch.rand(30522) + 0.01 for _ in range(config.max_response_bytes // ENTRY_BYTES // 30522 + 1)]
     with pytest.raises(RequestError, match="send top_k or threshold") as refused:
         task.answer(SimpleNamespace(request=SimpleNamespace(params={})), rows)
-    assert refused.value.status == 413
+    assert refused.value.status == 413 and refused.value.field == "top_k"
     kept = task.answer(SimpleNamespace(request=SimpleNamespace(params={"top_k": 300})), rows)
     assert [len(answer["indices"]) for answer in kept] == [300] * len(rows)
     assert all(answer["indices"] == sorted(answer["indices"]) for answer in kept)

@@ -29,10 +29,8 @@ class ArchiveBatches:
         task = parse(opened.yaml_config).task
         if self.task is not None and task != self.task:
             raise ValueError(f"{archive} serves {task}; {type(self).__name__} needs a {self.task} archive")
-        handler = opened.handler_class()
-        self.worker = handler.worker_class.build(
-            opened.placement(with_threads(opened.yaml_config, actor_cpus())), handler.task_class
-        )
+        task_class, worker_class = opened.served_by()
+        self.worker = worker_class.build(opened.placement(with_threads(opened.yaml_config, actor_cpus())), task_class)
         self.text_column = text_column
 
     def answers(self, texts: list[str]) -> list:

@@ -14,36 +14,43 @@ and serves TorchServe's inference API (handlers/servers/inference_api.py) from i
 - generation through continuous batching (handlers/loops/decode_loop_driver.py), streamed.
 
 A replica takes traffic once its worker is built, warmed over its grid and checked: Serve routes to
-a replica only after its constructor returns.
+a replica only after its constructor returns. A body is held to `max_request_size`, as TorchServe's
+frontend holds it (Content-Length first, then the bytes as they arrive: 413 past it, the rest
+unread), and an encoder replica at its queue limit answers 503 before reading the body.
 """
 
 import logging
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
 import ray
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ts_compiled_handlers.loops.decode_loop import DecodeLoop
-from ts_compiled_handlers.loops.decode_loop_driver import ContinuousRequests
-from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
+from ts_compiled_handlers.loops.start import start
+from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.servers import inference_api
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
 from ts_compiled_handlers.servers.ray.metrics_sink import RaySink
-from ts_compiled_handlers.startup.config import parse
-from ts_compiled_handlers.startup.serving import task_plan
+from ts_compiled_handlers.startup.bucket_plan import task_plan
+from ts_compiled_handlers.startup.config import HandlerConfig, parse
+from ts_compiled_handlers.startup.placement import GENERATION, Placement
 from ts_compiled_handlers.worker.worker import Incoming, Reply
 
 logger = logging.getLogger(__name__)
 
 KEY_FOLDER = Path("~/.hfserve/ray-serve-keys")
 KEY_ENV = "HFSERVE_API_KEY"
+KEY_ARGUMENT_DEPRECATED = (
+    "The `api_key` argument is deprecated: it stays in the command line and in Serve's stored config. "
+    "Give the key in $HFSERVE_API_KEY, or in a file: `key_file`, by default ~/.hfserve/ray-serve-keys/NAME.key"
+)
 
 
 class AppArgs(BaseModel):
@@ -55,11 +62,12 @@ class AppArgs(BaseModel):
     name: str | None = None  # default: the archive's model name
     num_replicas: int | None = None  # default 1; or Ray's own autoscaling_config
     autoscaling_config: dict[str, Any] | None = None
-    api_key: str | None = None  # else $HFSERVE_API_KEY, else one generated once, in `key_file`
-    key_file: str | None = None  # default ~/.hfserve/ray-serve-keys/NAME.key
+    api_key: str | None = None  # deprecated (kept in argv and Serve's config): $HFSERVE_API_KEY or `key_file`
+    key_file: str | None = None  # default ~/.hfserve/ray-serve-keys/NAME.key; made once if missing
     ray_actor_options: dict[str, Any] = {"num_cpus": 1}
     max_replicas_per_node: int | None = None
     max_ongoing_requests: int | None = None  # default: sized from the archive's token budget
+    max_request_size: int = Field(inference_api.MAX_REQUEST_SIZE, gt=0)  # a longer body gets 413, as on TorchServe
 
 
 def app(args: AppArgs) -> serve.Application:
@@ -82,14 +90,23 @@ def app(args: AppArgs) -> serve.Application:
         options["autoscaling_config"] = {"target_ongoing_requests": max(1, ongoing // 2), **args.autoscaling_config}
     else:
         options["num_replicas"] = args.num_replicas or 1
-    return ArchiveReplica.options(**options).bind(str(path), name, digest)
+    return ArchiveReplica.options(**options).bind(str(path), name, digest, args.max_request_size)
 
 
 def api_key(given: str | None, key_file: str | None, name: str) -> str:
-    """The key clients send: given, else $HFSERVE_API_KEY, else the key file's (made once, mode 0600)."""
-    if given or os.environ.get(KEY_ENV):
-        return given or os.environ[KEY_ENV]
-    path = Path(key_file or KEY_FOLDER / f"{name}.key").expanduser()
+    """The key clients send: given (deprecated), else $HFSERVE_API_KEY, else the key file's (made
+    once, mode 0600). Stripped wherever it comes from, as the header's is: a Kubernetes Secret made
+    with --from-file keeps the file's newline, and every request would get 401."""
+    if given and given.strip():
+        logger.warning(KEY_ARGUMENT_DEPRECATED)
+        return given.strip()
+    if os.environ.get(KEY_ENV, "").strip():
+        return os.environ[KEY_ENV].strip()
+    return file_key(Path(key_file or KEY_FOLDER / f"{name}.key").expanduser(), name)
+
+
+def file_key(path: Path, name: str) -> str:
+    """The key in `path`, made first if there is none; a file others may read is used, with a warning."""
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -98,34 +115,44 @@ def api_key(given: str | None, key_file: str | None, name: str) -> str:
         logger.warning("A new API key for %s is in %s (mode 0600): send it as `Authorization: Bearer KEY`", name, path)
     else:
         logger.warning("The API key for %s is the one in %s", name, path)
-    return path.read_text().strip()
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o044:
+        logger.warning("%s can be read by its group or by everyone (mode %03o): `chmod 600` it", path, mode)
+    key = path.read_text().strip()
+    if not key:  # an empty key would let `Authorization: Bearer ` in
+        raise ValueError(f"{path} holds no key: write one in it, or remove it to have one made")
+    return key
 
 
 def max_ongoing_requests(archive: Archive) -> int:
     """Requests Serve sends one replica at once: two full calls of the shortest bucket's requests
     (one in the model, one waiting), within what the scheduler holds; generation: two per slot."""
-    config = parse(for_replica(archive.yaml_config, 1))
-    plan = task_plan(archive.handler_class().task_class(config), config, archive.folder)
-    if config.task == "text-generation":
+    placement, config = for_replica(archive, 1)
+    task_class, _ = archive.served_by()
+    plan = task_plan(task_class(config, continuous=placement.continuous), config, archive.folder)
+    if placement.continuous:
         return 2 * plan.max_batch
     return max(1, min(config.scheduler.max_queue, 2 * plan.full_call_tokens // plan.seq_lens[0]))
 
 
-def for_replica(yaml_config: dict, cpus: float) -> dict:
-    """The archive's model-config.yaml as a replica serves it: requests one at a time (the token
-    scheduler, or generation's continuous batching), and the replica's CPUs as its threads unless
-    the archive fixes them."""
-    adapted = {
-        key: value
-        for key, value in with_threads(yaml_config, cpus).items()
-        if key not in ("batchSize", "maxBatchDelay")
-    }
-    adapted["minWorkers"] = 1
-    if (adapted.get("handler") or {}).get("task") == "text-generation":
-        adapted.update(continuousBatching=True, asyncCommunication=False)
-    else:
-        adapted.update(asyncCommunication=True)
-    return adapted
+def for_replica(
+    archive: Archive, cpus: float, name: str | None = None, gpu_id: int | None = None
+) -> tuple[Placement, HandlerConfig]:
+    """Where a replica's worker sits, and its configuration: requests one at a time (the token
+    scheduler, or generation's decode loop), the replica's CPUs as its threads unless the archive
+    fixes them. TorchServe's own keys of the archive (batching, workers) are not read: Serve routes
+    the requests and counts the replicas."""
+    yaml_config = with_threads(archive.yaml_config, cpus)
+    config = parse(yaml_config)  # once per replica
+    continuous = config.task == GENERATION
+    return archive.placement(yaml_config, name, gpu_id, one_at_a_time=True, continuous=continuous), config
+
+
+def start_replica(archive: Archive, name: str, cpus: float, gpu_id: int | None, sink) -> tuple:
+    """A replica's worker and its loop (the token scheduler, or the decode loop and its driver)."""
+    placement, config = for_replica(archive, cpus, name, gpu_id)
+    task_class, worker_class = archive.served_by()
+    return start(placement, config, task_class, sink, worker_class)
 
 
 def http_response(reply: Reply) -> Response:
@@ -136,22 +163,17 @@ def http_response(reply: Reply) -> Response:
 class ArchiveReplica:
     """One worker of the archive, serving TorchServe's inference API."""
 
-    async def __init__(self, archive_path: str, name: str, key_digest: str):
+    async def __init__(
+        self, archive_path: str, name: str, key_digest: str, max_request_size: int = inference_api.MAX_REQUEST_SIZE
+    ):
         archive = Archive.open(archive_path)
         show_worker_logs()
-        handler = archive.handler_class()
         resources = ray.get_runtime_context().get_assigned_resources()
         gpu_id = 0 if resources.get("GPU") else None  # Ray shows a replica only the GPUs it was given
-        placement = archive.placement(for_replica(archive.yaml_config, resources.get("CPU", 1)), name, gpu_id)
         sink = RaySink(name, serve.get_replica_context().replica_id.unique_id)
-        model_thread, self.worker = ModelThread.start(handler.worker_class.build, placement, handler.task_class, sink)
-        generation = self.worker.serving.config.continuous
-        self.loop = (
-            ContinuousRequests(DecodeLoop(self.worker), model_thread)
-            if generation
-            else ScheduledRequests(self.worker, model_thread)
-        )
+        self.worker, self.loop = start_replica(archive, name, resources.get("CPU", 1), gpu_id, sink)
         self.name, self.version, self.key_digest = name, archive.model_version, key_digest
+        self.max_request_size = max_request_size
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -163,10 +185,22 @@ class ArchiveReplica:
         refused = inference_api.refusal(path, request.method, route, self.name, self.version)
         if refused is not None:
             return http_response(refused)
-        incoming = Incoming(await request.body() or None, request.headers.get("content-type"), route.path)
+        try:
+            incoming = await self.incoming(request, route.path)
+        except RequestError as error:
+            return http_response(self.worker.refused(route.path, error, "preprocess"))
         if isinstance(self.loop, ScheduledRequests):
             return http_response(await self.loop.serve(incoming))
         return await streamed(self.loop.serve(incoming))
+
+    async def incoming(self, request: Request, route: str) -> Incoming:
+        """The request with its body, read within `max_request_size` (413 past it); at a full queue,
+        a 503 before any of the body is read."""
+        if isinstance(self.loop, ScheduledRequests):
+            self.loop.check_room()
+        length = request.headers.get("content-length")
+        body = await inference_api.read_body(request.stream(), length, self.max_request_size)
+        return Incoming(body or None, request.headers.get("content-type"), route)
 
 
 async def streamed(replies) -> Response:

@@ -8,6 +8,10 @@ returns, value for value and type for type (tests/unit/test_ts_messages.py holds
 `Service.predict` and any handler see no difference. The adapter (handlers/servers/torchserve/adapter.py,
 `read_messages_from_memory`) puts it in place of TorchServe's reader, only in a worker whose loops
 still use TorchServe's own, of the release whose frames it knows (0.12).
+
+One difference, for a batch's memory: a JSON or text body longer than `DECODED_IN_BATCH` goes on
+as its bytes, as TorchServe's reader forwards a body it cannot decode (and every body under
+`TS_DECODE_INPUT_REQUEST=false`); the handler reads it in its own request's turn.
 """
 
 import json
@@ -22,6 +26,12 @@ PREDICT = b"I"
 END = -1  # a list's end, where a length would be
 INT = struct.Struct("!i")
 RECV_SIZE = 1 << 16
+# The longest JSON or text body decoded here, with its whole batch. JSON costs up to ~21 times its
+# bytes in Python objects (`[[],[],...]`: 632 KB made 13 MB), so a batch of 32 hostile 6.5 MB bodies
+# decoded together came to ~4.4 GB; the handlers read a longer body from its bytes in its own
+# request's turn (protocols.body_value), one at a time, each refused or answered on its own. At this
+# size a batch of 32 decodes to 45 MB at most; ordinary bodies are far smaller.
+DECODED_IN_BATCH = 64 << 10
 
 
 class FrameReader:
@@ -103,8 +113,9 @@ class FrameReader:
 
 def decoded(value: bytearray, content_type: str, decode: bool):
     """A parameter's value as TorchServe hands it on: JSON parsed, text decoded, the rest as bytes;
-    what fails to decode goes on as bytes, with TorchServe's warning."""
-    if not decode:
+    what fails to decode goes on as bytes, with TorchServe's warning. A body over `DECODED_IN_BATCH`
+    goes on as bytes too, undecoded: its request reads it alone."""
+    if not decode or len(value) > DECODED_IN_BATCH:
         return value
     if content_type == "application/json":
         try:
