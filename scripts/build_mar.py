@@ -34,17 +34,12 @@ from ts_compiled_handlers.runtime import package_files
 from ts_compiled_handlers.scripts import hub, precompile
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_task
-from ts_compiled_handlers.startup import aot_package
+from ts_compiled_handlers.servers.torchserve import settings
+from ts_compiled_handlers.servers.torchserve.handler_files import HANDLER_FILES
+from ts_compiled_handlers.startup.bucket_plan import task_plan
 from ts_compiled_handlers.startup.config import TASKS, ConfigError, parse
-from ts_compiled_handlers.startup.serving import task_plan
+from ts_compiled_handlers.tasks.registry import task_class
 
-HANDLER_FILES = {
-    "embedding": "servers/torchserve/embedding_handler.py",
-    "sparse-embedding": "servers/torchserve/sparse_embedding_handler.py",
-    "text-classification": "servers/torchserve/classification_handler.py",
-    "token-classification": "servers/torchserve/token_classification_handler.py",
-    "text-generation": "servers/torchserve/generation_handler.py",
-}
 # batchSize 32: requests arriving at a rate were answered as fast or faster than with 8 at every
 # rate, and past 8's capacity (docs/performance.md, "batchSize and maxBatchDelay", open loop).
 DEFAULT_MODEL_CONFIG = {
@@ -133,7 +128,7 @@ def model_config(task: str, extra: dict) -> dict:
     config = merge(defaults, extra)
     if config["handler"].get("task") != task:
         raise BuildError(f"--task {task} but the config says handler.task={config['handler'].get('task')}")
-    parse(config)
+    settings.read(config, parse(config).task)
     return config
 
 
@@ -190,8 +185,8 @@ def precompile_kind(task: str, asked: str | bool | None) -> str | None:
     if asked in (None, False):
         return None
     if asked in (True, "auto"):
-        return "aot" if task in aot_package.TASKS else "cache"
-    if asked == "aot" and task not in aot_package.TASKS:
+        return "aot" if task_class(task).AOT else "cache"
+    if asked == "aot" and not task_class(task).AOT:
         raise BuildError(f"--precompile aot: {task} is not exported ahead of time; use --precompile cache")
     return asked
 
@@ -255,21 +250,25 @@ def write_model_config(config: dict, staging: Path) -> None:
 
 
 def archive(staging: Path, name: str, handler: Path, export_path: Path, version: str = "1.0") -> Path:
-    """Pack a staged folder (model-config.yaml included) into `export_path/name.mar`."""
+    """Pack a staged folder (model-config.yaml included) into `export_path/name.mar`. The archiver
+    writes in place, so it writes into a hidden folder beside the target, renamed over it once whole:
+    a build cut short (Ctrl-C, a full disk) leaves the previous NAME.mar or none, never a partial one."""
     export_path = Path(export_path)
     export_path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as temp:
+    target = export_path / f"{name}.mar"
+    with tempfile.TemporaryDirectory() as temp, tempfile.TemporaryDirectory(prefix=f".{name}-", dir=export_path) as out:
         command = [
             str(Path(sys.executable).parent / "torch-model-archiver"),
             *("--model-name", name, "--version", version),
             *("--handler", str(handler)),
             *("--extra-files", str(staging)),
             *("--config-file", str(staging / "model-config.yaml")),
-            *("--export-path", str(export_path), "--force"),
+            *("--export-path", out, "--force"),
         ]
         # The archiver stages in $TMPDIR/<name> after deleting it: give it a private TMPDIR.
         subprocess.run(command, check=True, env={**os.environ, "TMPDIR": temp})
-    return export_path / f"{name}.mar"
+        os.replace(Path(out) / target.name, target)
+    return target
 
 
 def build(

@@ -37,8 +37,8 @@ from ts_compiled_handlers.scripts import build_mar, plan_costs
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.plan_costs import Costs
 from ts_compiled_handlers.scripts.task_inference import infer_task
+from ts_compiled_handlers.startup.bucket_plan import AUTO_MAX_TOKENS, doubling
 from ts_compiled_handlers.startup.config import BucketConfig
-from ts_compiled_handlers.startup.serving import AUTO_MAX_TOKENS, doubling
 from ts_compiled_handlers.worker.traffic_stats import read_histograms
 
 ASSUMED = Costs()  # a call's cost without --measure: its tokens and CALL_TOKENS per call

@@ -13,14 +13,14 @@ import dataclasses
 import torch
 
 from ts_compiled_handlers.engine import buckets
-from ts_compiled_handlers.engine.engine import Outputs
+from ts_compiled_handlers.engine.engine import OnModel, Outputs
 from ts_compiled_handlers.engine.layout import Call, Layout
 from ts_compiled_handlers.engine.runner import ModelRunner
 from ts_compiled_handlers.engine.static_decoding import CachePool, GroupDecoder, left_pad
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderEngine:
+class DecoderEngine(OnModel):
     model: ModelRunner  # of a DecodeStep (request batches) or a SlotStep (continuous batching)
     plan: buckets.BucketPlan
     dtype: torch.dtype
@@ -29,10 +29,6 @@ class DecoderEngine:
     caches: CachePool
     continuous: bool
     layout: Layout = Layout()  # prompts are never packed
-
-    def on(self, model: ModelRunner) -> "DecoderEngine":
-        """This engine over another model (a check's eager reference, a benchmark's contender)."""
-        return dataclasses.replace(self, model=model)
 
     def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None) -> Outputs:
         """Per prompt, the prefill's next-token logits and one greedy step's after it, joined."""

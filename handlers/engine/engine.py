@@ -28,8 +28,16 @@ class Outputs:
     calls: list[Call]
 
 
+class OnModel:
+    """An engine (a frozen dataclass with a `model`) that can run another model of the same shapes."""
+
+    def on(self, model: ModelRunner):
+        """This engine over another model (a check's eager reference, a benchmark's contender)."""
+        return dataclasses.replace(self, model=model)
+
+
 @dataclasses.dataclass(frozen=True)
-class Engine:
+class Engine(OnModel):
     model: ModelRunner
     layout: Layout
     plan: buckets.BucketPlan
@@ -37,10 +45,6 @@ class Engine:
     device: torch.device
     pad_id: int
     per_token: bool = False  # outputs per token (token classification), not per text
-
-    def on(self, model: ModelRunner) -> "Engine":
-        """This engine over another model (a check's eager reference, a benchmark's contender)."""
-        return dataclasses.replace(self, model=model)
 
     def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None) -> Outputs:
         """The model over tokenized texts, in the calls the layout makes of them (`one_per_row`:

@@ -13,6 +13,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
+from ts_compiled_handlers.engine.decode_step import DecodeStep
+
 
 class SlotLayer(StaticLayer):
     """One decoder layer's keys and values, (slots, kv heads, length, head dim), written per slot."""
@@ -58,13 +60,9 @@ class SlotCache(Cache):
             layer.values[slot, :, :length] = source.values[0, :, :length]
 
 
-class SlotStep(torch.nn.Module):
+class SlotStep(DecodeStep):
     """One decode step over every slot: forward(input_ids (slots, 1), positions (slots,), cache) ->
     the next-token logits (slots, vocab). The cache's own `positions` must hold `positions`."""
-
-    def __init__(self, lm: torch.nn.Module):
-        super().__init__()
-        self.lm = lm
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: SlotCache) -> torch.Tensor:
         dtype = self.lm.get_input_embeddings().weight.dtype
@@ -72,15 +70,7 @@ class SlotStep(torch.nn.Module):
         visible = indexes[None, :] <= positions[:, None]  # (slots, length): the slot's own tokens so far
         mask = torch.zeros(visible.shape, dtype=dtype, device=positions.device)
         mask = mask.masked_fill(~visible, torch.finfo(dtype).min)[:, None, None, :]
-        output = self.lm(
-            input_ids=input_ids,
-            position_ids=positions[:, None],
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return output.logits[:, -1]
+        return super().forward(input_ids, positions[:, None], mask, cache)
 
     def prefill(self, ids: list[int], cache: SlotCache, slot: int) -> torch.Tensor:
         """Run a prompt alone (eagerly: its length varies) into `slot`; its last position's logits."""

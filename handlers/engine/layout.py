@@ -71,7 +71,7 @@ class BatchIds:
         lengths = np.array(self.lengths, dtype=np.int64)
         self.starts = np.cumsum(lengths) - lengths
 
-    def placement(self, call: Call) -> "Placement":
+    def placement(self, call: Call) -> "TextPlacement":
         """Where every token of the call's texts goes in its (batch_size, seq_len) inputs."""
         texts, row_of, start_in_row, segment = [], [], [], []
         for row, members in enumerate(call.rows):
@@ -87,7 +87,7 @@ class BatchIds:
         within = np.arange(int(lengths.sum())) - np.repeat(first_of_text, lengths)  # (tokens,) position in its text
         destination = np.array(row_of, dtype=np.int64) * call.group.seq_len + np.array(start_in_row, dtype=np.int64)
         segment = np.array(segment, dtype=np.int64)
-        return Placement(
+        return TextPlacement(
             texts=texts,
             lengths=lengths,
             source=np.repeat(self.starts[texts], lengths) + within,
@@ -105,7 +105,7 @@ def flat_array(rows: list[list[int]]) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class Placement:
+class TextPlacement:
     """Per text (`texts` order): its length, row and segment; per token: where it comes from in the
     batch's flat ids (`source`), where it goes in the call's flattened inputs (`destination`), its
     position within its text (`within`) and its segment (`token_segment`). Arrays of int64."""
@@ -120,7 +120,9 @@ class Placement:
     token_segment: np.ndarray
 
 
-def call_inputs(ids: BatchIds, call: Call, place: Placement, layout: Layout, pad_id: int) -> dict[str, torch.Tensor]:
+def call_inputs(
+    ids: BatchIds, call: Call, place: TextPlacement, layout: Layout, pad_id: int
+) -> dict[str, torch.Tensor]:
     """The call's input tensors, (batch_size, seq_len) each: input_ids and attention_mask for length
     groups; input_ids, position_ids and segments for packed rows. A dummy row (static batch) or a
     row's padded tail attends to itself only, so no row is fully masked. Filled in numpy and handed
@@ -149,7 +151,7 @@ def filled(shape: tuple[int, int], fill: int, destination: np.ndarray, values) -
     return array
 
 
-def text_rows(output: torch.Tensor, call: Call, place: Placement, layout: Layout, per_token: bool) -> torch.Tensor:
+def text_rows(output: torch.Tensor, call: Call, place: TextPlacement, layout: Layout, per_token: bool) -> torch.Tensor:
     """The call's output rows of its real texts, in `place.texts` order, picked by one index each:
     per text (texts, ...) from (rows, ...) or packed (rows, slots, ...); per token, the texts' tokens
     end to end (tokens, ...) from (rows, seq_len, ...), for the caller to split by `place.lengths`.

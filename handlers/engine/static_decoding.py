@@ -16,25 +16,6 @@ from transformers import StaticCache
 from ts_compiled_handlers.engine.kv_slots import SlotCache
 
 
-class DecodeStep(torch.nn.Module):
-    """One forward of a causal LM over the static cache, returning the last position's logits."""
-
-    def __init__(self, lm: torch.nn.Module):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
-        output = self.lm(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return output.logits[:, -1]
-
-
 class CachePool:
     """The KV caches of one engine, made on first use and reused, so their addresses stay put (the
     compiled step's guards hold on to them): a static cache per batch rows for request batches, and

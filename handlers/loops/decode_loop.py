@@ -38,16 +38,15 @@ the streamed and final text: handlers/tasks/generation.py); of the engine, `pref
 
 import dataclasses
 import enum
-import json
 import logging
 import time
 
 import torch
 
 from ts_compiled_handlers.loops.request_batches import Reply
-from ts_compiled_handlers.protocols import Answered
-from ts_compiled_handlers.request.outcome import describe, internal_error, refusal
+from ts_compiled_handlers.request.outcome import describe, internal_error
 from ts_compiled_handlers.request.payload import RequestError
+from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.tasks.continuation import Job
 from ts_compiled_handlers.worker.worker import Incoming, Worker
 
@@ -152,15 +151,14 @@ class DecodeLoop:
     def _arrive(self, incoming: Incoming | None, index: int) -> Running:
         deadline = time.monotonic() + self.max_seconds
         if incoming is None:  # resent without its headers and parameters (the server holds them), unknown here
-            return Running([], [], deadline, Phase.FINISHED, opened=True, error=json.dumps(LOST))
+            return Running([], [], deadline, Phase.FINISHED, opened=True, error=as_json(LOST))
         try:
             accepted = self.worker.accept(incoming, index)
-        except Answered as answered:  # answered without the model: one plain answer, as a refusal is
-            return Running([], [], deadline, Phase.REFUSED, error=json.dumps(answered.body))
         except Exception as error:  # anything a body can provoke is this request's alone
-            refused = refusal(error, f"preprocess (request {index} of the call)")
-            body = json.dumps(self.worker.error_body(incoming.route, refused))
-            return Running([], [], deadline, Phase.REFUSED, error=body, status=refused.status)
+            refused = self.worker.refused(incoming.route, error, "preprocess")
+            return Running([], [], deadline, Phase.REFUSED, error=refused.body, status=refused.status)
+        if isinstance(accepted, Reply):  # answered without the model: one plain answer, as a refusal is
+            return Running([], [], deadline, Phase.REFUSED, error=accepted.body)
         jobs = self.task.jobs(accepted)
         return Running(jobs, list(jobs), deadline, content_type=self.task.content_type(accepted))
 
@@ -168,7 +166,7 @@ class DecodeLoop:
         """`running` ends with the error's body, in its protocol's shape: a plain refusal before its
         first answer, its last body after."""
         request = running.jobs[0].accepted.request
-        running.error = json.dumps(request.protocol.error(error))
+        running.error = as_json(request.protocol.error(error))
         running.status = error.status
         self._move(running, Phase.FINISHED if running.opened else Phase.REFUSED)
 
@@ -204,7 +202,7 @@ class DecodeLoop:
 
     def _final_text(self, jobs: list[Job]) -> str:
         final = self.task.final(jobs, self.worker.served)
-        return final if isinstance(final, str) else json.dumps(final, allow_nan=False)
+        return as_json(final)
 
     def _end(self, request_id: str) -> None:
         self._move(self.running.pop(request_id), Phase.ENDED)

@@ -10,12 +10,12 @@ sent again, and the loop frees its slots, as it does under TorchServe.
 
 import asyncio
 import itertools
-import json
 from typing import AsyncIterator
 
 from ts_compiled_handlers.loops.decode_loop import DecodeLoop
 from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.request.outcome import refusal
+from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.worker.worker import Incoming, Reply
 
 
@@ -28,6 +28,7 @@ class ContinuousRequests:
         self.ids = (str(number) for number in itertools.count())
         self.open: dict[str, asyncio.Queue] = {}  # request id: its replies, in order
         self.arrived: dict[str, Incoming] = {}  # requests not yet handed to the loop
+        self.routes: dict[str, str] = {}  # each open request's route: its refusal takes its protocol's shape
         self.driver: asyncio.Task | None = None
 
     async def serve(self, incoming: Incoming) -> AsyncIterator[Reply]:
@@ -36,6 +37,7 @@ class ContinuousRequests:
         request_id = next(self.ids)
         replies = self.open[request_id] = asyncio.Queue()
         self.arrived[request_id] = incoming
+        self.routes[request_id] = incoming.route
         if self.driver is None or self.driver.done():
             self.driver = asyncio.get_running_loop().create_task(self.drive())
         try:
@@ -47,17 +49,30 @@ class ContinuousRequests:
         finally:  # done, or the client left: no longer sent to the loop
             self.open.pop(request_id, None)
             self.arrived.pop(request_id, None)
+            self.routes.pop(request_id, None)
 
     async def drive(self) -> None:
-        """Call the loop while requests are open; each call's replies to their requests."""
+        """Call the loop while requests are open; each call's replies to their requests. A defect of
+        the driver itself still ends every open request (a plain 500), so none waits forever."""
+        try:
+            await self.drive_calls()
+        except Exception as error:
+            failed = refusal(error, "the decode loop's driver")
+            for queue in self.open.values():
+                queue.put_nowait(Reply(as_json(failed.body()), failed.status))
+            self.open.clear()
+
+    async def drive_calls(self) -> None:
         loop = asyncio.get_running_loop()
         while self.open:
             requests = [(request_id, self.arrived.pop(request_id, None)) for request_id in list(self.open)]
             try:
                 replies = await loop.run_in_executor(self.model_thread.executor, self.decode_loop.call, requests)
             except Exception as error:  # a defect past the loop's own boundaries: end every open request
-                failed = refusal(error, "the decode loop")
-                replies = [Reply(json.dumps(failed.body()), failed.status) for _ in requests]
+                worker = self.decode_loop.worker
+                replies = [
+                    worker.refused(self.routes.get(request_id, ""), error, "inference") for request_id, _ in requests
+                ]
             for (request_id, _), reply in zip(requests, replies, strict=True):
                 queue = self.open.get(request_id)
                 if queue is None:

@@ -13,10 +13,9 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from ts_compiled_handlers.protocols import Answered
 from ts_compiled_handlers.request.outcome import isolate
+from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.worker.worker import USAGE_HEADER, Incoming, Reply, Worker
 
 
@@ -76,10 +75,11 @@ class RequestBatches:
         batch = Batch.of(incoming)
         for index, request in enumerate(incoming):
             with self.guard(batch, index, "preprocess"):
-                try:
-                    batch.accepted.append(self.worker.accept(request, index))
-                except Answered as answered:  # answered without the model
-                    batch.replies[index].body = answered.body
+                accepted = self.worker.accept(request, index)
+                if isinstance(accepted, Reply):  # answered without the model
+                    batch.replies[index] = accepted
+                else:
+                    batch.accepted.append(accepted)
         return batch
 
     def inference(self, batch: Batch) -> Batch:
@@ -106,15 +106,17 @@ class RequestBatches:
 
     def replies(self, batch: Batch, answers: list[Any]) -> list[Reply]:
         """The replies to send: each answer as JSON text, encoded once (text and bytes go as they
-        are). An answer JSON cannot carry (NaN) is its request's 500."""
+        are). An answer JSON cannot carry (NaN) is its request's 500; one past the answer budget its 413."""
+        protocols = {accepted.index: accepted.request.protocol for accepted in batch.accepted}
         for index, answer in enumerate(answers):
             reply = batch.replies[index]
             if isinstance(answer, (str, bytes, bytearray)) or index in batch.failed:
                 reply.body = answer
                 continue
+            protocol = protocols.get(index) or self.worker.protocol_of(batch.incoming[index].route)
             try:
-                reply.body, reply.content_type = as_json(answer), "application/json"
-            except (TypeError, ValueError) as error:  # a value JSON cannot carry (NaN)
+                reply.body, reply.content_type = self.worker.encoded(answer, protocol), "application/json"
+            except (TypeError, ValueError, RequestError) as error:  # a value JSON cannot carry (NaN), or too much
                 self.fail(batch, index, "postprocess", error)
         return batch.replies
 

@@ -37,9 +37,6 @@ PACKAGE_FILE = "model.pt2"
 CONSTANTS_FILE = "constants.safetensors"
 REFERENCE_FILE = "reference.safetensors"
 FORMAT = "aot-4"  # 4: packed rows are pooled inside the package (handlers/engine/packing.py)
-# Tasks whose module is one forward pass over padded or packed rows. Generation keeps the
-# packed compile cache: its decode step and KV cache are not exported.
-TASKS = ("embedding", "sparse-embedding", "text-classification", "token-classification")
 # Inductor settings of torch.compile's modes that have no meaning for an exported package.
 NOT_FOR_AOT = ("triton.cudagraphs",)
 

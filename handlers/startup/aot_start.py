@@ -17,7 +17,7 @@ from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.runtime import hardware
 from ts_compiled_handlers.startup import aot_package, warmup
-from ts_compiled_handlers.startup.serving import HARDWARE, Serving, Started
+from ts_compiled_handlers.startup.serving import Serving, Started
 from ts_compiled_handlers.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -25,18 +25,18 @@ logger = logging.getLogger(__name__)
 
 def package_manifest(serving: Serving, dtype: torch.dtype) -> dict:
     """What an AOT package must have been built for to serve this worker."""
-    return aot_package.manifest(HARDWARE, dtype, serving.plan, serving.compile_options, serving.model_dir)
+    return aot_package.manifest(hardware.detect(), dtype, serving.plan, serving.compile_options, serving.model_dir)
 
 
 def serve_package(task: Task, serving: Serving, began: float, progress=None) -> tuple[Engine, Started] | None:
     """The engine over the archive's AOT package, warmed and checked; None (and why, in the log)
     where there is none or it cannot serve this worker."""
     packed = serving.model_dir / aot_package.PACKAGE_DIR
-    if not (packed.is_dir() and serving.config.compile.enable and serving.config.task in aot_package.TASKS):
+    if not (packed.is_dir() and serving.config.compile.enable and task.AOT):
         return None
     # `dtype: auto` is not checked against float32 again: the build did, on this model and on
     # hardware with the CPU flags or CUDA capability the manifest makes this worker match.
-    dtype = hardware.DTYPES.get(serving.config.dtype, HARDWARE.auto_dtype)
+    dtype = hardware.DTYPES.get(serving.config.dtype, hardware.detect().auto_dtype)
     try:
         package = aot_package.load(packed, package_manifest(serving, dtype), serving.model_dir, serving.device)
         load_eager = _eager_loader(task, serving, dtype, package.layout)

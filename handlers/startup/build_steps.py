@@ -27,7 +27,7 @@ from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.runtime import hardware, process_settings
 from ts_compiled_handlers.startup import aot_start, compile_cache, eager_fallback, warmup
 from ts_compiled_handlers.startup.compiling import CompiledModel
-from ts_compiled_handlers.startup.serving import HARDWARE, Serving, Started
+from ts_compiled_handlers.startup.serving import Serving, Started
 from ts_compiled_handlers.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ CACHE_SOURCES = {
     "host": "hit, this host's cache from an earlier worker",
     "compiled": "miss, compiled here",
     "off": "off",
+    "error": "off, this host's cache failed (the warning above says why; CompileCacheErrors counts it)",
     "aot": "not needed, the archive's AOT package serves",
 }
 
@@ -73,7 +74,7 @@ def choose_dtype(task: Task, serving: Serving, module: torch.nn.Module) -> torch
     config = serving.config
     if config.dtype != "auto":
         return hardware.DTYPES[config.dtype]
-    chosen = HARDWARE.auto_dtype
+    chosen = hardware.detect().auto_dtype
     if chosen == torch.float32 or not config.warmup.verify:
         return chosen
     probe = serving.probes.check_rows()
@@ -128,7 +129,9 @@ def on_failure(policy: str, error: Exception) -> None:
 
 
 def compile_and_warm_up(engine: Engine, serving: Serving, load_seconds: float, progress=None) -> Started:
-    """Compile the engine's model over the whole grid, inside the lease on this host's compile cache."""
+    """Compile the engine's model over the whole grid, inside the lease on this host's compile cache.
+    The cache only saves time: its I/O errors (a full or read-only disk) never fail the worker, or
+    TorchServe would restart it to compile and fail again (compile_cache.HostCache gives it up)."""
     host_cache = _host_cache(engine, serving)
     packed_cache = serving.model_dir / compile_cache.PACKED_DIR
     with host_cache.lease(packed_cache) if host_cache else contextlib.nullcontext() as lease:
@@ -147,7 +150,9 @@ def _host_cache(engine: Engine, serving: Serving) -> compile_cache.HostCache | N
     root = compile_cache.default_root() if option == "auto" else None if option == "off" else Path(option)
     if not serving.config.compile.enable or root is None:
         return None
-    valid_for = compile_cache.manifest(HARDWARE, engine.dtype, engine.plan, serving.compile_options, serving.model_dir)
+    valid_for = compile_cache.manifest(
+        hardware.detect(), engine.dtype, engine.plan, serving.compile_options, serving.model_dir
+    )
     return compile_cache.HostCache(root, valid_for)
 
 

@@ -1,8 +1,9 @@
 """The handler's configuration: one frozen, typed record parsed from model-config.yaml.
 
-TorchServe hands the handler the whole yaml as `context.model_yaml_config`. Its own keys
-(`minWorkers`, `batchSize`, ...) stay where TorchServe reads them; the standard `pt2: compile:`
-section is honoured; everything of ours lives under `handler:`. Unknown keys and bad values raise
+An archive's model-config.yaml holds TorchServe's own keys (`minWorkers`, `batchSize`,
+`asyncCommunication`...), which each server reads for itself (handlers/servers/), and ours under
+`handler:`, parsed here under any server, with the standard `pt2: compile:` section honoured as the
+archive's compile settings. Unknown keys and bad values raise
 `ConfigError` naming the key, the value and what is allowed, so `initialize` fails loudly.
 Each key's meaning and the reason for its default sit beside it, once: docs/configuration.md is
 generated from them (scripts/config_table.py).
@@ -10,6 +11,8 @@ generated from them (scripts/config_table.py).
 
 import dataclasses
 from typing import Any, Callable
+
+from ts_compiled_handlers.request.answer_budget import DEFAULT_LIMIT as DEFAULT_ANSWER_BYTES
 
 TASKS = ("embedding", "sparse-embedding", "text-classification", "token-classification", "text-generation")
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
@@ -234,8 +237,8 @@ class CompileConfig:
         _cache_dir,
         "auto",
         meaning="where the workers of a host share compiled kernels (handlers/startup/compile_cache.py): "
-        "`auto` = `$COMPILED_HANDLERS_CACHE_DIR` (`off` there turns it off host-wide), else "
-        "`<tmp>/compiled-handlers-cache`; an absolute path; `off` leaves inductor's own cache alone",
+        "`auto` = `$HFSERVE_CACHE_DIR` (`off` there turns it off host-wide), else "
+        "`<tmp>/hfserve-<uid>/compile-cache`; an absolute path; `off` leaves inductor's own cache alone",
         why="a restarted or added worker loads instead of compiling",
     )
 
@@ -368,24 +371,28 @@ class HandlerConfig:
         meaning="texts per request (a longer list gets 413)",
         why="bounds what one request can make a worker hold",
     )
+    max_response_bytes: int = _option(
+        _positive_int,
+        DEFAULT_ANSWER_BYTES,
+        meaning="the most bytes of JSON one request is answered with: a larger answer gets 413 naming what to send "
+        "instead (fewer texts, `top_k`...), refused before it is made where its size follows from the request "
+        "(tokens, texts x dimensions); keep it under TorchServe's `max_response_size`",
+        why="6 MiB, under TorchServe's own default `max_response_size` (6.5 MB; 32 MiB in our config.properties), "
+        "past which the frontend drops the worker's connection and its whole batch fails; 64 texts of a "
+        "4096-wide embedding take ~3 MB, of a SPLADE model ~6 MB in TEI's form",
+    )
     buckets: BucketConfig = _section(BucketConfig)
     compile: CompileConfig = _section(CompileConfig)
     warmup: WarmupConfig = _section(WarmupConfig)
     embedding: EmbeddingConfig = _section(EmbeddingConfig)
     generation: GenerationConfig = _section(GenerationConfig)
     scheduler: SchedulerConfig = _section(SchedulerConfig)
-    # Not `handler:` keys: TorchServe's minWorkers, used to share the cores between workers, its
-    # asyncCommunication, which hands requests to the worker as they come (handlers/loops/scheduled_requests.py), and
-    # its continuousBatching, which runs generation as a decode loop (handlers/loops/decode_loop.py).
-    workers: int = dataclasses.field(default=1, metadata={"internal": True})
-    asynchronous: bool = dataclasses.field(default=False, metadata={"internal": True})
-    continuous: bool = dataclasses.field(default=False, metadata={"internal": True})
 
 
 def _parse_section(cls, raw: Any, key: str):
     if raw is None:
         raw = {}
-    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     if not isinstance(raw, dict):
         raise ConfigError(key, raw, f"a mapping with keys {', '.join(fields)}")
     for name in raw:
@@ -412,13 +419,6 @@ def _pt2_compile(yaml_config: dict) -> dict:
     return merged
 
 
-def check_async_batch_size(batch_size: Any) -> None:
-    """TorchServe 0.12's AsyncBatchAggregator removes each job from the map it is iterating over, so
-    a second request in one message throws ConcurrentModificationException and the worker dies."""
-    if batch_size not in (None, 1):
-        raise ConfigError("batchSize", batch_size, "1 with asyncCommunication (TorchServe 0.12 fails on more)")
-
-
 def parse(yaml_config: dict | None) -> HandlerConfig:
     """The HandlerConfig for a model-config.yaml; `handler.compile` wins over `pt2.compile`."""
     yaml_config = yaml_config or {}
@@ -435,13 +435,4 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
             config.generation.default_new_tokens,
             f"at most generation.max_new_tokens ({config.generation.max_new_tokens})",
         )
-    continuous = _boolean(yaml_config.get("continuousBatching", False), "continuousBatching")
-    if continuous and config.task != "text-generation":
-        raise ConfigError("continuousBatching", True, f"false for task {config.task}: only text-generation runs a loop")
-    asynchronous = _boolean(yaml_config.get("asyncCommunication", False), "asyncCommunication")
-    if asynchronous and config.task == "text-generation":
-        raise ConfigError("asyncCommunication", True, "false for text-generation: it runs continuousBatching")
-    if asynchronous:
-        check_async_batch_size(yaml_config.get("batchSize", 1))
-    workers = _positive_int(yaml_config.get("minWorkers", 1), "minWorkers")
-    return dataclasses.replace(config, workers=workers, asynchronous=asynchronous, continuous=continuous)
+    return config

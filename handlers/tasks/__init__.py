@@ -1,13 +1,14 @@
 """Tasks as plain objects: what a model reads, which request parameters it takes, what it answers per text.
 
-A task knows nothing of servers or loops. Building reads its hooks (the module to compile, the
-length limit, the bucket plan, the engine: handlers/startup/serving.py's `Task` contract); the worker
+A task knows nothing of servers or loops. The startup room (handlers/startup/) reads its building
+hooks below (the module to compile, the length limit, the bucket plan, the engine); the worker
 (handlers/worker/worker.py) reads the rest: `protocols`, `param_checks`, `model_texts` and `answer`.
-One subclass per task: embedding, classification, token classification, generation.
+One subclass per task (handlers/tasks/registry.py names them all): embeddings, sparse embeddings,
+classification, token classification, generation.
 """
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,7 +21,10 @@ from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.request.payload import ParamCheck, boolean_param, choice_param
 from ts_compiled_handlers.request.tokenizing import SIDES, Accepted
-from ts_compiled_handlers.startup.config import HandlerConfig
+
+if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
+    from ts_compiled_handlers.startup.config import HandlerConfig
+
 
 # Per request: `truncate: false` refuses a text over the limit (413) whatever `buckets.overflow`
 # says, `true` cuts it; `truncation_direction` says which end is cut (TEI's and vLLM's names).
@@ -30,6 +34,8 @@ TRUNCATION_PARAMS = {"truncate": boolean_param, "truncation_direction": choice_p
 class Task:
     """The hooks every task shares, with their defaults."""
 
+    NAME = ""  # the task's name in model-config.yaml (`handler.task`) and `hfserve build --task`
+    AOT = True  # it may be served from an AOT package (handlers/startup/aot_package.py)
     PARAMS: dict[str, ParamCheck] = {}
     PER_TOKEN = False  # the model's outputs are per token (token classification), not per text
     PAIRS = False  # the task takes text pairs (a cross-encoder)
@@ -41,15 +47,16 @@ class Task:
     # Tried in order for a request's route; a protocol is one module (handlers/protocols/).
     protocols: tuple[Protocol, ...] = (KServeV2Protocol(), PlainProtocol())
 
-    def __init__(self, config: HandlerConfig):
+    def __init__(self, config: "HandlerConfig", continuous: bool = False):
         self.config = config
+        self.continuous = continuous  # generation as a decode loop (handlers/startup/placement.py)
 
     # -- building (handlers/startup/build_steps.py, handlers/startup/aot_start.py) --------------------------------
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         """The float32 module to compile: forward(input_ids, attention_mask) -> (batch, ...)."""
         raise NotImplementedError
 
-    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
+    def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
         """The model's own length limit, if it has one; it caps the largest bucket."""
         return None
 
@@ -65,7 +72,7 @@ class Task:
         """What the task reads from the model's files besides the module (labels, pooling): a
         worker serving an AOT package never builds the module."""
 
-    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig) -> buckets.BucketPlan:
+    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig") -> buckets.BucketPlan:
         return plan
 
     def graphs_needed(self, plan: buckets.BucketPlan) -> int:

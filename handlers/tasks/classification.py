@@ -9,6 +9,7 @@ token types where the model has them (BERT); packed rows carry them too. The rer
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,7 +23,6 @@ from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiPredictProtocol, TeiRerankProtocol
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.startup.serving import Serving
 from ts_compiled_handlers.tasks import Task, logit_score
 from ts_compiled_handlers.tasks.labels import (
     SCORE_FUNCTIONS,
@@ -32,13 +32,17 @@ from ts_compiled_handlers.tasks.labels import (
     score_function,
     top_labels,
 )
+from ts_compiled_handlers.tasks.model_files import named_prompts, read_json
 from ts_compiled_handlers.tasks.pair_texts import PairTexts
-from ts_compiled_handlers.tasks.pooling import named_prompts, read_json
+
+if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
+    from ts_compiled_handlers.startup.serving import Serving
 
 
 class ClassificationTask(Task):
     """`{"inputs": "text", "top_k": 1}` -> `[{"label": ..., "score": ...}]`; a list in gets a list of those."""
 
+    NAME = "text-classification"
     PARAMS = {"top_k": optional_top_k, "raw_scores": boolean_param}  # raw_scores: the logits, as TEI's
     PAIRS = True
     protocols = (
@@ -51,7 +55,7 @@ class ClassificationTask(Task):
         *TEI_ROUTES,
     )
 
-    def read_settings(self, serving: Serving) -> None:
+    def read_settings(self, serving: "Serving") -> None:
         model_dir, model_config = serving.model_dir, serving.model_config
         self.causal = logit_score.is_causal_lm(model_config)  # an LLM reranker (handlers/tasks/logit_score.py)
         if self.causal:
@@ -88,7 +92,7 @@ class ClassificationTask(Task):
         texts = request.texts
         return self.pair_texts(texts) if texts and isinstance(texts[0], tuple) else texts
 
-    def engine(self, model: ModelRunner, serving: Serving, dtype: torch.dtype, layout: Layout) -> Engine:
+    def engine(self, model: ModelRunner, serving: "Serving", dtype: torch.dtype, layout: Layout) -> Engine:
         token_types = self.token_types and not self.pair_texts.chat  # a rendered pair is one text
         return super().engine(model, serving, dtype, dataclasses.replace(layout, token_types=token_types))
 

@@ -9,7 +9,7 @@ Per request: `normalize`, `prompt_name` (one of the model's prompts, else its de
 """
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,18 +20,26 @@ from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProt
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol
+from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.runtime.json_text import float32_rows
-from ts_compiled_handlers.startup.config import HandlerConfig
 from ts_compiled_handlers.tasks import Task
-from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, named_prompts, normalizes, pooling_modes, read_json
+from ts_compiled_handlers.tasks.model_files import named_prompts, read_json
+from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, normalizes, pooling_modes
+
+if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
+    from ts_compiled_handlers.startup.config import HandlerConfig
+
 
 NORM_EPS = 1e-12  # torch.nn.functional.normalize's floor on a vector's norm
+FLOAT_BYTES = 5  # the fewest bytes a value takes in an answer: base64's 16/3 (JSON's shortest float32s: ~12)
 
 
 class EmbeddingTask(Task):
     """`{"inputs": "text"}` -> `{"embedding": [...]}`; a list in gets a list out."""
+
+    NAME = "embedding"
 
     protocols = (
         KServeV2Protocol(),
@@ -108,7 +116,7 @@ class EmbeddingTask(Task):
         )
         return SentenceEmbedder(encoder, self.pooling)
 
-    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
+    def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
         return read_json(model_dir / "sentence_bert_config.json", {}).get("max_seq_length")
 
     def model_texts(self, request: Request) -> list:
@@ -120,6 +128,9 @@ class EmbeddingTask(Task):
         """In numpy: after the model call every small op runs on cold caches, and torch's each go
         through its dispatcher (docs/performance.md, "Where a request's CPU goes")."""
         params = accepted.request.params
+        values = len(rows) * params.get("dimensions", rows[0].shape[-1])
+        field = accepted.request.protocol.texts_field
+        AnswerBudget(self.config.max_response_bytes).check(values, FLOAT_BYTES, "values", field, "send fewer texts")
         embeddings = np.stack([row.numpy() for row in rows])  # (texts, H) float32
         if "dimensions" in params:
             embeddings = embeddings[:, : params["dimensions"]]

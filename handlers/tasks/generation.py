@@ -1,6 +1,7 @@
 """Text generation with a static KV cache and a compiled decode step: the prompts, their parameters, their answers.
 
-Two loops serve it, chosen by TorchServe's own `continuousBatching` key of model-config.yaml:
+Two loops serve it, chosen where the worker sits (handlers/startup/placement.py: TorchServe's
+`continuousBatching`; a Ray replica always runs the decode loop):
 - continuous (`true`): prompts hold slots of a running decode loop, joining and leaving it between
   steps (handlers/loops/decode_loop.py, handlers/engine/kv_slots.py): one compiled step of shape (slots, 1);
 - request batches (`false`): the prompts of a batch generate together (up to the largest batch
@@ -13,18 +14,19 @@ the form of the request's protocol (JSON lines for this package's own bodies).
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.engine.decode_step import DecodeStep
 from ts_compiled_handlers.engine.decoder import DecoderEngine
 from ts_compiled_handlers.engine.kv_slots import SlotStep
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import ModelRunner
 from ts_compiled_handlers.engine.sampling import Sampler
-from ts_compiled_handlers.engine.static_decoding import CachePool, DecodeStep
+from ts_compiled_handlers.engine.static_decoding import CachePool
 from ts_compiled_handlers.protocols import Served
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import ModelsProtocol
@@ -32,11 +34,14 @@ from ts_compiled_handlers.protocols.openai_generation import ChatCompletionsProt
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.request.payload import RequestError, boolean_param, int_param, is_unicode_text, number_param
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.startup.config import HandlerConfig
-from ts_compiled_handlers.startup.serving import Serving
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.chat import messages_to_inputs
 from ts_compiled_handlers.tasks.continuation import Continuation, Job
+
+if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
+    from ts_compiled_handlers.startup.config import HandlerConfig
+    from ts_compiled_handlers.startup.serving import Serving
+
 
 MAX_STOP_LENGTH = 64
 AUTO_PROMPT_TOKENS = 256  # the largest prompt bucket of `seq_lens: auto` (see adapt_plan)
@@ -54,6 +59,8 @@ def refuse_sliding_window(model_config, continuous: bool) -> None:
 class GenerationTask(Task):
     """`{"inputs": "prompt", "max_new_tokens": 20}` -> `{"generated_text": ..., "finish_reason": ...}`."""
 
+    NAME = "text-generation"
+    AOT = False  # the decode step over a static KV cache is compiled, never exported
     FREEZES = False
 
     protocols = (
@@ -64,12 +71,8 @@ class GenerationTask(Task):
         ModelsProtocol(),
     )
 
-    @property
-    def continuous(self) -> bool:
-        return self.config.continuous
-
     # -- configuration and model ------------------------------------------------------------
-    def read_settings(self, serving: Serving) -> None:
+    def read_settings(self, serving: "Serving") -> None:
         self.tokenizer = serving.tokenizer
         refuse_sliding_window(serving.model_config, self.continuous)
         if (serving.model_dir / "generation_config.json").is_file():
@@ -90,11 +93,11 @@ class GenerationTask(Task):
     def configure_tokenizer(self, tokenizer) -> None:
         tokenizer.truncation_side = "left"  # an over-long prompt keeps its end, which generation continues
 
-    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
+    def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
         positions = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).max_position_embeddings
         return positions - config.generation.max_new_tokens
 
-    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig) -> buckets.BucketPlan:
+    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig") -> buckets.BucketPlan:
         """Static shapes always: the decode step's shapes are fixed by its cache, one graph per batch
         bucket. `seq_lens: auto` stops at 256 prompt tokens: every decode step reads the whole cache."""
         seq_lens = plan.seq_lens
@@ -111,7 +114,7 @@ class GenerationTask(Task):
         )
         return SlotStep(lm) if self.continuous else DecodeStep(lm)
 
-    def engine(self, model: ModelRunner, serving: Serving, dtype: torch.dtype, layout: Layout) -> DecoderEngine:
+    def engine(self, model: ModelRunner, serving: "Serving", dtype: torch.dtype, layout: Layout) -> DecoderEngine:
         plan = serving.plan
         cache_len = plan.max_seq_len + serving.config.generation.max_new_tokens
         caches = CachePool(serving.model_config, cache_len, plan.max_batch, dtype, serving.device)

@@ -1,12 +1,11 @@
 """sentence-transformers pooling, read from the model's own files and run inside the compiled graph."""
 
-import json
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ts_compiled_handlers.engine.packing import pool_per_text
+from ts_compiled_handlers.tasks.model_files import module_folder, read_json
 
 # sentence-transformers' poolings as its Pooling config names them (`pooling_mode`, 6.x), and the
 # older boolean flags for them, in the order it concatenates them.
@@ -19,22 +18,6 @@ LEGACY_FLAGS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-
-
-def read_json(path: Path, default: Any) -> Any:
-    return json.loads(path.read_text()) if path.is_file() else default
-
-
-def named_prompts(settings: dict) -> dict[str, str]:
-    """A config_sentence_transformers.json's prompts by name (a null one is no prompt)."""
-    return {name: text for name, text in (settings.get("prompts") or {}).items() if text is not None}
-
-
-def module_folder(model_dir: Path, kind: str) -> Path | None:
-    """The folder of the model's sentence-transformers module of `kind` (`Pooling`, `Normalize`, ...)."""
-    modules = read_json(model_dir / "modules.json", [])
-    found = next((module for module in modules if module["type"].endswith("." + kind)), None)
-    return None if found is None else model_dir / found.get("path", "")
 
 
 def pooling_modes(model_dir: Path) -> tuple[str, ...]:

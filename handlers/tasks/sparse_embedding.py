@@ -6,6 +6,8 @@ vocabulary-sized vector per text, most of it zeros, answered as its non-zero ent
 `max_active_dims` by default, as `encode` keeps them), `threshold` drops values at or below it (off
 by default), and `prompt_name` as for dense embeddings. The pooling runs inside the compiled graph
 in vocabulary slices (handlers/tasks/splade.py), so a call never holds every token's logits at once.
+A request's entries are counted before they are listed: past the answer budget
+(handlers/request/answer_budget.py) it gets 413 asking for `top_k` or `threshold`.
 """
 
 from pathlib import Path
@@ -17,16 +19,16 @@ from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedSparseProtocol
+from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import splade
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-from ts_compiled_handlers.tasks.pooling import read_json
+from ts_compiled_handlers.tasks.model_files import read_json
 
-# The most (index, value) entries one request is answered with: at most ~48 bytes each in TEI's
-# form, 24 MB, under config.properties' max_response_size (32 MiB). A longer answer would make
-# TorchServe drop the worker's connection, and with it every request of the batch.
-MAX_ENTRIES = 500_000
+# The fewest bytes an (index, value) entry takes in an answer, in practice: ~25 in ours (a 5-digit
+# index, a float's 17 digits), ~45 in TEI's `{"index", "value"}`.
+ENTRY_BYTES = 16
 
 
 def top_k_param(value: Any, name: str) -> int | None:
@@ -41,6 +43,12 @@ def threshold_param(value: Any, name: str) -> float:
     return float(value)
 
 
+def kept_count(row: torch.Tensor, top_k: int | None, threshold: float) -> int:
+    """How many entries `sparse_entries` keeps of a vector, without listing them."""
+    above = int((row > threshold).sum())
+    return above if top_k is None else min(top_k, above)
+
+
 def sparse_entries(row: torch.Tensor, top_k: int | None, threshold: float) -> tuple[list[int], list[float]]:
     """A vector's entries above `threshold` (the `top_k` largest of them), in index order."""
     indices = (row > threshold).nonzero().squeeze(1)
@@ -53,6 +61,8 @@ def sparse_entries(row: torch.Tensor, top_k: int | None, threshold: float) -> tu
 
 class SparseEmbeddingTask(EmbeddingTask):
     """`{"inputs": "text"}` -> `{"indices": [...], "values": [...]}`; a list in gets a list out."""
+
+    NAME = "sparse-embedding"
 
     protocols = (KServeV2Protocol(), PlainProtocol(), TeiEmbedSparseProtocol(), *TEI_ROUTES)
 
@@ -85,13 +95,11 @@ class SparseEmbeddingTask(EmbeddingTask):
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         params = accepted.request.params
         top_k, threshold = params.get("top_k", self.max_active_dims), params.get("threshold", 0.0)
+        entries = sum(kept_count(row, top_k, threshold) for row in rows)
+        remedy = "send top_k or threshold (or fewer texts)"
+        AnswerBudget(self.config.max_response_bytes).check(entries, ENTRY_BYTES, "non-zero values", "top_k", remedy)
         answers = []
         for row in rows:
             indices, values = sparse_entries(row, top_k, threshold)
             answers.append({"indices": indices, "values": values})
-        entries = sum(len(answer["indices"]) for answer in answers)
-        if entries > MAX_ENTRIES:
-            raise RequestError(
-                413, f"the answer holds {entries} non-zero values, over {MAX_ENTRIES}: send top_k or threshold"
-            )
         return answers

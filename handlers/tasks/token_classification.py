@@ -14,6 +14,7 @@ from ts_compiled_handlers.tasks.labels import TokenLogits
 class TokenClassificationTask(Task):
     """`{"inputs": "text", "aggregation_strategy": "simple"}` -> `[{"entity_group", "score", "word", ...}]`."""
 
+    NAME = "token-classification"
     PARAMS = {"aggregation_strategy": choice_param(*AGGREGATIONS)}
     PER_TOKEN = True
     OFFSETS = True  # entities carry their start and end in the text

@@ -25,7 +25,8 @@ import torch
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Call
-from ts_compiled_handlers.protocols import RequestSpec, Served, for_route, read_request
+from ts_compiled_handlers.protocols import Answered, Protocol, RequestSpec, Served, for_route, read_request
+from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.outcome import refusal
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted, TextTokenizer, Tokenized
@@ -34,8 +35,9 @@ from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.runtime.metrics import MetricsSink
 from ts_compiled_handlers.runtime.process_settings import ThreadShare
 from ts_compiled_handlers.startup import build_steps
-from ts_compiled_handlers.startup.config import parse
-from ts_compiled_handlers.startup.serving import Placement, Serving, Started, read_serving
+from ts_compiled_handlers.startup.config import HandlerConfig, parse
+from ts_compiled_handlers.startup.placement import Placement
+from ts_compiled_handlers.startup.serving import Serving, Started, read_serving
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.worker import ready_report
 from ts_compiled_handlers.worker.traffic_stats import LengthStats
@@ -89,12 +91,19 @@ class Worker:
     traced_threads: set[int] = dataclasses.field(default_factory=set)
 
     @classmethod
-    def build(cls, placement: Placement, task_class: type[Task], metrics: MetricsSink = NULL_SINK, progress=None):
+    def build(
+        cls,
+        placement: Placement,
+        task_class: type[Task],
+        metrics: MetricsSink = NULL_SINK,
+        progress=None,
+        config: HandlerConfig | None = None,
+    ):
         """The worker, ready: engine built, warmed over the grid, checked; `progress(done, total)`
-        is told of each warmed shape (the build's bar)."""
+        is told of each warmed shape (the build's bar); `config`: the placement's, parsed already."""
         began = time.perf_counter()
         allocator.log_in_use()  # a serving worker's, not a build's or a benchmark's
-        task, serving, threads = cls.read(placement, task_class)
+        task, serving, threads = cls.read(placement, task_class, config)
         engine, started = build_steps.build_engine(task, serving, progress)
         engine.model.mark_ready()
         config = serving.config
@@ -121,6 +130,7 @@ class Worker:
                 serving.tokenizer,
                 tei_info(placement, task, engine, config),
                 task.prompts,
+                AnswerBudget(config.max_response_bytes),
             ),
             LengthStats(placement.model_name, config.buckets.histogram_every),
             metrics,
@@ -130,10 +140,12 @@ class Worker:
         return worker
 
     @staticmethod
-    def read(placement: Placement, task_class: type[Task]) -> tuple[Task, Serving, ThreadShare]:
+    def read(
+        placement: Placement, task_class: type[Task], config: HandlerConfig | None = None
+    ) -> tuple[Task, Serving, ThreadShare]:
         """Everything before the model: the task, configuration, threads, tokenizer, plan (the AOT
         build starts here too)."""
-        task = task_class(parse(placement.yaml_config))
+        task = task_class(config or parse(placement.yaml_config), continuous=placement.continuous)
         serving, threads = read_serving(placement, task)
         task.read_settings(serving)
         return task, serving, threads
@@ -148,10 +160,14 @@ class Worker:
         return ready_report.model_source(self.engine, self.started)
 
     # -- the request path ---------------------------------------------------------------------
-    def accept(self, incoming: Incoming, index: int = 0) -> Accepted:
+    def accept(self, incoming: Incoming, index: int = 0) -> "Accepted | Reply":
         """The request read by the first protocol of its route that takes its body, checked and
-        tokenized; RequestError for a refusal, `Answered` for an answer without the model."""
-        request = read_request(incoming.body, incoming.content_type, incoming.route, self.task.protocols, self.spec)
+        tokenized for the model; or its reply already, where a protocol answers it without the model
+        (its body JSON text, within the answer budget). RequestError for a refusal."""
+        try:
+            request = read_request(incoming.body, incoming.content_type, incoming.route, self.task.protocols, self.spec)
+        except Answered as answered:
+            return Reply(self.encoded(answered.body, self.protocol_of(incoming.route)))
         return Accepted(index, request, self.tokenized(request))
 
     def tokenized(self, request) -> Tokenized:
@@ -183,12 +199,22 @@ class Worker:
 
     def reply(self, accepted: Accepted, rows: list[torch.Tensor]) -> "Reply":
         """The request's reply, its body encoded once, its usage in a header."""
-        return Reply(as_json(self.respond(accepted, rows)), headers={USAGE_HEADER: str(accepted.tokens)})
+        body = self.encoded(self.respond(accepted, rows), accepted.request.protocol)
+        return Reply(body, headers={USAGE_HEADER: str(accepted.tokens)})
+
+    def encoded(self, answer: Any, protocol: Protocol) -> str:
+        """An answer as JSON text, if it fits the answer budget (else a 413 naming the protocol's
+        field of texts): the last guard before TorchServe's `max_response_size` drops the worker."""
+        return self.spec.budget.check_text(as_json(answer), protocol.texts_field)
+
+    def protocol_of(self, route: str) -> Protocol:
+        """The route's last protocol, whose shape its refusals take (the plain one for an unknown route)."""
+        protocols = for_route(route, self.task.protocols)
+        return protocols[-1] if protocols else Protocol()
 
     def error_body(self, route: str, error: RequestError) -> Any:
         """A refusal in the shape of the route's protocols (the plain one for an unknown route)."""
-        protocols = for_route(route, self.task.protocols)
-        return protocols[-1].error(error) if protocols else error.body()
+        return self.protocol_of(route).error(error)
 
     def refused(self, route: str, error: BaseException, stage: str) -> "Reply":
         """The reply to a request that failed in `stage`: a bug is counted and logged, and a 500."""

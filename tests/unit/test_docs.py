@@ -66,6 +66,33 @@ def test_the_readme_shows_the_demo_and_the_test_command_first():
     assert [command for command in commands if command][:2] == ["bash scripts/demo.sh", "bash scripts/test.sh"]
 
 
+def headline() -> str:
+    """The README's **Headline.** paragraph, its lines joined by single spaces."""
+    found = re.search(r"^\*\*Headline\.\*\*(.*?)(?:\n\s*\n|\Z)", README.read_text(), re.MULTILINE | re.DOTALL)
+    assert found, "README.md has no **Headline.** paragraph"
+    return " ".join(found.group(1).split())
+
+
+def test_the_readme_headline_command_carries_the_batch_size_the_headline_claims():
+    """The headline says the batch size it was measured at, and its command sets that batch size,
+    so that the command reproduces the figure whatever the archives' default is at the time."""
+    text = headline()
+    claimed = re.findall(r"`batchSize` (\d+)|batchSize: (\d+)|batches of (?:up to )?(\d+)", text)
+    sizes = {size for groups in claimed for size in groups if size}
+    assert len(sizes) == 1, f"the headline should claim one batch size, claims {sorted(sizes) or 'none'}"
+    commands = re.findall(r"`(hfserve loadtest [^`]*)`", text)
+    assert len(commands) == 1, f"the headline should give one hfserve loadtest command, gives {len(commands)}"
+    flag = re.findall(r"--batch-size[ =](\d+)", commands[0])
+    assert flag == list(sizes), f"the headline claims batchSize {sizes.pop()}, its command sets --batch-size {flag}"
+
+
+def test_the_readme_headline_ratio_is_one_that_performance_md_records():
+    ratio = re.search(r"\*\*[^*]*?(\d+\.\d+x)\*\*", headline())
+    assert ratio, "the headline should give its ratio in bold, as 10.67x"
+    performance = (ROOT / "docs" / "performance.md").read_text()
+    assert ratio.group(1) in performance, f"the headline's {ratio.group(1)} is not in docs/performance.md"
+
+
 @pytest.mark.parametrize("page", ["performance.md", "design.md", "operations.md"])
 def test_the_pages_the_readme_sends_readers_to_exist(page):
     assert (ROOT / "docs" / page).is_file()

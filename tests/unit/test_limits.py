@@ -3,7 +3,7 @@
 import pytest
 from transformers import BertConfig, XLMRobertaConfig
 
-from ts_compiled_handlers.startup import serving
+from ts_compiled_handlers.startup import bucket_plan
 from ts_compiled_handlers.startup.config import parse
 
 
@@ -23,16 +23,16 @@ class Tokenizer:
     ],
 )
 def test_the_limit_is_the_smallest_the_model_states(own, stated, config, limit):
-    assert serving.length_limit(own, Tokenizer(stated), config) == limit
+    assert bucket_plan.length_limit(own, Tokenizer(stated), config) == limit
 
 
 def test_auto_buckets_double_up_to_the_limit_and_a_list_is_capped_at_it():
-    assert serving.doubling(512) == (16, 32, 64, 128, 256, 512)
-    assert serving.doubling(300) == (16, 32, 64, 128, 256, 300)
-    assert serving.doubling(8) == (8,)
-    auto = serving.bucket_plan(parse({}), 512)
+    assert bucket_plan.doubling(512) == (16, 32, 64, 128, 256, 512)
+    assert bucket_plan.doubling(300) == (16, 32, 64, 128, 256, 300)
+    assert bucket_plan.doubling(8) == (8,)
+    auto = bucket_plan.bucket_plan(parse({}), 512)
     assert auto.seq_lens == (16, 32, 64, 128, 256, 512) and auto.pack_tokens == 256 and auto.max_tokens == 4096
-    listed = serving.bucket_plan(parse({"handler": {"buckets": {"seq_lens": [16, 64, 1024]}}}), 512)
+    listed = bucket_plan.bucket_plan(parse({"handler": {"buckets": {"seq_lens": [16, 64, 1024]}}}), 512)
     assert listed.seq_lens == (16, 64, 512)
-    long = serving.bucket_plan(parse({"handler": {"buckets": {"max_tokens": 16384}}}), 8192)
+    long = bucket_plan.bucket_plan(parse({"handler": {"buckets": {"max_tokens": 16384}}}), 8192)
     assert long.seq_lens[-1] == 8192 and long.rows_for(8192) == 2

@@ -3,6 +3,7 @@ archives opened outside TorchServe, the replica's configuration and key, and the
 driver (tests/integration/test_ray.py runs them all on a real cluster)."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import stat
@@ -14,10 +15,12 @@ import pytest
 import yaml
 
 from ts_compiled_handlers.loops.decode_loop_driver import ContinuousRequests
+from ts_compiled_handlers.request.outcome import refusal
 from ts_compiled_handlers.runtime import package_files
 from ts_compiled_handlers.servers import inference_api
 from ts_compiled_handlers.servers.archive import Archive, ArchiveError, with_threads
 from ts_compiled_handlers.servers.inference_api import Route, route_of
+from ts_compiled_handlers.startup.placement import Loop, loop_of
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.worker.worker import Incoming, Reply
 
@@ -69,14 +72,20 @@ def test_the_frontend_s_refusals_have_torchserves_shape():
     assert inference_api.unauthorized().headers["WWW-Authenticate"] == "Bearer"
 
 
-def test_a_replica_serves_requests_one_at_a_time_with_its_cpus_as_threads():
-    encoder = ray_serve.for_replica(
-        {"batchSize": 8, "maxBatchDelay": 5, "minWorkers": 2, "handler": {"task": "embedding"}}, 2
-    )
-    assert encoder == {"minWorkers": 1, "asyncCommunication": True, "handler": {"task": "embedding", "threads": 2}}
-    generator = ray_serve.for_replica({"continuousBatching": True, "handler": {"task": "text-generation"}}, 0.5)
-    assert generator["continuousBatching"] and not generator["asyncCommunication"]
-    assert generator["handler"]["threads"] == 1  # a fraction of a CPU is still one thread
+def test_a_replica_serves_requests_one_at_a_time_with_its_cpus_as_threads(tmp_path):
+    opened = Archive.open(fake_archive(tmp_path), root=tmp_path / "unpacked")
+
+    def replica(yaml_config: dict, cpus: float):
+        return ray_serve.for_replica(dataclasses.replace(opened, yaml_config=yaml_config), cpus)
+
+    torchserve_keys = {"batchSize": 8, "maxBatchDelay": 5, "minWorkers": 2, "asyncCommunication": False}
+    placement, config = replica({**torchserve_keys, "handler": {"task": "embedding"}}, 2)
+    assert (placement.one_at_a_time, placement.continuous, placement.workers, config.threads) == (True, False, 1, 2)
+    assert loop_of(config.task, placement) is Loop.SCHEDULED
+    assert placement.yaml_config["batchSize"] == 8  # read as the archive has it, not rewritten for a loop
+    placement, config = replica({"handler": {"task": "text-generation"}}, 0.5)
+    assert loop_of(config.task, placement) is Loop.DECODE_LOOP
+    assert config.threads == 1  # a fraction of a CPU is still one thread
     assert with_threads({"handler": {"task": "embedding", "threads": 4}}, 1)["handler"]["threads"] == 4  # fixed: kept
     assert with_threads({"handler": {"task": "embedding"}}, None) == {"handler": {"task": "embedding"}}  # outside Ray
 
@@ -202,14 +211,24 @@ async def _all(replies):
     return [reply async for reply in replies]
 
 
-def test_a_defect_in_the_loop_ends_every_open_request_with_a_500():
+def test_a_defect_in_the_loop_ends_every_open_request_with_a_500_in_its_routes_shape():
+    refused_routes = []
+
+    def refused(route, error, stage):  # the worker's: the route's protocol shapes the body
+        refused_routes.append(route)
+        failed = refusal(error, stage)
+        return Reply(json.dumps(failed.body()), failed.status)
+
     class Broken:
+        worker = SimpleNamespace(refused=refused)
+
         def call(self, requests):
             raise RuntimeError("a bug")
 
     async def run():
         driver = ContinuousRequests(Broken(), SimpleNamespace(executor=ThreadPoolExecutor(1)))
-        return [reply async for reply in driver.serve(Incoming("x"))]
+        return [reply async for reply in driver.serve(Incoming("x", route="v1/completions"))]
 
     (reply,) = asyncio.run(run())
     assert reply.status == 500 and "a bug" not in reply.body
+    assert refused_routes == ["v1/completions"]

@@ -16,9 +16,9 @@ from ts.metrics.metric_type_enum import MetricTypes
 from ts_compiled_handlers.engine.buckets import BucketPlan
 from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.scripts import build_mar
-from ts_compiled_handlers.servers.torchserve import async_replies
+from ts_compiled_handlers.servers.torchserve import async_replies, settings
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-from ts_compiled_handlers.startup.config import ConfigError, parse
+from ts_compiled_handlers.startup.config import ConfigError
 from ts_compiled_handlers.worker.worker import Worker
 
 
@@ -108,11 +108,12 @@ def test_calls_report_their_tokens_and_each_requests_wait():
 
 
 def test_async_communication_is_read_checked_and_refused_for_generation():
-    assert parse({"asyncCommunication": True}).asynchronous and not parse({}).asynchronous
+    assert settings.read({"asyncCommunication": True}, "embedding")["one_at_a_time"]
+    assert not settings.read({}, "embedding")["one_at_a_time"]
     with pytest.raises(ConfigError, match="true | false"):
-        parse({"asyncCommunication": "yes"})
+        settings.read({"asyncCommunication": "yes"}, "embedding")
     with pytest.raises(ConfigError, match="continuousBatching"):
-        parse({"asyncCommunication": True, "handler": {"task": "text-generation"}})
+        settings.read({"asyncCommunication": True}, "text-generation")
 
 
 def test_an_async_archive_takes_requests_one_at_a_time_as_torchserve_0_12_needs():

@@ -22,17 +22,15 @@ from ts.protocol import otf_message_handler
 from ts.torch_handler.base_handler import BaseHandler
 
 from ts_compiled_handlers.loops.decode_loop import DecodeLoop
-from ts_compiled_handlers.loops.generation_batches import GenerationBatches
-from ts_compiled_handlers.loops.model_thread import ModelThread
-from ts_compiled_handlers.loops.request_batches import Batch, RequestBatches
+from ts_compiled_handlers.loops.request_batches import Batch
 from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
+from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import phrase
-from ts_compiled_handlers.servers.torchserve import async_replies, messages
+from ts_compiled_handlers.servers.torchserve import async_replies, messages, settings
 from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 from ts_compiled_handlers.startup.config import parse
-from ts_compiled_handlers.startup.serving import Placement
+from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import Task
-from ts_compiled_handlers.tasks.generation import GenerationTask
 from ts_compiled_handlers.worker.worker import Incoming, Reply, Worker
 
 logger = logging.getLogger(__name__)
@@ -58,23 +56,21 @@ class TorchServeHandler(BaseHandler):
             context.system_properties.get("batch_size"),
             context.system_properties.get("gpu_id"),
         )
+        config = parse(placement.yaml_config)  # once per worker
         sink = TorchServeSink(context)
         quiet_per_batch_lines()
-        build = (self.worker_class.build, placement, self.task_class, sink, self.warmup_progress)
-        if parse(placement.yaml_config).asynchronous:
-            model_thread, self.worker = ModelThread.start(*build)
-            self.loop = ScheduledRequests(self.worker, model_thread)
-        else:
-            self.worker = build[0](*build[1:])
-            self.loop = self.request_loop(self.worker)
+        self.worker, self.loop = start(
+            settings.placed(placement, self.task_class.NAME),
+            config,
+            self.task_class,
+            sink,
+            self.worker_class,
+            self.warmup_progress,
+            self.send_chunks,
+        )
         sink.declare_traffic_metrics()
         read_messages_from_memory()
         self.initialized = True
-
-    def request_loop(self, worker: Worker):
-        if not isinstance(worker.task, GenerationTask):
-            return RequestBatches(worker)
-        return DecodeLoop(worker) if worker.serving.config.continuous else GenerationBatches(worker, self.send_chunks)
 
     def handle(self, data, context):
         """One reply per request, in order; a request's failure is its own reply. Never raises.

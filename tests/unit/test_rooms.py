@@ -1,0 +1,123 @@
+"""The package's folders are its rooms (docs/design.md, "Module map"): few modules at the top, the
+rooms importing each other without a cycle, each server's code in its own room, modules of a size
+one can read, and nothing that re-execs a process."""
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+from ts_compiled_handlers.runtime import package_files
+
+PACKAGE = package_files.PACKAGE
+NAME = package_files.NAME
+TOOLS = set(package_files.TOOLS)
+
+
+def modules() -> list[Path]:
+    return sorted(
+        path
+        for path in PACKAGE.rglob("*.py")
+        if "__pycache__" not in path.parts and path.parts[len(PACKAGE.parts)] not in TOOLS
+    )
+
+
+def room(path: Path) -> str:
+    """`servers/torchserve/adapter.py` -> `servers.torchserve`; a top-level module -> ``."""
+    return ".".join(path.relative_to(PACKAGE).parts[:-1])
+
+
+def room_of_module(dotted: str) -> str | None:
+    """The room of an imported `ts_compiled_handlers.x.y` (a module or a name in one)."""
+    parts = dotted.split(".")[1:]
+    for length in range(len(parts), 0, -1):
+        folder = PACKAGE.joinpath(*parts[:length])
+        if folder.is_dir():
+            return ".".join(parts[:length])
+        if folder.with_suffix(".py").is_file():
+            return ".".join(parts[: length - 1])
+    return "" if not parts else None
+
+
+def runtime_imports(tree: ast.Module):
+    """Every import node outside `if TYPE_CHECKING:` blocks (type-only imports cannot cycle at run time)."""
+    type_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in ast.walk(block)
+    }
+    return [
+        node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in type_only
+    ]
+
+
+def imported_names(node) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level or not node.module:
+        return []
+    if node.module == NAME:
+        return [f"{NAME}.{alias.name}" for alias in node.names]
+    return [node.module]
+
+
+def top_room(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_at_most_eight_modules_at_the_top_and_at_least_six_rooms():
+    top = [path.name for path in PACKAGE.glob("*.py")]
+    rooms = [path for path in PACKAGE.iterdir() if (path / "__init__.py").is_file() and path.name not in TOOLS]
+    assert len(top) <= 8, top
+    assert len(rooms) >= 6, rooms
+
+
+def test_the_rooms_import_each_other_without_a_cycle():
+    edges = defaultdict(set)
+    for path in modules():
+        here = top_room(room(path))
+        for node in runtime_imports(ast.parse(path.read_text())):
+            for name in imported_names(node):
+                if name.startswith(f"{NAME}."):
+                    there = room_of_module(name)
+                    if there is not None and top_room(there) not in (here, "") and here:
+                        edges[here].add(top_room(there))
+
+    def reaches(start, goal, seen=()):
+        return any(step == goal or (step not in seen and reaches(step, goal, (*seen, step))) for step in edges[start])
+
+    cycles = [(a, b) for a in list(edges) for b in edges[a] if reaches(b, a)]
+    assert not cycles, dict(edges)
+
+
+def test_each_server_is_imported_only_in_its_own_room():
+    """`ts` only under servers/torchserve, `ray` only under servers/ray (the deprecated top-level
+    shims re-export Ray's room)."""
+    for path in modules():
+        imported = {
+            name.split(".")[0]
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for name in imported_names(node)
+        }
+        where = room(path)
+        if "ts" in imported:
+            assert where == "servers.torchserve", path
+        if "ray" in imported:
+            assert where == "servers.ray", path
+
+
+def test_only_the_torchserve_room_reads_a_context():
+    """TorchServe's `context` (its manifest, system properties, metrics) is read in its room alone."""
+    for path in modules():
+        tree = ast.parse(path.read_text())
+        arguments = {arg.arg for node in ast.walk(tree) if isinstance(node, ast.arguments) for arg in node.args}
+        if "context" in arguments:
+            assert room(path) == "servers.torchserve", path
+
+
+def test_no_module_is_over_450_lines_and_none_re_execs_a_process():
+    for path in modules():
+        text = path.read_text()
+        assert len(text.splitlines()) <= 450, path
+        assert "execve" not in text and "orig_argv" not in text, path
