@@ -49,10 +49,12 @@ def _bert_tokenizer(folder: Path):
     return tokenizer
 
 
-# BERT shapes: the tests' tiny one, and BERT-base's (12 layers, hidden 768) for depth benchmarks.
+# BERT shapes: the tests' tiny one, BERT-base's (12 layers, hidden 768) for depth benchmarks, and
+# all-MiniLM-L6-v2's (6 layers, hidden 384; benchmarks/gpu_check.py).
 BERT_SIZES = {
     "test": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
     "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+    "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
 }
 
 
