@@ -19,9 +19,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 import torch
+from fuzzing import nested_lists
 
 from ts_compiled_handlers.benchmarks.soak import INVALID_REQUESTS, soak
 from ts_compiled_handlers.scripts.build_mar import build
@@ -137,6 +139,42 @@ def test_one_bad_request_in_a_batch_does_not_spoil_the_others(server, name):
     for index, response in enumerate(responses):
         if index not in (3, 8):
             assert torch.allclose(embedding(response), alone[index], atol=1e-5)
+
+
+def test_hostile_bodies_in_a_batch_fail_alone_and_the_worker_keeps_its_pid_and_memory(server):
+    """A tokenize body of ~325k tokens (its answer once passed TorchServe's max_response_size, and the
+    frontend dropped the worker with its whole batch) and nested lists by the megabyte (~21x their
+    size once decoded), sent among ordinary requests of the same batches: each hostile one gets its
+    4xx, the others their own answers, from the same worker, whose memory stays bounded."""
+    name = "truncating"  # request batches of 4 within 50 ms
+    (pid,) = server.worker_pids(name)
+    before = psutil.Process(pid).memory_info().rss
+    texts = [f"alice sees {i} red houses by the river" for i in range(6)]
+    alone = [embedding(server.predict(name, {"inputs": text})) for text in texts]
+    url = f"{server.inference_url}/predictions/{name}/1.0"
+    headers = {**server.headers("inference"), "Content-Type": "application/json"}
+    hostile = [
+        ("tokenize", json.dumps({"inputs": "a " * 325_000}).encode()),
+        ("", nested_lists(1.0)),
+        ("", nested_lists(1.0, wrapped=True)),
+    ] * 2
+    sent = [("", json.dumps({"inputs": text}).encode()) for text in texts]
+    mixed = [request for pair in zip(hostile, sent, strict=True) for request in pair]
+
+    def post(request):
+        route, body = request
+        return requests.post(f"{url}/{route}" if route else url, data=body, headers=headers, timeout=120)
+
+    with ThreadPoolExecutor(len(mixed)) as pool:
+        responses = list(pool.map(post, mixed))
+    for index, response in enumerate(responses):
+        if index % 2 == 0:
+            assert 400 <= response.status_code < 500 and "error" in response.json(), response.text[:300]
+        else:
+            assert torch.allclose(embedding(response), alone[index // 2], atol=1e-5)
+    assert server.worker_pids(name) == [pid]
+    grown = psutil.Process(pid).memory_info().rss - before
+    assert grown < 100 * 2**20, f"the worker grew by {grown / 2**20:.0f} MiB"
 
 
 # -- compile failures ------------------------------------------------------------------------
