@@ -171,3 +171,17 @@ def as_client_sees(messages: list[dict]) -> tuple[int, bytes]:
     streamed = first["headers"].get("ts_stream_next")
     assert streamed == ("true" if first["code"] < 400 else None), first
     return first["code"], first["body"]
+
+
+# The first lines of a script run in a process where TorchServe cannot be imported (a Ray replica's
+# node, the lent GPU machine): any `import ts...` after them raises ImportError.
+NO_TORCHSERVE = """
+import importlib.abc, sys
+
+class NoTorchServe(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "ts" or name.startswith("ts."):
+            raise ImportError(f"{name}: TorchServe is not importable in this process")
+
+sys.meta_path.insert(0, NoTorchServe())
+"""

@@ -10,17 +10,11 @@ import textwrap
 
 import pytest
 import torch
+from fakes import NO_TORCHSERVE
 
-SCRIPT = textwrap.dedent(
+SCRIPT = NO_TORCHSERVE + textwrap.dedent(
     """
-    import importlib.abc, sys
-
-    class NoTorchServe(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "ts" or name.startswith("ts."):
-                raise ImportError(f"{name}: TorchServe is not importable in this process")
-
-    sys.meta_path.insert(0, NoTorchServe())
+    import sys
 
     from ts_compiled_handlers.benchmarks.gpu_check import main
 

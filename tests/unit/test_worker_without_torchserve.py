@@ -8,17 +8,11 @@ import sys
 import textwrap
 
 import pytest
+from fakes import NO_TORCHSERVE
 
-SCRIPT = textwrap.dedent(
+SCRIPT = NO_TORCHSERVE + textwrap.dedent(
     """
-    import asyncio, importlib.abc, json, sys
-
-    class NoTorchServe(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "ts" or name.startswith("ts."):
-                raise ImportError(f"{name}: TorchServe is not importable in this process")
-
-    sys.meta_path.insert(0, NoTorchServe())
+    import asyncio, json, sys
 
     import torch
     from sentence_transformers import SentenceTransformer
