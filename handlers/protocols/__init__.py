@@ -47,7 +47,7 @@ class Request:
 
     texts: list[str] | list[tuple[str, str]]
     params: dict[str, Any]
-    protocol: "Protocol"
+    protocol: "Protocol | None"  # None: an in-process caller (Ray Data), answered as arrays
     is_list: bool = True
     token_ids: list[list[int]] | None = None
     scoring: Literal["labels", "rerank"] = "labels"

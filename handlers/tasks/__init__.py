@@ -19,6 +19,7 @@ from ts_compiled_handlers.engine.runner import ModelRunner
 from ts_compiled_handlers.protocols import Protocol, Request
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.payload import ParamCheck, boolean_param, choice_param
 from ts_compiled_handlers.request.tokenizing import SIDES, Accepted
 
@@ -50,6 +51,11 @@ class Task:
     def __init__(self, config: "HandlerConfig", continuous: bool = False):
         self.config = config
         self.continuous = continuous  # generation as a decode loop (handlers/startup/placement.py)
+
+    def answer_budget(self, request: Request) -> AnswerBudget | None:
+        """What a request's answer may take (handlers/request/answer_budget.py): none for an
+        in-process caller's (no protocol: Ray Data's batches become arrays, never JSON)."""
+        return AnswerBudget(self.config.max_response_bytes) if request.protocol is not None else None
 
     # -- building (handlers/startup/build_steps.py, handlers/startup/aot_start.py) --------------------------------
     def build_model(self, model_dir: Path) -> torch.nn.Module:

@@ -20,7 +20,6 @@ from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProt
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol
-from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.runtime.json_text import float32_rows
@@ -129,8 +128,9 @@ class EmbeddingTask(Task):
         through its dispatcher (docs/performance.md, "Where a request's CPU goes")."""
         params = accepted.request.params
         values = len(rows) * params.get("dimensions", rows[0].shape[-1])
-        field = accepted.request.protocol.texts_field
-        AnswerBudget(self.config.max_response_bytes).check(values, FLOAT_BYTES, "values", field, "send fewer texts")
+        if budget := self.answer_budget(accepted.request):
+            field = accepted.request.protocol.texts_field
+            budget.check(values, FLOAT_BYTES, "values", field, "send fewer texts")
         embeddings = np.stack([row.numpy() for row in rows])  # (texts, H) float32
         if "dimensions" in params:
             embeddings = embeddings[:, : params["dimensions"]]

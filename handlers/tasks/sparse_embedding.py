@@ -19,7 +19,6 @@ from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedSparseProtocol
-from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import splade
@@ -97,7 +96,8 @@ class SparseEmbeddingTask(EmbeddingTask):
         top_k, threshold = params.get("top_k", self.max_active_dims), params.get("threshold", 0.0)
         entries = sum(kept_count(row, top_k, threshold) for row in rows)
         remedy = "send top_k or threshold (or fewer texts)"
-        AnswerBudget(self.config.max_response_bytes).check(entries, ENTRY_BYTES, "non-zero values", "top_k", remedy)
+        if budget := self.answer_budget(accepted.request):
+            budget.check(entries, ENTRY_BYTES, "non-zero values", "top_k", remedy)
         answers = []
         for row in rows:
             indices, values = sparse_entries(row, top_k, threshold)

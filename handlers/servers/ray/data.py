@@ -34,7 +34,7 @@ class ArchiveBatches:
         self.text_column = text_column
 
     def answers(self, texts: list[str]) -> list:
-        request = Request(texts, {}, None)
+        request = Request(texts, {}, protocol=None)  # answered as arrays: no protocol, no JSON budget
         accepted = Accepted(0, request, self.worker.tokenized(request))
         (rows,) = self.worker.run([accepted])
         return self.worker.task.answer(accepted, rows)
