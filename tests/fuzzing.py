@@ -194,25 +194,28 @@ def _deep(rng: random.Random, task: str) -> bytes:
     return rng.choice([nested, b'{"inputs": ' + nested + b"}", b'{"inputs": "x", "top_k": ' + nested + b"}"])
 
 
+def _unicode(rng: random.Random, task: str) -> bytes:
+    text = random_text(rng)
+    return rng.choice([dumps({"inputs": text}), dumps({"inputs": [text, "ok"]}), text.encode("utf-8", "surrogatepass")])
+
+
+_MAKERS = {  # kind -> the body of one hostile case of it
+    "bytes": lambda rng, task: bytes(rng.randrange(256) for _ in range(rng.randint(0, 64))),
+    "json": lambda rng, task: dumps(random_json(rng)),
+    "mutated": lambda rng, task: mutate(rng, dumps(valid_body(rng, task))),
+    "unicode": _unicode,
+    "params": lambda rng, task: dumps(_bad_params(rng, task)),
+    "deep": _deep,
+    "number": lambda rng, task: b'{"inputs": "x", "seed": ' + b"9" * rng.choice([4301, 20_000]) + b"}",
+    # nested lists by the megabyte: a few bytes each on the wire, ~21x that as Python lists
+    "nested": lambda rng, task: nested_lists(rng.uniform(0.2, 1.0), wrapped=rng.random() < 0.5),
+}
+
+
 def _body(rng: random.Random, task: str, kind: str) -> tuple[bytes, bool]:
     """(body, sent as v2) for one hostile case of `kind`."""
-    if kind == "bytes":
-        return bytes(rng.randrange(256) for _ in range(rng.randint(0, 64))), False
-    if kind == "json":
-        return dumps(random_json(rng)), False
-    if kind == "mutated":
-        return mutate(rng, dumps(valid_body(rng, task))), False
-    if kind == "unicode":
-        text = random_text(rng)
-        return rng.choice(
-            [dumps({"inputs": text}), dumps({"inputs": [text, "ok"]}), text.encode("utf-8", "surrogatepass")]
-        ), False
-    if kind == "params":
-        return dumps(_bad_params(rng, task)), False
-    if kind == "deep":
-        return _deep(rng, task), False
-    if kind == "number":
-        return b'{"inputs": "x", "seed": ' + b"9" * rng.choice([4301, 20_000]) + b"}", False
+    if kind in _MAKERS:
+        return _MAKERS[kind](rng, task), False
     if kind == "v2":
         return dumps(v2_envelope(rng, task)), True
     if kind in ("openai", "huge"):
@@ -220,7 +223,10 @@ def _body(rng: random.Random, task: str, kind: str) -> tuple[bytes, bool]:
     return dumps(valid_body(rng, task)), rng.random() < 0.2  # "valid": a well-formed body, any content type
 
 
-KINDS = ["bytes", "json", "mutated", "unicode", "params", "deep", "number", "v2", "openai", "openai", "valid", "huge"]
+KINDS = [
+    *("bytes", "json", "mutated", "unicode", "params", "deep", "number", "v2", "openai", "openai", "valid"),
+    *("huge", "nested"),
+]
 
 
 def hostile_cases(task: str, seed: int, count: int, name: str = "model"):

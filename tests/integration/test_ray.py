@@ -9,6 +9,7 @@ each; a third joins for the node test), shared by every test of the module, in t
 - Ray Data, after the Serve applications are gone: 2,000 texts, and `hfserve embed-corpus`.
 """
 
+import http.client
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -301,6 +303,39 @@ def test_hostile_bodies_get_the_same_answers_as_on_torchserve(cluster, tiny_arch
                 f"{case}: TorchServe {theirs.status_code} {theirs.text[:200]}, Ray {ours.status_code}: {error}"
             )
     assert not differences, "\n".join(differences[:10])
+
+
+def test_a_replica_survives_oversized_bodies_sized_or_streamed(cluster, tiny_archives):
+    """A body over `max_request_size` (TorchServe's 6,553,500 bytes) gets 413 whether its
+    Content-Length says so (refused before the body is read) or it comes in chunks without one (cut
+    off once past it); the replica keeps its pid and answers the next request."""
+    before = replicas("embedder")
+    url = f"{cluster.url}/predictions/embedder"
+    sized = post_in_parts(url, {"Content-Length": "20000000"}, [b"a" * 65536])
+    chunks = [b"a" * 1_000_000] * 6 + [b"a" * 600_000]  # 6.6 MB, and no last chunk: no end in sight
+    streamed = post_in_parts(url, {"Transfer-Encoding": "chunked"}, [b"%x\r\n%s\r\n" % (len(c), c) for c in chunks])
+    for status, body in (sized, streamed):
+        assert status == 413 and "max_request_size" in body, (status, body[:200])
+    ordinary = requests.post(url, json={"inputs": "still here"}, headers=AUTH, timeout=60)
+    assert ordinary.status_code == 200 and replicas("embedder") == before
+
+
+def post_in_parts(url: str, headers: dict, parts: list[bytes]) -> tuple[int, str]:
+    """A POST whose body is `parts` as they are: no more than the server reads before it answers,
+    so that no reset cuts its answer off while we still send. (status, body)."""
+    parsed = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
+    connection.putrequest("POST", parsed.path)
+    for name, value in {**AUTH, "Content-Type": "application/json", **headers}.items():
+        connection.putheader(name, value)
+    connection.endheaders()
+    for part in parts:
+        connection.send(part)
+    response = connection.getresponse()
+    try:
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
 
 
 def body_of(response: requests.Response):
