@@ -55,6 +55,11 @@ class Group:
     batch_size: int
     seq_len: int
 
+    @property
+    def tokens(self) -> int:
+        """Tokens the model computes for the group, padding and dummy rows included."""
+        return self.batch_size * self.seq_len
+
 
 def seq_bucket(length: int, seq_lens: tuple[int, ...]) -> int | None:
     """The smallest bucket that holds `length` tokens, or None when none does."""
@@ -129,4 +134,4 @@ def mark_dynamic_dims(tensor: torch.Tensor, dynamic: str) -> None:
 
 def padded_tokens(groups: list[Group]) -> int:
     """Tokens the model computes for these groups, padding and dummy rows included."""
-    return sum(group.batch_size * group.seq_len for group in groups)
+    return sum(group.tokens for group in groups)

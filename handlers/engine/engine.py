@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from ts_compiled_handlers.engine import buckets
-from ts_compiled_handlers.engine.layout import BatchIds, Call, Layout, call_inputs, text_rows
+from ts_compiled_handlers.engine.layout import BatchIds, Call, Layout, prepare_call
 from ts_compiled_handlers.engine.runner import ModelRunner
 
 
@@ -55,13 +55,10 @@ class Engine(OnModel):
         rows: list[torch.Tensor | None] = [None] * len(token_ids)
         with torch.inference_mode():
             for call in calls:
-                place = ids.placement(call)
-                inputs = call_inputs(ids, call, place, self.layout, self.pad_id)
-                if self.device.type != "cpu":
-                    inputs = {name: tensor.to(self.device) for name, tensor in inputs.items()}
-                output = self.model(inputs)
-                picked = text_rows(output, call, place, self.layout, self.per_token).float().cpu()
-                pieces = picked.split(place.lengths.tolist()) if self.per_token else picked.unbind(0)
-                for text, piece in zip(place.texts, pieces, strict=True):
+                prepared = prepare_call(ids, call, self.layout, self.pad_id, self.per_token, self.device)
+                output = self.model(prepared.inputs)
+                picked = output[prepared.pick].float().cpu()
+                pieces = picked.split(prepared.lengths) if self.per_token else picked.unbind(0)
+                for text, piece in zip(prepared.texts, pieces, strict=True):
                     rows[text] = piece
         return Outputs(rows, ids.lengths, calls)

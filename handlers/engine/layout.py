@@ -151,15 +151,34 @@ def filled(shape: tuple[int, int], fill: int, destination: np.ndarray, values) -
     return array
 
 
-def text_rows(output: torch.Tensor, call: Call, place: TextPlacement, layout: Layout, per_token: bool) -> torch.Tensor:
-    """The call's output rows of its real texts, in `place.texts` order, picked by one index each:
-    per text (texts, ...) from (rows, ...) or packed (rows, slots, ...); per token, the texts' tokens
-    end to end (tokens, ...) from (rows, seq_len, ...), for the caller to split by `place.lengths`.
-    Length groups' texts are picked by a slice, without a kernel: after the model call every small
-    op runs on cold caches."""
+@dataclasses.dataclass(frozen=True)
+class PreparedCall:
+    """A call's inputs, and which rows of its output are its texts', chosen before the call so that
+    the engine picks them alone after it: `output[pick]`, in `texts` order; per token, the texts'
+    tokens end to end, `lengths` each. Length groups' texts are a slice, no kernel: after the model
+    call every small op runs on cold caches."""
+
+    texts: list[int]
+    inputs: dict[str, torch.Tensor]
+    pick: slice | tuple[torch.Tensor, torch.Tensor]
+    lengths: list[int]
+
+
+def prepare_call(
+    ids: BatchIds, call: Call, layout: Layout, pad_id: int, per_token: bool, device: torch.device
+) -> PreparedCall:
+    """The call's inputs on `device`, and where each text's output row (or tokens) will be: per
+    text (rows, ...) or packed (rows, slots, ...) by its row and segment; per token (rows, seq_len,
+    ...) by each token's row and position."""
+    place = ids.placement(call)
+    inputs = call_inputs(ids, call, place, layout, pad_id)
+    if device.type != "cpu":
+        inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
     if per_token:
-        return output.flatten(0, 1)[torch.from_numpy(place.destination).to(output.device)]
-    if not layout.packed:  # a text per row (Layout.calls): the call's first rows, in order
-        return output[: len(place.row_of)]
-    slots = packing.text_slots(call.group.seq_len)
-    return output.flatten(0, 1)[torch.from_numpy(place.row_of * slots + place.segment - 1).to(output.device)]
+        row, column = np.divmod(place.destination, call.group.seq_len)
+    elif not layout.packed:  # a text per row (Layout.calls): the call's first rows, in order
+        return PreparedCall(place.texts, inputs, slice(0, len(place.row_of)), place.lengths.tolist())
+    else:  # a packed row's texts pooled into its slots, the first segment in the first
+        row, column = place.row_of, place.segment - 1
+    pick = (torch.from_numpy(row).to(device), torch.from_numpy(column).to(device))
+    return PreparedCall(place.texts, inputs, pick, place.lengths.tolist())

@@ -3,7 +3,7 @@
 Three steps, each overridable (TorchServe's handler shape, handlers/servers/torchserve/adapter.py):
 - preprocess: per request, the worker reads and tokenizes it (`Worker.accept`);
 - inference: the worker runs the accepted requests in one call, a failing call split until only
-  the culprit fails (`outcome.isolate`);
+  the culprit fails (`Worker.run_each`);
 - postprocess: per request, the worker's answer (Python values; `replies` encodes them once).
 Every step runs each request inside its own boundary (`Batch.guard`): what one request provokes
 is its own reply (its protocol's error body, its status), never the other requests'.
@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from ts_compiled_handlers.request.outcome import isolate
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.worker.worker import USAGE_HEADER, Incoming, Reply, Worker
@@ -85,7 +84,7 @@ class RequestBatches:
     def inference(self, batch: Batch) -> Batch:
         """The accepted requests' texts through the engine; a failing call split until it is isolated."""
         live = batch.live(batch.accepted)
-        outcomes = isolate(live, self.worker.run, self.count_split) if live else []
+        outcomes = self.worker.run_each(live, self.count_split) if live else []
         for accepted, outcome in zip(live, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 self.fail(batch, accepted.index, "inference", outcome)

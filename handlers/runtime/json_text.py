@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 import numpy as np
-import torch
 
 try:
     import orjson
@@ -21,11 +20,13 @@ except ImportError:  # served without it: the standard library, same values
 
 def as_json(answer: Any) -> str:
     """An answer as compact JSON text (a str goes as it is); NaN and other values JSON cannot carry
-    raise ValueError or TypeError. numpy arrays (`float32_rows`) are written by orjson directly."""
+    raise ValueError or TypeError. A float32 numpy row (C-contiguous) is written by orjson directly:
+    the floats that print shortest while reading back as the same float32 values, as TEI writes
+    embeddings (4.7 kB of JSON for a 384-value row instead of 8 kB for the float64 reprs of `tolist()`)."""
     if isinstance(answer, str):
         return answer
     if orjson is None:
-        return json.dumps(answer, allow_nan=False)
+        return json.dumps(answer, allow_nan=False, default=plain)
     try:
         text = orjson.dumps(answer, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
     except TypeError:  # what only the standard library carries (an integer past 64 bits)
@@ -35,20 +36,8 @@ def as_json(answer: Any) -> str:
     return text.decode()
 
 
-def float32_rows(matrix: torch.Tensor | np.ndarray) -> list:
-    """A float32 matrix's rows (torch or numpy) as orjson writes them: the floats that print
-    shortest while reading back as the same float32 values, as TEI writes embeddings (4.7 kB of
-    JSON for a 384-value row instead of 8 kB for the float64 reprs `tolist()` gives). The rows are
-    numpy arrays, which `as_json` writes directly; Python lists where orjson is missing."""
-    if isinstance(matrix, torch.Tensor):
-        matrix = matrix.detach().cpu().numpy() if matrix.dtype == torch.float32 else matrix
-    if orjson is None or not isinstance(matrix, np.ndarray) or matrix.dtype != np.float32:
-        return matrix.tolist()
-    return list(np.ascontiguousarray(matrix))
-
-
 def plain(value: Any) -> Any:
-    """A numpy row of `float32_rows` as the Python floats `as_json` would write (a NaN or infinity
+    """A numpy row as the Python floats `as_json` would write (a NaN or infinity
     kept, for the standard library to refuse); anything else refused, as the standard library's
     `default` does."""
     if not isinstance(value, np.ndarray):

@@ -51,11 +51,8 @@ class Task:
     def __init__(self, config: "HandlerConfig", continuous: bool = False):
         self.config = config
         self.continuous = continuous  # generation as a decode loop (handlers/startup/placement.py)
-
-    def answer_budget(self, request: Request) -> AnswerBudget | None:
-        """What a request's answer may take (handlers/request/answer_budget.py): none for an
-        in-process caller's (no protocol: Ray Data's batches become arrays, never JSON)."""
-        return AnswerBudget(self.config.max_response_bytes) if request.protocol is not None else None
+        # what one answer may take (handlers/request/answer_budget.py), checked before it is made
+        self.budget = AnswerBudget(config.max_response_bytes)
 
     # -- building (handlers/startup/build_steps.py, handlers/startup/aot_start.py) --------------------------------
     def build_model(self, model_dir: Path) -> torch.nn.Module:

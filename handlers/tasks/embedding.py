@@ -22,7 +22,6 @@ from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.runtime.json_text import float32_rows
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.model_files import named_prompts, read_json
 from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, normalizes, pooling_modes
@@ -128,12 +127,13 @@ class EmbeddingTask(Task):
         through its dispatcher (docs/performance.md, "Where a request's CPU goes")."""
         params = accepted.request.params
         values = len(rows) * params.get("dimensions", rows[0].shape[-1])
-        if budget := self.answer_budget(accepted.request):
+        if accepted.request.protocol is not None:  # answered as JSON (Ray Data's batches are arrays)
             field = accepted.request.protocol.texts_field
-            budget.check(values, FLOAT_BYTES, "values", field, "send fewer texts")
+            self.budget.check(values, FLOAT_BYTES, "values", field, "send fewer texts")
         embeddings = np.stack([row.numpy() for row in rows])  # (texts, H) float32
         if "dimensions" in params:
             embeddings = embeddings[:, : params["dimensions"]]
         if params.get("normalize", self.normalize_default):  # as torch.nn.functional.normalize
             embeddings = embeddings / np.maximum(np.linalg.norm(embeddings, axis=-1, keepdims=True), NORM_EPS)
-        return [{"embedding": embedding} for embedding in float32_rows(embeddings)]
+        # float32 rows, C-contiguous, as runtime/json_text.py's `as_json` writes them shortest
+        return [{"embedding": embedding} for embedding in np.ascontiguousarray(embeddings, dtype=np.float32)]

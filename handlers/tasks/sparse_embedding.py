@@ -96,8 +96,8 @@ class SparseEmbeddingTask(EmbeddingTask):
         top_k, threshold = params.get("top_k", self.max_active_dims), params.get("threshold", 0.0)
         entries = sum(kept_count(row, top_k, threshold) for row in rows)
         remedy = "send top_k or threshold (or fewer texts)"
-        if budget := self.answer_budget(accepted.request):
-            budget.check(entries, ENTRY_BYTES, "non-zero values", "top_k", remedy)
+        if accepted.request.protocol is not None:  # answered as JSON (Ray Data's batches are arrays)
+            self.budget.check(entries, ENTRY_BYTES, "non-zero values", "top_k", remedy)
         answers = []
         for row in rows:
             indices, values = sparse_entries(row, top_k, threshold)

@@ -22,12 +22,11 @@ from typing import Any
 
 import torch
 
-from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Call
 from ts_compiled_handlers.protocols import Answered, Protocol, RequestSpec, Served, for_route, read_request
 from ts_compiled_handlers.request.answer_budget import AnswerBudget
-from ts_compiled_handlers.request.outcome import refusal
+from ts_compiled_handlers.request.outcome import isolate, refusal
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted, TextTokenizer, Tokenized
 from ts_compiled_handlers.runtime import allocator
@@ -184,13 +183,17 @@ class Worker:
         outputs = self.engine.run(
             [ids for request in requests for ids in request.token_ids], type_ids=type_ids_of(requests)
         )
-        self.report_recompiles()
         self.record_traffic(outputs.lengths, outputs.calls)
         rows, position = [], 0
         for request in requests:
             rows.append(outputs.rows[position : position + len(request.token_ids)])
             position += len(request.token_ids)
         return rows
+
+    def run_each(self, requests: list[Accepted], on_split) -> list:
+        """`run` over the requests, a failing call split until only a request that fails alone gets
+        its exception (handlers/request/outcome.py): each request's rows, or its exception."""
+        return isolate(requests, self.run, on_split)
 
     def respond(self, accepted: Accepted, rows: list[torch.Tensor]) -> Any:
         """The request's body: the task's answers in its protocol's form."""
@@ -226,10 +229,13 @@ class Worker:
     # -- what the worker keeps track of -------------------------------------------------------
     def record_traffic(self, lengths: list[int], calls: list[Call]) -> None:
         """Count live traffic's lengths, padding (pack tails included) and texts per shape; export
-        the padded-token ratio since ready_report. Warm-up and re-tracing are not traffic."""
-        if not self.engine.model.ready:
+        them with the recompiles since ready, in one go. Warm-up and re-tracing are not traffic."""
+        ready = self.engine.model.ready
+        if ready:
+            self.lengths.record(lengths, sum(call.group.tokens for call in calls))
+        self.report_recompiles()
+        if not ready:
             return
-        self.lengths.record(lengths, buckets.padded_tokens([call.group for call in calls]))
         # 3 decimals: the ratio settles after some traffic, and a gauge is a log line only when it changes
         self.metrics.gauge("PaddedTokenRatio", round(self.lengths.padded_ratio, 3), "Ratio")
         prefix = "packed " if self.engine.layout.packed else ""

@@ -121,3 +121,26 @@ def test_an_answer_is_normalized_after_its_dimensions_as_torch_normalizes(params
     assert made.dtype == torch.float32 and made.shape == expected.shape
     assert torch.allclose(made, expected, rtol=1e-6, atol=1e-7)
     assert torch.equal(made[-1], torch.zeros_like(made[-1]))
+
+
+def test_a_request_batch_re_enters_at_most_3_modules_as_docs_design_md_counts_them(tiny_bert):
+    """docs/design.md's request path through TorchServe's request batches, traced: the modules it
+    re-enters (a package function called after the path left its module), as many as the docs say."""
+    import re
+    from pathlib import Path
+
+    from request_path import trace
+
+    handler = ready_handler(tiny_bert, compile={"enable": False})
+    bodies = [b'{"inputs": ["a b", "c"]}', b'{"inputs": ["d e f"]}']  # one request's path, twice
+
+    def one_batch():
+        return answered(handler, bodies)
+
+    first = one_batch()  # every lazy first time (imports, caches) out of the way
+    answers, path = trace(one_batch)
+    assert answers == first
+    design = (Path(__file__).parents[2] / "docs" / "design.md").read_text()
+    documented = int(re.search(r"\*\*Re-entries: (\d+)\.\*\* ", design[design.index("### How one request flows") :])[1])
+    assert len(path.reentries) == documented <= 3, path.reentries
+    assert "worker/worker.py" not in {module for module, _ in path.reentries}

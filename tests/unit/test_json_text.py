@@ -4,6 +4,7 @@ carry refused with or without orjson."""
 import json
 import math
 
+import numpy as np
 import pytest
 
 from ts_compiled_handlers.runtime import json_text
@@ -42,29 +43,41 @@ def test_text_goes_as_it_is(encoder):
     assert encoder('{"already": "json"}') == '{"already": "json"}'
 
 
+def rows_of(matrix) -> list:
+    """A float32 matrix's rows as the embedding task answers them (handlers/tasks/embedding.py)."""
+    return list(np.ascontiguousarray(matrix, dtype=np.float32))
+
+
 def test_embeddings_print_shortest_and_read_back_as_the_same_float32_values():
     import torch
 
     matrix = torch.nn.functional.normalize(torch.randn(3, 384, generator=torch.Generator().manual_seed(0)), dim=-1)
-    text = json_text.as_json([{"embedding": row} for row in json_text.float32_rows(matrix)])
+    rows = rows_of(matrix.numpy())
+    text = json_text.as_json([{"embedding": row} for row in rows])
     read = torch.tensor([answer["embedding"] for answer in json.loads(text)], dtype=torch.float32)
     assert torch.equal(read, matrix)  # every value the same float32
     assert len(text) < 0.65 * len(json.dumps(matrix.tolist()))
-    rows = json_text.float32_rows(matrix)
     assert json_text.as_json([json_text.plain(row) for row in rows]) == json_text.as_json(rows)  # plain(): same text
-    sliced = matrix[:, :64]  # `dimensions`: a view that is not contiguous
-    assert torch.equal(torch.tensor(json.loads(json_text.as_json(json_text.float32_rows(sliced)))), sliced)
-    assert json_text.float32_rows(matrix.double()) == matrix.double().tolist()  # float32 only
-    assert json_text.as_json(json_text.float32_rows(matrix.numpy())) == json_text.as_json(rows)  # numpy alike
-    as_text = json_text.as_json
-    assert as_text(json_text.float32_rows(sliced.numpy())) == as_text(json_text.float32_rows(sliced))
+    sliced = matrix.numpy()[:, :64]  # `dimensions`: a view that is not contiguous
+    assert torch.equal(torch.tensor(json.loads(json_text.as_json(rows_of(sliced)))), matrix[:, :64])
+    not_contiguous = json_text.as_json([row for row in sliced])  # orjson refuses them: the standard library's way
+    assert torch.equal(torch.tensor(json.loads(not_contiguous)), matrix[:, :64])
+
+
+def test_without_orjson_numpy_rows_are_written_by_the_standard_library(monkeypatch):
+    rows = rows_of(np.array([[0.5, 0.25], [1.0, 2.0]]))
+    monkeypatch.setattr(json_text, "orjson", None)
+    assert json.loads(json_text.as_json([{"embedding": row} for row in rows])) == [
+        {"embedding": [0.5, 0.25]},
+        {"embedding": [1.0, 2.0]},
+    ]
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_a_numpy_row_that_json_cannot_carry_is_refused(bad):
     import torch
 
-    (row,) = json_text.float32_rows(torch.tensor([[0.5, bad]]))
+    (row,) = rows_of(torch.tensor([[0.5, bad]]).numpy())
     with pytest.raises(ValueError):
         json_text.as_json({"data": [{"embedding": row}], "none": None})
     assert math.isnan(json_text.plain(row)[1]) or json_text.plain(row)[1] == bad

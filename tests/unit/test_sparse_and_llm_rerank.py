@@ -179,6 +179,7 @@ def test_an_answer_too_large_for_torchserve_is_refused_for_that_request_only():
     before its entries are listed."""
     from types import SimpleNamespace
 
+    from ts_compiled_handlers.protocols.plain import PlainProtocol
     from ts_compiled_handlers.request.payload import RequestError
     from ts_compiled_handlers.startup.config import parse
     from ts_compiled_handlers.tasks.sparse_embedding import ENTRY_BYTES, SparseEmbeddingTask
@@ -188,8 +189,8 @@ def test_an_answer_too_large_for_torchserve_is_refused_for_that_request_only():
     task.max_active_dims = None
     rows = [torch.rand(30522) + 0.01 for _ in range(config.max_response_bytes // ENTRY_BYTES // 30522 + 1)]
     with pytest.raises(RequestError, match="send top_k or threshold") as refused:
-        task.answer(SimpleNamespace(request=SimpleNamespace(params={})), rows)
+        task.answer(SimpleNamespace(request=SimpleNamespace(params={}, protocol=PlainProtocol())), rows)
     assert refused.value.status == 413 and refused.value.field == "top_k"
-    kept = task.answer(SimpleNamespace(request=SimpleNamespace(params={"top_k": 300})), rows)
+    kept = task.answer(SimpleNamespace(request=SimpleNamespace(params={"top_k": 300}, protocol=PlainProtocol())), rows)
     assert [len(answer["indices"]) for answer in kept] == [300] * len(rows)
     assert all(answer["indices"] == sorted(answer["indices"]) for answer in kept)

@@ -32,7 +32,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
+from ts_compiled_handlers.loops.scheduled_requests import FULL, ScheduledRequests
 from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.servers import inference_api
@@ -196,8 +196,8 @@ class ArchiveReplica:
     async def incoming(self, request: Request, route: str) -> Incoming:
         """The request with its body, read within `max_request_size` (413 past it); at a full queue,
         a 503 before any of the body is read."""
-        if isinstance(self.loop, ScheduledRequests):
-            self.loop.check_room()
+        if isinstance(self.loop, ScheduledRequests) and self.loop.full:
+            raise RequestError(503, FULL)
         length = request.headers.get("content-length")
         body = await inference_api.read_body(request.stream(), length, self.max_request_size)
         return Incoming(body or None, request.headers.get("content-type"), route)
