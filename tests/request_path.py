@@ -9,9 +9,7 @@ place (over the texts, requests or calls of a batch) counts once.
 """
 
 import dataclasses
-import importlib
 import inspect
-import pkgutil
 import sys
 from pathlib import Path
 
@@ -34,12 +32,11 @@ class Trace:
 
 
 def property_codes() -> set:
-    """The code of every property getter of the package's classes: reading one is no call."""
+    """The code of every property getter of the package's classes imported so far (the path runs
+    no other): reading one is no call."""
     codes = set()
-    for info in pkgutil.walk_packages([str(PACKAGE)], "ts_compiled_handlers."):
-        try:
-            module = importlib.import_module(info.name)
-        except ImportError:  # a server's room whose server is not installed here
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("ts_compiled_handlers.") or module is None:
             continue
         for _, cls in inspect.getmembers(module, inspect.isclass):
             for value in vars(cls).values():
@@ -66,7 +63,9 @@ class Tracer:
 
     def __call__(self, frame, event, arg):
         if event == "return" and self.stack:
-            self.stack.pop()
+            module = self.stack.pop()
+            if module not in self.stack:  # it returned for good: what it called last is forgotten
+                self.last_callee.pop(module, None)
         if event != "call":
             return
         module = None if MODEL in self.stack else self.module_of(frame.f_code)

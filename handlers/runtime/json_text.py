@@ -44,4 +44,4 @@ def plain(value: Any) -> Any:
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
     if orjson is None or not np.isfinite(value).all():
         return value.tolist()
-    return orjson.loads(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
+    return orjson.loads(orjson.dumps(np.ascontiguousarray(value), option=orjson.OPT_SERIALIZE_NUMPY))
