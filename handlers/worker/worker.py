@@ -25,7 +25,6 @@ import torch
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Call
 from ts_compiled_handlers.protocols import Answered, Protocol, RequestSpec, Served, for_route, read_request
-from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.outcome import isolate, refusal
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted, TextTokenizer, Tokenized
@@ -129,7 +128,7 @@ class Worker:
                 serving.tokenizer,
                 tei_info(placement, task, engine, config),
                 task.prompts,
-                AnswerBudget(config.max_response_bytes),
+                task.budget,  # one limit, checked before an answer is made and on its text
             ),
             LengthStats(placement.model_name, config.buckets.histogram_every),
             metrics,
