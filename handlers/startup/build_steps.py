@@ -59,7 +59,21 @@ def build_engine(task: Task, serving: Serving, progress=None) -> tuple[Engine, S
 def eager_engine(task: Task, serving: Serving) -> Engine:
     """The model loaded at its dtype, over the layout it serves, run eagerly: what is compiled or exported."""
     module, dtype = load_model(task, serving)
-    return choose_layout(task, serving, module, dtype)
+    engine = choose_layout(task, serving, module, dtype)
+    return quantize(engine, serving) if serving.config.quantize == "int8" else engine
+
+
+def quantize(engine: Engine, serving: Serving) -> Engine:
+    """The engine over its int8 module if it passes the gate; else as `compile.on_failure` says."""
+    from ts_compiled_handlers.startup import quantizing
+
+    plan, tolerance = serving.plan, serving.config.warmup.tolerance or quantizing.DEFAULT_TOLERANCE
+    example = serving.probes.filler(plan.seq_lens[-1], plan.batch_sizes[-1])
+    try:
+        return quantizing.int8_engine(engine, serving.probes.check_rows(), example, plan.dynamic, tolerance)
+    except Exception as error:  # refused, or the export or the quantizer failed on this model
+        on_failure(serving.config.compile.on_failure, error)
+        return engine
 
 
 def load_model(task: Task, serving: Serving) -> tuple[torch.nn.Module, torch.dtype]:
@@ -166,9 +180,12 @@ def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupRep
         report = warmup.run_grid(engine, config.warmup.iterations, serving.probes.filler, check, progress)
         if model.is_compiled and config.warmup.verify:
             probe = serving.probes.check_rows()
-            eager = engine.on(EagerRunner(model.eager)).run(probe).rows
+            # a quantized model is judged against float32 by its gate, not against its q/dq reference
+            reference = getattr(model.eager, "float_reference", model.eager)
+            tolerance = getattr(model.eager, "gate_tolerance", serving.tolerance(engine.dtype))
+            eager = engine.on(EagerRunner(reference)).run(probe).rows
             compiled = engine.run(probe).rows
-            warmup.check_drift("compiled vs eager", compiled, eager, serving.tolerance(engine.dtype))
+            warmup.check_drift("compiled vs eager", compiled, eager, tolerance)
         return report
     except Exception as error:  # a compile error can be of any type; all follow on_failure
         if not config.compile.enable:

@@ -381,6 +381,15 @@ class HandlerConfig:
         "past which the frontend drops the worker's connection and its whole batch fails; 64 texts of a "
         "4096-wide embedding take ~3 MB, of a SPLADE model ~6 MB in TEI's form",
     )
+    quantize: str = _option(
+        _choice("none", "int8"),
+        "none",
+        meaning="`int8`: the encoder's linears in int8 through PT2E (dynamic activations, 8-bit per-channel "
+        "weights, the residual projections kept float32; 7-bit weights where the CPU lacks VNNI), experimental: "
+        "refused (then `compile.on_failure`) where its compiled answers drift from float32's past "
+        "`warmup.tolerance` or 0.01; needs `dtype: float32` and torchao (`pip install ts-compiled-handlers[int8]`)",
+        why="int8 trades answers for speed, a trade each model must pass: off until asked for",
+    )
     buckets: BucketConfig = _section(BucketConfig)
     compile: CompileConfig = _section(CompileConfig)
     warmup: WarmupConfig = _section(WarmupConfig)

@@ -1,0 +1,131 @@
+"""`quantize: int8` (WIP, issue 57): the encoder's linears in int8 through PT2E, held to float32 first.
+
+The eager engine's module is exported at a warm-up shape with the plan's varying dimensions,
+annotated by torchao's X86InductorQuantizer (dynamic activations, 8-bit per-channel weights),
+and converted; inductor lowers the quantize/dequantize pairs to oneDNN's int8 kernels when the
+graph is compiled with freezing (CompiledModel freezes whole CPU models by default).
+
+The recipe is the one benchmarks/int8_probe.py measured best on MiniLM: the two projections back
+into the residual stream (attention output and FFN down: `*.output.dense`) stay float32, their
+inputs carry the outliers; the weights keep all 8 bits (`reduce_range` costs half the resolution).
+Ops nothing reads (BERT's pooler under mean pooling) are removed before annotation.
+
+The gate: the int8 engine's rows against float32's on the check rows, per-row cosine at least
+`1 - tolerance`; below it the quantization is refused (QuantizationRefused), and the caller
+follows `compile.on_failure`.
+
+Measured on an AVX2 CPU without VNNI (2026-11-27, /tmp scripts, 2 threads): the tiny BERT with one
+hidden channel 300x the others, full 8-bit weights: int8 eager vs float32 cosine 0.9977, compiled
+int8 vs float32 0.9861, compiled vs eager int8 0.9761 (oneDNN's u8s8 saturates without VNNI);
+with `reduce_range`: 0.9998, 0.9998, 0.99999. So: reduce_range where the CPU lacks VNNI, and the
+gate must judge the compiled int8 model, not the q/dq reference.
+"""
+
+import logging
+import os
+
+import torch
+
+from ts_compiled_handlers.engine.engine import Engine
+from ts_compiled_handlers.engine.runner import EagerRunner, ModelRunner
+from ts_compiled_handlers.runtime import hardware
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOLERANCE = 0.01  # 1 - the least cosine to float32 the gate passes
+KEPT_FLOAT = ("output.dense",)  # Linear names containing these stay float32 (the residual projections)
+
+
+class QuantizationRefused(RuntimeError):
+    """The int8 model's answers drift from float32's past the gate, with the figures."""
+
+
+class _Capture(ModelRunner):
+    """Runs the eager module and keeps the last call's inputs: the example the export traces."""
+
+    def __call__(self, inputs: dict) -> torch.Tensor:
+        self.inputs = inputs
+        return self.eager(**inputs)
+
+
+def has_vnni() -> bool:
+    """Whether the CPU multiplies u8 by s8 in 32 bits (VNNI, AMX): else int8 keeps 7-bit weights."""
+    flags = hardware.read_cpu_flags(wanted=("avx512_vnni", "avx_vnni", "amx_int8"))
+    return bool(flags)
+
+
+def _dynamic_shapes(inputs: dict, dynamic: str) -> dict:
+    """The plan's varying dims of each (batch, seq, ...) input, as torch.export takes them."""
+    from torch.export import Dim
+
+    dims = {"none": (), "batch": (0,), "all": (0, 1)}[dynamic]
+    return {
+        name: {dim: Dim.AUTO for dim in dims if dim < value.dim()} if isinstance(value, torch.Tensor) else None
+        for name, value in inputs.items()
+    }
+
+
+def _without_dead_code(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The exported graph without the ops nothing reads (BERT's pooler under mean pooling): an
+    unread Linear+Tanh breaks the quantizer's fusion pass (IndexError)."""
+    graph_module.graph.eliminate_dead_code()
+    graph_module.recompile()
+    return graph_module
+
+
+def int8_module(engine: Engine, example_rows: list[list[int]], dynamic: str) -> torch.nn.Module:
+    """The engine's eager module with its linears in int8 (a GraphModule taking the same inputs)."""
+    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # its CUDA kernels are not used
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+
+    module = engine.model.eager
+    capture = _Capture(module)
+    engine.on(capture).run(example_rows)
+    inputs = {
+        name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in capture.inputs.items()
+    }  # not inference tensors
+    with torch.no_grad():
+        exported = torch.export.export(
+            module, (), inputs, dynamic_shapes=_dynamic_shapes(inputs, dynamic), strict=False
+        )
+    quantizer = x86.X86InductorQuantizer()
+    reduce_range = not has_vnni()  # u8s8 without VNNI saturates at full range (see above)
+    quantizer.set_global(x86.get_default_x86_inductor_quantization_config(is_dynamic=True, reduce_range=reduce_range))
+    for name, child in module.named_modules():
+        if isinstance(child, torch.nn.Linear) and any(part in name for part in KEPT_FLOAT):
+            quantizer.set_module_name_qconfig(name, None)
+    prepared = prepare_pt2e(_without_dead_code(exported.module()), quantizer)
+    with torch.no_grad():
+        prepared(**inputs)  # dynamic activations: one pass records the weights' observers
+    return convert_pt2e(prepared)
+
+
+def gate(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor], tolerance: float) -> float:
+    """The least per-row cosine of int8 to float32 rows; refused below 1 - tolerance."""
+    cosines = [
+        torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+        for a, b in zip(int8_rows, float_rows, strict=True)
+    ]
+    least = min(cosines)
+    if least < 1 - tolerance:
+        raise QuantizationRefused(
+            f"int8 vs float32: least cosine {least:.4f} over {len(cosines)} rows, below {1 - tolerance:.4f}"
+        )
+    return least
+
+
+def int8_engine(
+    engine: Engine, check_rows: list[list[int]], example_rows: list[list[int]], dynamic: str, tolerance: float
+) -> Engine:
+    """The engine over its int8 module, once it passes the gate on `check_rows`."""
+    if engine.dtype != torch.float32:
+        raise QuantizationRefused(f"quantize: int8 quantizes a float32 model, not {engine.dtype}: set dtype: float32")
+    reference = engine.run(check_rows).rows
+    module = int8_module(engine, example_rows, dynamic)
+    # what the compiled int8 is checked against (in __dict__: not a submodule the compiler would see)
+    module.__dict__.update(float_reference=engine.model.eager, gate_tolerance=tolerance)
+    quantized = engine.on(EagerRunner(module))
+    least = gate(quantized.run(check_rows).rows, reference, tolerance)
+    logger.info("int8: linears quantized (%s kept float32), least cosine to float32 %.4f", ", ".join(KEPT_FLOAT), least)
+    return quantized
