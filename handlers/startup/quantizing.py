@@ -1,24 +1,21 @@
-"""`quantize: int8` (WIP, issue 57): the encoder's linears in int8 through PT2E, held to float32 first.
+"""`quantize: int8` (experimental, issue 57): the encoder's linears in int8 through PT2E, served only
+once the compiled int8 model passes a gate against float32.
 
 The eager engine's module is exported at a warm-up shape with the plan's varying dimensions,
-annotated by torchao's X86InductorQuantizer (dynamic activations, 8-bit per-channel weights),
-and converted; inductor lowers the quantize/dequantize pairs to oneDNN's int8 kernels when the
-graph is compiled with freezing (CompiledModel freezes whole CPU models by default).
+annotated by torchao's X86InductorQuantizer (dynamic activations, per-channel weights), and
+converted; inductor lowers the quantize/dequantize pairs to oneDNN's int8 kernels when the graph is
+compiled with freezing (CompiledModel freezes whole CPU models by default). CPU only.
 
-The recipe is the one benchmarks/int8_probe.py measured best on MiniLM: the two projections back
-into the residual stream (attention output and FFN down: `*.output.dense`) stay float32, their
-inputs carry the outliers; the weights keep all 8 bits (`reduce_range` costs half the resolution).
-Ops nothing reads (BERT's pooler under mean pooling) are removed before annotation.
+The recipe is the one benchmarks/int8_probe.py measured best on MiniLM (docs/performance.md, "int8"):
+the two projections back into the residual stream (attention output and FFN down: `*.output.dense`)
+stay float32, their inputs carry the outliers. Weights keep 8 bits where the CPU has VNNI (or AMX),
+7 (`reduce_range`) where it has not: there oneDNN's u8 x s8 products saturate at 8 bits, and the
+compiled model drifts from the quantized reference. Ops nothing reads (BERT's pooler under mean
+pooling) are removed before annotation: an unread Linear+Tanh breaks the quantizer's fusion pass.
 
-The gate: the int8 engine's rows against float32's on the check rows, per-row cosine at least
-`1 - tolerance`; below it the quantization is refused (QuantizationRefused), and the caller
-follows `compile.on_failure`.
-
-Measured on an AVX2 CPU without VNNI (2026-11-27, /tmp scripts, 2 threads): the tiny BERT with one
-hidden channel 300x the others, full 8-bit weights: int8 eager vs float32 cosine 0.9977, compiled
-int8 vs float32 0.9861, compiled vs eager int8 0.9761 (oneDNN's u8s8 saturates without VNNI);
-with `reduce_range`: 0.9998, 0.9998, 0.99999. So: reduce_range where the CPU lacks VNNI, and the
-gate must judge the compiled int8 model, not the q/dq reference.
+The gate: per-row cosine to float32 on the check rows at least `1 - tolerance`, for the eager int8
+model here and for the compiled one after warm-up (build_steps.warm_up reads `float_reference` and
+`gate_tolerance` off the module); below it, QuantizationRefused, and `compile.on_failure` decides.
 """
 
 import logging
@@ -90,7 +87,7 @@ def int8_module(engine: Engine, example_rows: list[list[int]], dynamic: str) -> 
             module, (), inputs, dynamic_shapes=_dynamic_shapes(inputs, dynamic), strict=False
         )
     quantizer = x86.X86InductorQuantizer()
-    reduce_range = not has_vnni()  # u8s8 without VNNI saturates at full range (see above)
+    reduce_range = not has_vnni()  # u8 x s8 without VNNI saturates at 8 bits (see above)
     quantizer.set_global(x86.get_default_x86_inductor_quantization_config(is_dynamic=True, reduce_range=reduce_range))
     for name, child in module.named_modules():
         if isinstance(child, torch.nn.Linear) and any(part in name for part in KEPT_FLOAT):
@@ -119,6 +116,8 @@ def int8_engine(
     engine: Engine, check_rows: list[list[int]], example_rows: list[list[int]], dynamic: str, tolerance: float
 ) -> Engine:
     """The engine over its int8 module, once it passes the gate on `check_rows`."""
+    if engine.device.type != "cpu":
+        raise QuantizationRefused(f"quantize: int8 runs on the CPU, not {engine.device.type}")
     if engine.dtype != torch.float32:
         raise QuantizationRefused(f"quantize: int8 quantizes a float32 model, not {engine.dtype}: set dtype: float32")
     reference = engine.run(check_rows).rows

@@ -1,6 +1,7 @@
-"""`quantize: int8` (WIP, issue 57) in process on the tiny random BERT: served int8 and compiled over
+"""`quantize: int8` (experimental, issue 57) in process on the tiny random BERT: served int8 and compiled over
 the grid with no recompile, or refused by the gate as `compile.on_failure` says."""
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,6 @@ from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingH
 from ts_compiled_handlers.startup import quantizing
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
-pytest.importorskip("torchao")
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 
 
@@ -23,6 +23,7 @@ def quantized_linears(module: torch.nn.Module) -> int:
 
 
 def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(tiny_bert):
+    # a loose gate: this test is about the serving path (the gate has its own test below)
     handler = fakes.ready_handler(EmbeddingHandler, tiny_bert, buckets=GRID, quantize="int8", warmup={"tolerance": 0.5})
     engine = handler.engine
     assert isinstance(engine.model.eager, torch.fx.GraphModule) and quantized_linears(engine.model.eager) > 0
@@ -31,6 +32,8 @@ def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(t
     answers = answered(handler, [{"inputs": text} for text in ["the cat sat", "hello world " * 6, "a dog"]])
     assert all(len(answer["embedding"]) == 32 for answer in answers)
     assert compiled_graph_count() == graphs and engine.model.recompiles_after_ready == 0
+    with pytest.raises(quantizing.QuantizationRefused, match="runs on the CPU, not cuda"):
+        quantizing.int8_engine(dataclasses.replace(engine, device=torch.device("cuda")), [], [], "all", 0.5)
 
 
 @pytest.fixture(scope="module")
