@@ -25,6 +25,8 @@ os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's C
 
 import torch  # noqa: E402
 
+from ts_compiled_handlers.benchmarks.benchmark_small_shapes import MeanPooled  # noqa: E402
+
 WORDS = "cats dogs stocks rain music law code tea river mountain bank court protein galaxy guitar election".split()
 RECIPES = {  # name: (dynamic activations, reduce_range, Linear names kept in float32 contain one of)
     "naive": (True, True, ()),
@@ -33,18 +35,6 @@ RECIPES = {  # name: (dynamic activations, reduce_range, Linear names kept in fl
     "static-keep-out": (False, False, ("output.dense",)),
 }
 SHAPES = [(1, 16), (8, 64), (32, 64), (16, 128)]
-
-
-class MeanPooled(torch.nn.Module):
-    def __init__(self, encoder):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, input_ids, attention_mask):
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, dim=-1)
 
 
 def texts(count: int) -> list[str]:
