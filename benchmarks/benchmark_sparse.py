@@ -30,7 +30,8 @@ from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import splade
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.tasks.sparse_embedding import SparseEmbeddingTask
-from ts_compiled_handlers.worker.worker import Incoming, Worker
+from ts_compiled_handlers.worker.messages import Incoming
+from ts_compiled_handlers.worker.worker import Worker
 
 ACTIVE_TERMS = 256
 WORDS = "the a city river house model serve token alice walks paris london with fast red green".split()

@@ -291,9 +291,9 @@ def check_compiled(run: Run, name: str, mode: str, worker, graphs_at_ready: int,
 
 def served_embeddings(worker, texts: list[str]) -> torch.Tensor:
     """The texts' embeddings as a client gets them: one request accepted, run and replied to."""
-    from ts_compiled_handlers.worker.worker import Incoming
+    from ts_compiled_handlers.worker.messages import Incoming
 
-    accepted = worker.accept(Incoming(json.dumps({"inputs": texts}).encode(), "application/json"))
+    accepted = worker.reader.accept(Incoming(json.dumps({"inputs": texts}).encode(), "application/json"))
     reply = worker.reply(accepted, worker.run([accepted])[0])
     return torch.tensor([row["embedding"] for row in json.loads(reply.body)])
 

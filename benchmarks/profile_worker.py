@@ -68,7 +68,7 @@ COMPONENTS = (
     ("layout and inputs", ("layout.py", "packing.py", "buckets.py", "engine.py")),
     ("answers", ("/tasks/", "labels.py", "entities.py", "pooling.py", "Protocol.encode (", "ranked (")),
     ("JSON", ("as_json (",)),
-    ("body decoding", ("payload.py", "/protocols/", "Worker.accept (")),
+    ("body decoding", ("payload.py", "/protocols/", "RequestReader.accept (")),
     ("TorchServe messages", ("ts/protocol/", "ts/model_service_worker.py", "ts/service.py", "ts/async_service.py")),
     ("other (ours)", ("ts_compiled_handlers/",)),  # the loops, the worker's bookkeeping
 )

@@ -43,12 +43,12 @@ import time
 
 import torch
 
-from ts_compiled_handlers.loops.request_batches import Reply
 from ts_compiled_handlers.request.outcome import describe, internal_error
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.tasks.continuation import Job
-from ts_compiled_handlers.worker.worker import Incoming, Worker
+from ts_compiled_handlers.worker.messages import Incoming, Reply
+from ts_compiled_handlers.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class DecodeLoop:
         if incoming is None:  # resent without its headers and parameters (the server holds them), unknown here
             return Running([], [], deadline, Phase.FINISHED, opened=True, error=as_json(LOST))
         try:
-            accepted = self.worker.accept(incoming, index)
+            accepted = self.worker.reader.accept(incoming, index)
         except Exception as error:  # anything a body can provoke is this request's alone
             refused = self.worker.refused(incoming.route, error, "preprocess")
             return Running([], [], deadline, Phase.REFUSED, error=refused.body, status=refused.status)

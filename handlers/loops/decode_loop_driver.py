@@ -16,7 +16,7 @@ from ts_compiled_handlers.loops.decode_loop import DecodeLoop
 from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.request.outcome import refusal
 from ts_compiled_handlers.runtime.json_text import as_json
-from ts_compiled_handlers.worker.worker import Incoming, Reply
+from ts_compiled_handlers.worker.messages import Incoming, Reply
 
 
 class ContinuousRequests:

@@ -1,7 +1,7 @@
 """The request-batch loop: a server hands over a batch of requests, and gets one reply per request, in order.
 
 Three steps, each overridable (TorchServe's handler shape, handlers/servers/torchserve/adapter.py):
-- preprocess: per request, the worker reads and tokenizes it (`Worker.accept`);
+- preprocess: per request, the worker reads and tokenizes it (`RequestReader.accept`);
 - inference: the worker runs the accepted requests in one call, a failing call split until only
   the culprit fails (`Worker.run_each`);
 - postprocess: per request, the worker's answer (Python values; `replies` encodes them once).
@@ -15,7 +15,8 @@ from typing import Any
 
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.worker.worker import USAGE_HEADER, Incoming, Reply, Worker
+from ts_compiled_handlers.worker.messages import USAGE_HEADER, Incoming, Reply
+from ts_compiled_handlers.worker.worker import Worker
 
 
 @dataclasses.dataclass
@@ -74,7 +75,7 @@ class RequestBatches:
         batch = Batch.of(incoming)
         for index, request in enumerate(incoming):
             with self.guard(batch, index, "preprocess"):
-                accepted = self.worker.accept(request, index)
+                accepted = self.worker.reader.accept(request, index)
                 if isinstance(accepted, Reply):  # answered without the model
                     batch.replies[index] = accepted
                 else:

@@ -16,11 +16,11 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from ts_compiled_handlers.loops.model_thread import ModelThread
-from ts_compiled_handlers.loops.token_scheduler import CallReport, TokenScheduler
+from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.runtime.metrics import MetricsSink
-from ts_compiled_handlers.worker.worker import Incoming, Reply, Worker
+from ts_compiled_handlers.worker.messages import Incoming, Reply
+from ts_compiled_handlers.worker.worker import Worker
 
 FULL = "the server is at its queue limit (scheduler.max_queue); retry shortly"
 
@@ -33,16 +33,15 @@ class ScheduledRequests:
         self.model_thread = model_thread
         settings = worker.serving.config.scheduler
         budget = worker.engine.plan.full_call_tokens if settings.call_tokens == "auto" else settings.call_tokens
-        metrics = worker.metrics
         self.scheduler = TokenScheduler(
             worker.run,
             budget,
             settings.max_queue,
-            lambda made: report(metrics, made),
-            lambda error: metrics.count("BatchSplits", type(error).__name__, 1),
+            worker.record_call,
+            lambda error: worker.metrics.count("BatchSplits", type(error).__name__, 1),
             model_thread.executor,
         )
-        self.reader = ThreadPoolExecutor(1, thread_name_prefix="request-reader")
+        self.reader_thread = ThreadPoolExecutor(1, thread_name_prefix="request-reader")
         self.reading = 0  # requests in the reader thread, held as much as queued ones
 
     @property
@@ -70,16 +69,10 @@ class ScheduledRequests:
             return self.worker.refused(incoming.route, error, stage)
 
     async def read(self, incoming: Incoming) -> Accepted | Reply:
-        """The request read, checked and tokenized in the reader thread (`Worker.accept`)."""
+        """The request read, checked and tokenized in the reader thread (`RequestReader.accept`)."""
         self.reading += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.reader, self.worker.accept, incoming)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.reader_thread, self.worker.reader.accept, incoming)
         finally:
             self.reading -= 1
-
-
-def report(metrics: MetricsSink, made: CallReport) -> None:
-    """A call's histograms, in units that fit Prometheus' default buckets (0.005 to 10)."""
-    metrics.observe("CallKilotokens", made.tokens / 1000, "Kilotokens")
-    for seconds in made.waited:
-        metrics.observe("SchedulerQueueTime", round(seconds, 6), "Seconds")

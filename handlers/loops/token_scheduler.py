@@ -49,8 +49,8 @@ class CallReport:
 class TokenScheduler:
     """Runs `call(items) -> outputs` (one per item, in order) over what waits, `call_tokens` at a time.
 
-    `on_call(report)` is told of every call made (the metrics); `on_split(error)` of every call
-    that raised and was split. Calls run in `executor`'s one thread (the handler's model thread,
+    `on_call(report)` is told of every call made, once it is done (the metrics); `on_split(error)`
+    of every call that raised and was split. Calls run in `executor`'s one thread (the handler's model thread,
     handlers/loops/model_thread.py), else in a thread of the scheduler's own.
     """
 
@@ -100,8 +100,9 @@ class TokenScheduler:
                 taken = self.take()
                 now = time.perf_counter()
                 tokens = sum(waiting.tokens for waiting in taken)
-                self.on_call(CallReport(len(taken), tokens, [now - waiting.arrived for waiting in taken]))
+                made = CallReport(len(taken), tokens, [now - waiting.arrived for waiting in taken])
                 await self._run_isolated(taken)
+                self.on_call(made)  # after the call, beside the metrics the call itself wrote
         except Exception as error:  # a defect here must not strand a request: fail what it holds, loudly
             logger.exception("The scheduler failed; failing the %d requests it held", len(taken) + len(self.queue))
             for waiting in [*taken, *self.queue]:

@@ -129,6 +129,12 @@ def for_route(route: str, protocols) -> list[Protocol]:
     return [protocol for protocol in protocols if route in protocol.routes]
 
 
+def route_protocol(route: str, protocols) -> Protocol:
+    """The route's last protocol, whose shape its refusals take (the plain one for an unknown route)."""
+    served = for_route(route, protocols)
+    return served[-1] if served else Protocol()
+
+
 def body_value(value: Any, content_type: str | None) -> Any:
     """The body as a server handed it over (bytes, or text or JSON its frontend already read), as
     text or a JSON value."""

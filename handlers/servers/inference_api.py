@@ -18,7 +18,7 @@ import json
 from collections.abc import AsyncIterable
 
 from ts_compiled_handlers.request.payload import RequestError
-from ts_compiled_handlers.worker.worker import Reply
+from ts_compiled_handlers.worker.messages import Reply
 
 HEALTHY = Reply(json.dumps({"status": "Healthy"}))
 MAX_REQUEST_SIZE = 6_553_500  # TorchServe's default max_request_size, in bytes

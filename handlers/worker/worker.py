@@ -5,8 +5,9 @@ engine (handlers/startup/serving.py, handlers/startup/build_steps.py) and says i
 (handlers/loops/request_batches.py, handlers/loops/scheduled_requests.py, handlers/loops/decode_loop.py) drives requests
 through its three steps, top to bottom:
 
-    accept(incoming)       the body read by its route's protocol, checked, tokenized -> Accepted
-    run(accepted requests) the engine over their texts in one go -> each one's output rows
+    reader.accept(incoming) the body read by its route's protocol, checked, tokenized -> Accepted
+                            (handlers/worker/reading.py)
+    run(accepted requests)  the engine over their texts in one go -> each one's output rows
     respond(accepted, rows) the task's answers in the protocol's body
 
 Nothing here knows a server: what the server says of the worker is a `Placement`, a request is an
@@ -24,10 +25,10 @@ import torch
 
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Call
-from ts_compiled_handlers.protocols import Answered, Protocol, RequestSpec, Served, for_route, read_request
+from ts_compiled_handlers.protocols import Protocol, RequestSpec, Served, route_protocol
 from ts_compiled_handlers.request.outcome import isolate, refusal
 from ts_compiled_handlers.request.payload import RequestError
-from ts_compiled_handlers.request.tokenizing import Accepted, TextTokenizer, Tokenized
+from ts_compiled_handlers.request.tokenizing import Accepted, TextTokenizer
 from ts_compiled_handlers.runtime import allocator
 from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.runtime.metrics import MetricsSink
@@ -38,38 +39,13 @@ from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.startup.serving import Serving, Started, read_serving
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.worker import ready_report
+from ts_compiled_handlers.worker.messages import USAGE_HEADER, Reply
+from ts_compiled_handlers.worker.reading import RequestReader
 from ts_compiled_handlers.worker.traffic_stats import LengthStats
 
 logger = logging.getLogger(__name__)
 
-# Every answer's token count (the request's texts after truncation, special tokens included), as
-# TEI reports it; bodies keep their shape (the OpenAI and rerank bodies carry it as `usage` too).
-USAGE_HEADER = "x-prompt-tokens"
 NULL_SINK = MetricsSink()
-
-
-@dataclasses.dataclass(frozen=True)
-class Incoming:
-    """One request as a server hands it over: its body (bytes, or text or JSON the server already
-    read; None for a body-less GET), its content type, and its route: the path after
-    /predictions/{model}[/{version}], without slashes at its ends."""
-
-    body: Any
-    content_type: str | None = None
-    route: str = ""
-
-
-@dataclasses.dataclass
-class Reply:
-    """What one request gets back, for the server to send: its body (bytes or text, or a value a
-    loop encodes), status, content type and headers. `last`, for loops that answer a request more
-    than once: whether this is its last reply (None: a plain reply, sent once)."""
-
-    body: Any = None
-    status: int = 200
-    content_type: str = "application/json"
-    headers: dict[str, str] = dataclasses.field(default_factory=dict)
-    last: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +58,7 @@ class Worker:
     engine: Engine
     started: Started
     threads: ThreadShare
-    tokenize: TextTokenizer
-    spec: RequestSpec
+    reader: RequestReader
     lengths: LengthStats
     metrics: MetricsSink
     traced_threads: set[int] = dataclasses.field(default_factory=set)
@@ -112,23 +87,26 @@ class Worker:
             engine,
             started,
             threads,
-            TextTokenizer(
-                serving.tokenizer,
-                engine.plan.max_seq_len,
-                config.buckets.overflow == "reject",
-                offsets=task.OFFSETS,
-                **task.tokenizer_options(),
-            ),
-            RequestSpec(
-                task.param_checks(),
-                config.max_inputs,
-                task.adapt_body,
-                task.PAIRS,
-                placement.model_name,
-                serving.tokenizer,
-                tei_info(placement, task, engine, config),
-                task.prompts,
-                task.budget,  # one limit, checked before an answer is made and on its text
+            RequestReader(
+                task,
+                RequestSpec(
+                    task.param_checks(),
+                    config.max_inputs,
+                    task.adapt_body,
+                    task.PAIRS,
+                    placement.model_name,
+                    serving.tokenizer,
+                    tei_info(placement, task, engine, config),
+                    task.prompts,
+                    task.budget,  # one limit, checked before an answer is made and on its text
+                ),
+                TextTokenizer(
+                    serving.tokenizer,
+                    engine.plan.max_seq_len,
+                    config.buckets.overflow == "reject",
+                    offsets=task.OFFSETS,
+                    **task.tokenizer_options(),
+                ),
             ),
             LengthStats(placement.model_name, config.buckets.histogram_every),
             metrics,
@@ -158,23 +136,6 @@ class Worker:
         return ready_report.model_source(self.engine, self.started)
 
     # -- the request path ---------------------------------------------------------------------
-    def accept(self, incoming: Incoming, index: int = 0) -> "Accepted | Reply":
-        """The request read by the first protocol of its route that takes its body, checked and
-        tokenized for the model; or its reply already, where a protocol answers it without the model
-        (its body JSON text, within the answer budget). RequestError for a refusal."""
-        try:
-            request = read_request(incoming.body, incoming.content_type, incoming.route, self.task.protocols, self.spec)
-        except Answered as answered:
-            return Reply(self.encoded(answered.body, self.protocol_of(incoming.route)))
-        return Accepted(index, request, self.tokenized(request))
-
-    def tokenized(self, request) -> Tokenized:
-        """The request's texts (as the task gives them to the model) tokenized, per its truncation."""
-        truncate, side = request.params.get("truncate"), request.params.get("truncation_direction")
-        if request.token_ids is not None:  # sent as token ids (the OpenAI embeddings body)
-            return self.tokenize.ids(request.token_ids, truncate, side)
-        return self.tokenize(self.task.model_texts(request), truncate, side)
-
     def run(self, requests: list[Accepted]) -> list[list[torch.Tensor]]:
         """The engine over the requests' texts in one go: each request's output rows, in order.
         Runs where the model's calls run, so the cores are re-shared (and the grid re-traced) first."""
@@ -207,12 +168,11 @@ class Worker:
     def encoded(self, answer: Any, protocol: Protocol) -> str:
         """An answer as JSON text, if it fits the answer budget (else a 413 naming the protocol's
         field of texts): the last guard before TorchServe's `max_response_size` drops the worker."""
-        return self.spec.budget.check_text(as_json(answer), protocol.texts_field)
+        return self.reader.spec.budget.check_text(as_json(answer), protocol.texts_field)
 
     def protocol_of(self, route: str) -> Protocol:
         """The route's last protocol, whose shape its refusals take (the plain one for an unknown route)."""
-        protocols = for_route(route, self.task.protocols)
-        return protocols[-1] if protocols else Protocol()
+        return route_protocol(route, self.task.protocols)
 
     def error_body(self, route: str, error: RequestError) -> Any:
         """A refusal in the shape of the route's protocols (the plain one for an unknown route)."""
@@ -242,6 +202,14 @@ class Worker:
             self.metrics.count(
                 "BucketRequests", f"{prefix}{call.group.batch_size}x{call.group.seq_len}", len(call.texts)
             )
+
+    def record_call(self, made) -> None:
+        """A scheduled call's histograms (`made`: its tokens, and how long each of its requests
+        waited in the queue), written after the call's traffic, in units that fit Prometheus'
+        default buckets (0.005 to 10)."""
+        self.metrics.observe("CallKilotokens", made.tokens / 1000, "Kilotokens")
+        for seconds in made.waited:
+            self.metrics.observe("SchedulerQueueTime", round(seconds, 6), "Seconds")
 
     def report_recompiles(self) -> None:
         self.metrics.gauge("RecompilesAfterReady", self.engine.model.recompiles_after_ready, "Count")

@@ -24,7 +24,7 @@ from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup.config import ConfigError, parse
 from ts_compiled_handlers.tasks.embedding import FLOAT_BYTES, EmbeddingTask
-from ts_compiled_handlers.worker.worker import Incoming
+from ts_compiled_handlers.worker.messages import Incoming
 
 EAGER = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}, "compile": {"enable": False}}
 SMALL = 20_000  # the small handler's budget, in bytes
@@ -73,7 +73,7 @@ def test_a_huge_tokenize_body_is_its_own_413_and_its_batch_mates_are_answered(ha
 
 
 def test_a_text_past_teis_character_limit_is_refused_before_it_is_tokenized(handler):
-    limit = 250 * handler.worker.spec.info["max_input_length"]  # TEI's: 250 characters per token of the limit
+    limit = 250 * handler.worker.reader.spec.info["max_input_length"]  # TEI's: 250 characters per token of the limit
     (answer,), (code,) = ask(handler, [("tokenize", {"inputs": ["hello", "a" * (limit + 1)]})])
     assert code == 413 and f"'inputs'[1] has {limit + 1} characters" in answer["error"]
     tokens = alone(handler, "tokenize", {"inputs": "a" * limit})  # at the limit: answered, every token

@@ -15,7 +15,7 @@ OURS = "ts_compiled_handlers/"
 ROOT = ("<module> ts/model_service_worker.py", "handle_connection ts/model_service_worker.py")
 HANDLE = (*ROOT, "Service.predict ts/service.py", f"handle {OURS}torchserve.py")
 RUN = (*HANDLE, f"Worker.run {OURS}worker.py")
-ACCEPT = (*HANDLE, f"Worker.accept {OURS}worker.py")
+ACCEPT = (*HANDLE, f"RequestReader.accept {OURS}worker/reading.py")
 REPLY = (*HANDLE, f"Worker.reply {OURS}worker.py")
 
 

@@ -18,7 +18,7 @@ from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted, Tokenized
 from ts_compiled_handlers.runtime.metrics import MetricsSink
 from ts_compiled_handlers.servers import inference_api
-from ts_compiled_handlers.worker.worker import Reply
+from ts_compiled_handlers.worker.messages import Reply
 
 ray_serve = pytest.importorskip("ts_compiled_handlers.servers.ray.serve", reason="the ray extra")
 
@@ -77,6 +77,10 @@ class FakeWorker:
         self.call = threading.Event()  # model calls wait for it (the test's go), if cleared
         self.call.set()
 
+    @property
+    def reader(self):  # it reads its requests itself
+        return self
+
     def accept(self, incoming) -> Accepted:
         self.read_in.append(threading.current_thread().name)
         self.went.append(self.go.wait(timeout=10))  # a loop blocked by this wait could never say go
@@ -85,6 +89,9 @@ class FakeWorker:
     def run(self, requests):
         self.call.wait(timeout=10)
         return [[] for _ in requests]
+
+    def record_call(self, made) -> None:
+        pass
 
     def reply(self, accepted, rows) -> Reply:
         return Reply(json.dumps({"body": accepted.request.decode()}))

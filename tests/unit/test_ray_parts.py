@@ -22,7 +22,7 @@ from ts_compiled_handlers.servers.archive import Archive, ArchiveError, with_thr
 from ts_compiled_handlers.servers.inference_api import Route, route_of
 from ts_compiled_handlers.startup.placement import Loop, loop_of
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-from ts_compiled_handlers.worker.worker import Incoming, Reply
+from ts_compiled_handlers.worker.messages import Incoming, Reply
 
 EMBEDDING_HANDLER = package_files.PACKAGE / "servers" / "torchserve" / "embedding_handler.py"
 

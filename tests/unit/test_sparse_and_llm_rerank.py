@@ -17,7 +17,8 @@ from ts_compiled_handlers.request.tokenizing import TextTokenizer
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import logit_score, splade
 from ts_compiled_handlers.tasks.classification import ClassificationTask
-from ts_compiled_handlers.worker.worker import Incoming, Worker
+from ts_compiled_handlers.worker.messages import Incoming
+from ts_compiled_handlers.worker.worker import Worker
 
 TEXTS = ["hello world", "the cat sat on the red mat", "alice walks to paris and bob runs to london", "a"]
 QUERY = "where does alice walk"

@@ -22,7 +22,8 @@ SCRIPT = NO_TORCHSERVE + textwrap.dedent(
     from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
     from ts_compiled_handlers.startup.placement import Placement
     from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-    from ts_compiled_handlers.worker.worker import NULL_SINK, Incoming, Worker
+    from ts_compiled_handlers.worker.messages import Incoming
+    from ts_compiled_handlers.worker.worker import NULL_SINK, Worker
     from ts_compiled_handlers.servers.archive import Archive
     from ts_compiled_handlers.servers.ray import serve as ray_serve
 

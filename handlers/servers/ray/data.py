@@ -35,7 +35,7 @@ class ArchiveBatches:
 
     def answers(self, texts: list[str]) -> list:
         request = Request(texts, {}, protocol=None)  # answered as arrays: no protocol, no JSON budget
-        accepted = Accepted(0, request, self.worker.tokenized(request))
+        accepted = Accepted(0, request, self.worker.reader.tokenized(request))
         (rows,) = self.worker.run([accepted])
         return self.worker.task.answer(accepted, rows)
 

@@ -41,7 +41,7 @@ from ts_compiled_handlers.servers.ray.metrics_sink import RaySink
 from ts_compiled_handlers.startup.bucket_plan import task_plan
 from ts_compiled_handlers.startup.config import HandlerConfig, parse
 from ts_compiled_handlers.startup.placement import GENERATION, Placement
-from ts_compiled_handlers.worker.worker import Incoming, Reply
+from ts_compiled_handlers.worker.messages import Incoming, Reply
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import Task
-from ts_compiled_handlers.worker.worker import Incoming, Reply, Worker
+from ts_compiled_handlers.worker.messages import Incoming, Reply
+from ts_compiled_handlers.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 KNOWN_FRAMES = ("0.12.",)  # the TorchServe releases whose frames messages.py reads
@@ -132,7 +133,7 @@ class TorchServeHandler(BaseHandler):
     started = property(lambda self: self.worker.started)
     threads = property(lambda self: self.worker.threads)
     lengths = property(lambda self: self.worker.lengths)
-    tokenize = property(lambda self: self.worker.tokenize)
+    tokenize = property(lambda self: self.worker.reader.tokenize)
     tokenizer = property(lambda self: self.worker.serving.tokenizer)
     config = property(lambda self: self.worker.serving.config)
     model_source = property(lambda self: self.worker.model_source)
