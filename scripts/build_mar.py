@@ -37,6 +37,7 @@ from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_tas
 from ts_compiled_handlers.servers.torchserve import settings
 from ts_compiled_handlers.servers.torchserve.handler_files import HANDLER_FILES
 from ts_compiled_handlers.startup.bucket_plan import task_plan
+from ts_compiled_handlers.startup.calibration import CalibrationError, calibration_texts
 from ts_compiled_handlers.startup.config import TASKS, ConfigError, parse
 from ts_compiled_handlers.tasks.registry import task_class
 
@@ -89,6 +90,9 @@ STARTUP_FLOOR_SECONDS = 120
 ESTIMATE_FIXED_SECONDS = 15
 ESTIMATE_PER_GRAPH_SECONDS = 2
 ESTIMATE_PER_LAYER_SECONDS = 4
+
+
+CALIBRATION_FILE = "calibration.txt"  # `--calibration FILE` in the archive (handler.calibration names it)
 
 
 class BuildError(ValueError):
@@ -280,16 +284,26 @@ def build(
     handler_file: Path | None = None,
     precompile: str | bool | None = None,
     version: str = "1.0",
+    calibration: Path | None = None,
 ) -> Path:
     """The .mar of `model_dir` served by the task's handler (or `handler_file`, a subclass of it);
-    `precompile`: "aot", "cache", True (the task's default kind) or None."""
+    `precompile`: "aot", "cache", True (the task's default kind) or None; `calibration`: a file of
+    texts for the int8 gate, carried in the archive as CALIBRATION_FILE."""
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
     kind = precompile_kind(task, precompile)
-    config = unfrozen_for_cache(model_config(task, extra_config or {}), kind)
+    extra_config = extra_config or {}
+    if calibration is not None:
+        check_calibration(calibration)
+        extra_config = merge(extra_config, {"handler": {"calibration": CALIBRATION_FILE}})
+    config = unfrozen_for_cache(model_config(task, extra_config), kind)
+    if kind == "aot" and (config.get("handler") or {}).get("quantize", "none") != "none":
+        raise BuildError("--precompile aot does not pack an int8 model yet: build without it (int8 compiles at start)")
     with tempfile.TemporaryDirectory() as temp:
         staging = Path(temp)
         left_out = stage(model_dir, config, staging)
+        if calibration is not None:
+            shutil.copy2(calibration, staging / CALIBRATION_FILE)
         handler = staging / package_files.NAME / HANDLER_FILES[task]
         if handler_file is not None:
             handler = staging / Path(handler_file).name
@@ -304,6 +318,14 @@ def build(
         built = archive(staging, name, handler, export_path, version)
     print(describe_archive(built, left_out, model_dir))
     return built
+
+
+def check_calibration(path: Path) -> None:
+    """A calibration file the worker will read: refused now, not at the worker's start."""
+    try:
+        calibration_texts(Path(path).name, Path(path).parent)
+    except CalibrationError as error:
+        raise BuildError(str(error).replace("handler.calibration: ", "--calibration: ")) from error
 
 
 def main(argv=None) -> Path:
@@ -342,11 +364,19 @@ def main(argv=None) -> Path:
     parser.add_argument(
         "--handler", type=Path, help="your subclass of the task's handler (one class in its own file) to serve instead"
     )
+    parser.add_argument(
+        "--quantize", choices=("none", "int8"), help="handler.quantize: int8 linears, held to float32 (experimental)"
+    )
+    parser.add_argument(
+        "--calibration", type=Path, help="texts the int8 gate holds the model to, one a line (default: a shipped set)"
+    )
     args = parser.parse_args(argv)
     target = args.export_path / f"{args.name}.mar"
     if target.exists() and not args.force:
         raise UserError(f"{target} exists; pass --force to overwrite it, or another --model-name")
     extra = read_config(args.config) if args.config else {}
+    if args.quantize:
+        extra = merge(extra, {"handler": {"quantize": args.quantize}})
     if args.plan:
         planned = json.loads(args.plan.read_text())
         chosen = {key: planned[key] for key in ("seq_lens", "pack_tokens") if key in planned}
@@ -362,6 +392,7 @@ def main(argv=None) -> Path:
             handler_file=args.handler,
             precompile=args.precompile,
             version=args.version,
+            calibration=args.calibration,
         )
     except (BuildError, ConfigError, hub.HubError, AmbiguousTask) as error:  # ConfigError: the config's own check
         raise UserError(str(error)) from error

@@ -50,6 +50,9 @@ def parse_args(argv):
         action=argparse.BooleanOptionalAction,
         help="cut texts over the longest bucket (default), or refuse them with 413 (--no-auto-truncate)",
     )
+    parser.add_argument(
+        "--quantize", choices=("none", "int8"), help="handler.quantize: int8 linears, held to float32 (experimental)"
+    )
     parser.add_argument("--config", type=Path, help="model-config.yaml keys for the rest, merged under these flags")
     return parser.parse_args(argv)
 
@@ -65,6 +68,8 @@ def handler_settings(args) -> dict:
         settings.setdefault("buckets", {})["overflow"] = "truncate" if args.auto_truncate else "reject"
     if args.max_client_batch_size:
         settings["max_inputs"] = args.max_client_batch_size
+    if args.quantize:
+        settings["quantize"] = args.quantize
     return settings
 
 

@@ -60,17 +60,23 @@ def eager_engine(task: Task, serving: Serving) -> Engine:
     """The model loaded at its dtype, over the layout it serves, run eagerly: what is compiled or exported."""
     module, dtype = load_model(task, serving)
     engine = choose_layout(task, serving, module, dtype)
-    return quantize(engine, serving) if serving.config.quantize == "int8" else engine
+    return quantize(task, engine, serving) if serving.config.quantize == "int8" else engine
 
 
-def quantize(engine: Engine, serving: Serving) -> Engine:
-    """The engine over its int8 module if it passes the gate; else as `compile.on_failure` says."""
+def quantize(task: Task, engine: Engine, serving: Serving) -> Engine:
+    """The engine over its int8 module if it passes the gate on the calibration texts; else as
+    `compile.on_failure` says."""
     from ts_compiled_handlers.startup import quantizing
+    from ts_compiled_handlers.startup.calibration import calibration_texts
 
-    plan, tolerance = serving.plan, serving.config.warmup.tolerance or quantizing.DEFAULT_TOLERANCE
+    plan, config = serving.plan, serving.config
     example = serving.probes.filler(plan.seq_lens[-1], plan.batch_sizes[-1])
     try:
-        return quantizing.int8_engine(engine, serving.probes.check_rows(), example, plan.dynamic, tolerance)
+        texts = calibration_texts(config.calibration, serving.model_dir)
+        rows = serving.tokenizer(texts, truncation=True, max_length=plan.max_seq_len)["input_ids"]
+        tolerance = config.warmup.tolerance or quantizing.DEFAULT_TOLERANCE
+        gate = quantizing.Int8Gate(engine.model.eager, rows, task.NAME, tolerance)
+        return quantizing.int8_engine(engine, gate, example, plan.dynamic)
     except Exception as error:  # refused, or the export or the quantizer failed on this model
         on_failure(serving.config.compile.on_failure, error)
         return engine
@@ -178,14 +184,13 @@ def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupRep
         model.compile()
         check = model.graphs_needed if model.is_compiled else None
         report = warmup.run_grid(engine, config.warmup.iterations, serving.probes.filler, check, progress)
-        if model.is_compiled and config.warmup.verify:
+        int8_gate = getattr(model.eager, "int8_gate", None)
+        if model.is_compiled and int8_gate is not None:  # judged against float32, not its q/dq reference
+            int8_gate.check(engine)
+        elif model.is_compiled and config.warmup.verify:
             probe = serving.probes.check_rows()
-            # a quantized model is judged against float32 by its gate, not against its q/dq reference
-            reference = getattr(model.eager, "float_reference", model.eager)
-            tolerance = getattr(model.eager, "gate_tolerance", serving.tolerance(engine.dtype))
-            eager = engine.on(EagerRunner(reference)).run(probe).rows
-            compiled = engine.run(probe).rows
-            warmup.check_drift("compiled vs eager", compiled, eager, tolerance)
+            eager = engine.on(EagerRunner(model.eager)).run(probe).rows
+            warmup.check_drift("compiled vs eager", engine.run(probe).rows, eager, serving.tolerance(engine.dtype))
         return report
     except Exception as error:  # a compile error can be of any type; all follow on_failure
         if not config.compile.enable:

@@ -10,6 +10,7 @@ generated from them (scripts/config_table.py).
 """
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Callable
 
 from ts_compiled_handlers.request.answer_budget import DEFAULT_LIMIT as DEFAULT_ANSWER_BYTES
@@ -111,6 +112,14 @@ def _cache_dir(value, key) -> str:
     if value in ("auto", "off") or (isinstance(value, str) and value.startswith("/")):
         return value
     raise ConfigError(key, value, "auto | off | an absolute path")
+
+
+def _archive_file(value, key) -> str:
+    if value == "default" or (
+        isinstance(value, str) and value and not value.startswith("/") and ".." not in Path(value).parts
+    ):
+        return value
+    raise ConfigError(key, value, "default | a file's path inside the archive")
 
 
 def _option(check: Callable[[Any, str], Any], default: Any, *, meaning: str, why: str, shown: str | None = None):
@@ -390,6 +399,15 @@ class HandlerConfig:
         "`warmup.tolerance` or 0.01; needs `dtype: float32` and torchao (`pip install ts-compiled-handlers[int8]`)",
         why="int8 trades answers for speed, a trade each model must pass: off until asked for",
     )
+    calibration: str = _option(
+        _archive_file,
+        "default",
+        meaning="the texts `quantize: int8` is held against float32 on: `default`, a varied set shipped in the "
+        "package (handlers/startup/calibration.py), or a file of the archive, one text a line "
+        "(`hfserve build --calibration FILE` puts it there)",
+        why="a gate on real texts meets the model's outliers (long texts, rare tokens) before traffic does; "
+        "random token ids miss them",
+    )
     buckets: BucketConfig = _section(BucketConfig)
     compile: CompileConfig = _section(CompileConfig)
     warmup: WarmupConfig = _section(WarmupConfig)
@@ -438,6 +456,8 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
     if isinstance(own_compile, dict):
         own_compile = {**_pt2_compile(yaml_config), **own_compile}
     config = _parse_section(HandlerConfig, {**handler, "compile": own_compile}, "handler")
+    if config.quantize != "none" and config.task == "text-generation":
+        raise ConfigError("handler.quantize", config.quantize, "none for text-generation (int8 serves encoders)")
     if (config.generation.default_new_tokens or 0) > config.generation.max_new_tokens:
         raise ConfigError(
             "handler.generation.default_new_tokens",

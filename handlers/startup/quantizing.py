@@ -13,11 +13,14 @@ stay float32, their inputs carry the outliers. Weights keep 8 bits where the CPU
 compiled model drifts from the quantized reference. Ops nothing reads (BERT's pooler under mean
 pooling) are removed before annotation: an unread Linear+Tanh breaks the quantizer's fusion pass.
 
-The gate: per-row cosine to float32 on the check rows at least `1 - tolerance`, for the eager int8
-model here and for the compiled one after warm-up (build_steps.warm_up reads `float_reference` and
-`gate_tolerance` off the module); below it, QuantizationRefused, and `compile.on_failure` decides.
+The gate holds the int8 model against float32 on the calibration texts (handlers/startup/
+calibration.py): per-text cosine at least `1 - tolerance` for vectors, label agreement at least
+AGREEMENT for classifiers and taggers, pairwise rank agreement at least AGREEMENT for one-score
+rerankers; for the eager int8 model here and for the compiled one after warm-up (build_steps.warm_up
+finds the `Int8Gate` on the module). Below it, QuantizationRefused, and `compile.on_failure` decides.
 """
 
+import dataclasses
 import logging
 import os
 
@@ -30,6 +33,7 @@ from ts_compiled_handlers.runtime import hardware
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOLERANCE = 0.01  # 1 - the least cosine to float32 the gate passes
+AGREEMENT = 0.95  # the least share of labels (and of text pairs' order) the gate passes
 KEPT_FLOAT = ("output.dense",)  # Linear names containing these stay float32 (the residual projections)
 
 
@@ -98,33 +102,81 @@ def int8_module(engine: Engine, example_rows: list[list[int]], dynamic: str) -> 
     return convert_pt2e(prepared)
 
 
-def gate(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor], tolerance: float) -> float:
-    """The least per-row cosine of int8 to float32 rows; refused below 1 - tolerance."""
-    cosines = [
-        torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+@dataclasses.dataclass(frozen=True)
+class GateFigures:
+    """What the gate measured: its measure, the value, the floor it must reach, over how many texts."""
+
+    measure: str
+    value: float
+    floor: float
+    texts: int
+
+    def __str__(self) -> str:
+        return f"{self.measure} {self.value:.4f} over {self.texts} calibration texts (floor {self.floor:.4f})"
+
+
+def _least_cosine(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor]) -> float:
+    return min(
+        torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
         for a, b in zip(int8_rows, float_rows, strict=True)
-    ]
-    least = min(cosines)
-    if least < 1 - tolerance:
-        raise QuantizationRefused(
-            f"int8 vs float32: least cosine {least:.4f} over {len(cosines)} rows, below {1 - tolerance:.4f}"
-        )
-    return least
+    )
 
 
-def int8_engine(
-    engine: Engine, check_rows: list[list[int]], example_rows: list[list[int]], dynamic: str, tolerance: float
-) -> Engine:
-    """The engine over its int8 module, once it passes the gate on `check_rows`."""
+def _label_agreement(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor]) -> float:
+    """The share of texts (of tokens, for per-token rows) whose best label is the same."""
+    same = [torch.eq(a.argmax(-1), b.argmax(-1)).flatten() for a, b in zip(int8_rows, float_rows, strict=True)]
+    return torch.cat(same).float().mean().item()
+
+
+def _rank_agreement(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor]) -> float:
+    """The share of text pairs a one-score model (a reranker) orders the same way."""
+    a = torch.stack([row.flatten()[0] for row in int8_rows]).float()
+    b = torch.stack([row.flatten()[0] for row in float_rows]).float()
+    pairs = torch.triu_indices(len(a), len(a), offset=1)
+    same = torch.sign(a[pairs[0]] - a[pairs[1]]) == torch.sign(b[pairs[0]] - b[pairs[1]])
+    return same.float().mean().item() if same.numel() else 1.0
+
+
+def figures(task_name: str, int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor], tolerance: float):
+    """The gate's figures for the task: least per-text cosine for vectors, label agreement for
+    classifiers (per token for taggers), pairwise rank agreement for one-score rerankers."""
+    if task_name == "text-classification" and float_rows[0].numel() == 1:
+        return GateFigures("rank agreement", _rank_agreement(int8_rows, float_rows), AGREEMENT, len(float_rows))
+    if task_name in ("text-classification", "token-classification"):
+        return GateFigures("label agreement", _label_agreement(int8_rows, float_rows), AGREEMENT, len(float_rows))
+    return GateFigures("least cosine", _least_cosine(int8_rows, float_rows), 1 - tolerance, len(float_rows))
+
+
+@dataclasses.dataclass
+class Int8Gate:
+    """The int8 model held against float32 on the calibration rows: the eager int8 module at
+    quantization, the compiled one after warm-up (build_steps.warm_up); `last`: what it measured."""
+
+    float_module: torch.nn.Module
+    rows: list[list[int]]
+    task_name: str
+    tolerance: float
+    last: GateFigures | None = None
+
+    def check(self, engine: Engine) -> GateFigures:
+        """The engine's answers on the rows against float32's; QuantizationRefused below the floor."""
+        reference = engine.on(EagerRunner(self.float_module)).run(self.rows).rows
+        found = figures(self.task_name, engine.run(self.rows).rows, reference, self.tolerance)
+        if found.value < found.floor:
+            raise QuantizationRefused(f"int8 vs float32: {found}")
+        self.last = found
+        return found
+
+
+def int8_engine(engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dynamic: str) -> Engine:
+    """The engine over its int8 module, once it passes the gate (kept on the module for warm-up)."""
     if engine.device.type != "cpu":
         raise QuantizationRefused(f"quantize: int8 runs on the CPU, not {engine.device.type}")
     if engine.dtype != torch.float32:
         raise QuantizationRefused(f"quantize: int8 quantizes a float32 model, not {engine.dtype}: set dtype: float32")
-    reference = engine.run(check_rows).rows
     module = int8_module(engine, example_rows, dynamic)
-    # what the compiled int8 is checked against (in __dict__: not a submodule the compiler would see)
-    module.__dict__.update(float_reference=engine.model.eager, gate_tolerance=tolerance)
+    module.__dict__["int8_gate"] = gate  # in __dict__: not a submodule the compiler would see
     quantized = engine.on(EagerRunner(module))
-    least = gate(quantized.run(check_rows).rows, reference, tolerance)
-    logger.info("int8: linears quantized (%s kept float32), least cosine to float32 %.4f", ", ".join(KEPT_FLOAT), least)
+    found = gate.check(quantized)
+    logger.info("int8: linears quantized (%s kept float32), %s", ", ".join(KEPT_FLOAT), found)
     return quantized

@@ -46,7 +46,7 @@ def announce(
         source,
         hardware.detect().device_name,
         sorted(hardware.detect().cpu_flags),
-        str(engine.dtype).removeprefix("torch."),
+        dtype_described(engine),
         engine.model.is_compiled,
         options.mode,
         engine.plan.dynamic,
@@ -62,3 +62,10 @@ def announce(
         hardware.cores_described(),
         CACHE_SOURCES[started.cache_source],
     )
+
+
+def dtype_described(engine: Engine) -> str:
+    """The engine's dtype, and where its linears are int8, what their gate measured."""
+    dtype = str(engine.dtype).removeprefix("torch.")
+    gate = getattr(engine.model.eager, "int8_gate", None)
+    return f"{dtype} with int8 linears ({gate.last})" if gate is not None and gate.last is not None else dtype

@@ -1,8 +1,11 @@
-"""`quantize: int8` (experimental, issue 57) in process on the tiny random BERT: served int8 and compiled over
-the grid with no recompile, or refused by the gate as `compile.on_failure` says."""
+"""`quantize: int8` (experimental, issue 57) in process on the tiny random models: served int8 and compiled
+over the grid with no recompile, or refused by the gate as `compile.on_failure` says; the gate's
+measure per task and its calibration texts; the build's flags."""
 
 import dataclasses
+import logging
 import shutil
+import zipfile
 from pathlib import Path
 
 import fakes
@@ -10,9 +13,14 @@ import pytest
 import torch
 from fakes import answered
 
+from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.scripts.cli import UserError
+from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup import quantizing
+from ts_compiled_handlers.startup.calibration import DEFAULT_TEXTS, CalibrationError
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
+from ts_compiled_handlers.startup.config import ConfigError, parse
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 
@@ -22,10 +30,16 @@ def quantized_linears(module: torch.nn.Module) -> int:
     return sum("dequantize_per_channel" in str(node.target) for node in module.graph.nodes)
 
 
-def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(tiny_bert):
+def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(tiny_bert, caplog):
     # a loose gate: this test is about the serving path (the gate has its own test below)
-    handler = fakes.ready_handler(EmbeddingHandler, tiny_bert, buckets=GRID, quantize="int8", warmup={"tolerance": 0.5})
+    with caplog.at_level(logging.INFO):
+        handler = fakes.ready_handler(
+            EmbeddingHandler, tiny_bert, buckets=GRID, quantize="int8", warmup={"tolerance": 0.5}
+        )
     engine = handler.engine
+    gate = engine.model.eager.int8_gate
+    assert gate.last.measure == "least cosine" and gate.last.texts == len(DEFAULT_TEXTS)
+    assert f"dtype float32 with int8 linears ({gate.last})" in caplog.text  # the ready line says what it measured
     assert isinstance(engine.model.eager, torch.fx.GraphModule) and quantized_linears(engine.model.eager) > 0
     assert engine.model.is_compiled
     graphs = compiled_graph_count()
@@ -33,7 +47,7 @@ def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(t
     assert all(len(answer["embedding"]) == 32 for answer in answers)
     assert compiled_graph_count() == graphs and engine.model.recompiles_after_ready == 0
     with pytest.raises(quantizing.QuantizationRefused, match="runs on the CPU, not cuda"):
-        quantizing.int8_engine(dataclasses.replace(engine, device=torch.device("cuda")), [], [], "all", 0.5)
+        quantizing.int8_engine(dataclasses.replace(engine, device=torch.device("cuda")), gate, [], "all")
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +79,77 @@ def test_the_gate_refuses_a_drifting_int8_model_and_serves_float32_or_fails_as_c
         fakes.ready_handler(
             EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8", compile={"on_failure": "fail"}
         )
+
+
+def rows(*values) -> list[torch.Tensor]:
+    return [torch.tensor(value, dtype=torch.float32) for value in values]
+
+
+def test_the_gate_measures_vectors_by_cosine_labels_by_agreement_and_one_score_by_pairwise_order():
+    vectors = quantizing.figures("embedding", rows([1, 0], [0, 1]), rows([1, 0], [1, 1]), 0.01)
+    assert vectors.measure == "least cosine" and vectors.value == pytest.approx(2**-0.5) and vectors.floor == 0.99
+    labels = quantizing.figures("text-classification", rows([2, 1], [0, 3], [1, 0]), rows([2, 1], [0, 3], [0, 1]), 0.01)
+    assert labels.measure == "label agreement" and labels.value == pytest.approx(2 / 3) and labels.texts == 3
+    tokens = quantizing.figures("token-classification", rows([[1, 0], [0, 1]]), rows([[1, 0], [1, 0]]), 0.01)
+    assert tokens.measure == "label agreement" and tokens.value == pytest.approx(0.5)  # per token
+    # scores 1 < 2 < 3 < 4 against 1 < 2 < 4 < 3: one of the six pairs swapped
+    order = quantizing.figures("text-classification", rows([1], [2], [3], [4]), rows([1], [2], [4], [3]), 0.01)
+    assert order.measure == "rank agreement" and order.value == pytest.approx(5 / 6)
+    assert order.floor == quantizing.AGREEMENT and "rank agreement 0.8333 over 4 calibration texts" in str(order)
+
+
+EAGER_INT8 = {"buckets": GRID, "quantize": "int8", "compile": {"enable": False}}  # the gate, without compiling
+
+
+@pytest.mark.parametrize(
+    "model, measure", [("text-classification", "label agreement"), ("cross-encoder", "rank agreement")]
+)
+def test_a_classifier_and_a_reranker_are_gated_by_their_answers_agreement(tiny_models, model, measure):
+    handler = fakes.ready_handler(ClassificationHandler, tiny_models[model], **EAGER_INT8)
+    gate = handler.engine.model.eager.int8_gate
+    assert gate.last.measure == measure and gate.last.value >= quantizing.AGREEMENT
+    assert quantized_linears(handler.engine.model.eager) > 0
+    answers = answered(handler, [{"inputs": "the cat sat"}, {"inputs": "where does alice walk " * 8}])
+    assert len(answers) == 2 and not any(isinstance(answer, dict) and "error" in answer for answer in answers)
+
+
+@pytest.fixture
+def bert_with_texts(tiny_bert, tmp_path) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_bert, folder)
+    return folder
+
+
+def test_the_archive_s_calibration_file_replaces_the_default_texts_and_too_few_are_refused(bert_with_texts):
+    (bert_with_texts / "texts.txt").write_text("\n".join(f"text number {i} about cats" for i in range(10)) + "\n\n")
+    handler = fakes.ready_handler(EmbeddingHandler, bert_with_texts, calibration="texts.txt", **EAGER_INT8)
+    assert handler.engine.model.eager.int8_gate.last.texts == 10
+    (bert_with_texts / "texts.txt").write_text("one\ntwo\n")
+    strict = {**EAGER_INT8, "compile": {"enable": False, "on_failure": "fail"}}
+    with pytest.raises(CalibrationError, match="texts.txt has 2 texts; give at least 8"):
+        fakes.ready_handler(EmbeddingHandler, bert_with_texts, calibration="texts.txt", **strict)
+
+
+def test_calibration_names_a_file_inside_the_archive_and_generation_is_not_quantized():
+    assert parse({"handler": {"calibration": "data/texts.txt"}}).calibration == "data/texts.txt"
+    for outside in ("/etc/passwd", "../texts.txt", ""):
+        with pytest.raises(ConfigError, match="handler.calibration"):
+            parse({"handler": {"calibration": outside}})
+    with pytest.raises(ConfigError, match="none for text-generation"):
+        parse({"handler": {"task": "text-generation", "quantize": "int8"}})
+
+
+def test_hfserve_build_quantize_and_calibration_carry_the_texts_into_the_archive(tiny_bert, tmp_path):
+    texts = tmp_path / "my texts.txt"
+    texts.write_text("\n".join(f"query {i}: where is the station" for i in range(12)))
+    common = ["--model", str(tiny_bert), "--task", "embedding", "--export-path", str(tmp_path)]
+    built = build_mar.main([*common, "--name", "q", "--quantize", "int8", "--calibration", str(texts)])
+    with zipfile.ZipFile(built) as archive:
+        assert archive.read(build_mar.CALIBRATION_FILE).decode() == texts.read_text()
+        config = archive.read("model-config.yaml").decode()
+    assert "quantize: int8" in config and f"calibration: {build_mar.CALIBRATION_FILE}" in config
+    texts.write_text("just one\n")
+    with pytest.raises(UserError, match="--calibration: my texts.txt has 1 texts"):
+        build_mar.main([*common, "--name", "few", "--quantize", "int8", "--calibration", str(texts)])
+    with pytest.raises(UserError, match="does not pack an int8 model yet"):
+        build_mar.main([*common, "--name", "aot", "--quantize", "int8", "--precompile", "aot"])

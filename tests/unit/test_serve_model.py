@@ -14,6 +14,7 @@ def test_the_flags_become_the_handlers_keys_and_only_those_given():
     assert settings == {"dtype": "float32", "buckets": {"max_tokens": 2048, "overflow": "reject"}, "max_inputs": 16}
     parse({"handler": settings})  # the handler's own check takes them
     assert handler_settings(parse_args(["m", "--auto-truncate"])) == {"buckets": {"overflow": "truncate"}}
+    assert handler_settings(parse_args(["m", "--quantize", "int8"])) == {"quantize": "int8"}
     assert parse_args(["m", "--model-name", "x"]).name == "x"
 
 
