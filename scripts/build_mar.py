@@ -364,9 +364,7 @@ def main(argv=None) -> Path:
     parser.add_argument(
         "--handler", type=Path, help="your subclass of the task's handler (one class in its own file) to serve instead"
     )
-    parser.add_argument(
-        "--quantize", choices=("none", "int8"), help="handler.quantize: int8 linears, held to float32 (experimental)"
-    )
+    parser.add_argument("--quantize", choices=("none", "int8", "auto"), help="handler.quantize (experimental int8)")
     parser.add_argument(
         "--calibration", type=Path, help="texts the int8 gate holds the model to, one a line (default: a shipped set)"
     )

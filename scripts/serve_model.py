@@ -50,9 +50,7 @@ def parse_args(argv):
         action=argparse.BooleanOptionalAction,
         help="cut texts over the longest bucket (default), or refuse them with 413 (--no-auto-truncate)",
     )
-    parser.add_argument(
-        "--quantize", choices=("none", "int8"), help="handler.quantize: int8 linears, held to float32 (experimental)"
-    )
+    parser.add_argument("--quantize", choices=("none", "int8", "auto"), help="handler.quantize (experimental int8)")
     parser.add_argument("--config", type=Path, help="model-config.yaml keys for the rest, merged under these flags")
     return parser.parse_args(argv)
 

@@ -60,16 +60,22 @@ def eager_engine(task: Task, serving: Serving) -> Engine:
     """The model loaded at its dtype, over the layout it serves, run eagerly: what is compiled or exported."""
     module, dtype = load_model(task, serving)
     engine = choose_layout(task, serving, module, dtype)
-    return quantize(task, engine, serving) if serving.config.quantize == "int8" else engine
+    return engine if serving.config.quantize == "none" else quantize(task, engine, serving)
 
 
 def quantize(task: Task, engine: Engine, serving: Serving) -> Engine:
-    """The engine over its int8 module if it passes the gate on the calibration texts; else as
-    `compile.on_failure` says."""
+    """The engine over its int8 module if it passes the gate on the calibration texts; else, for
+    `int8`, as `compile.on_failure` says, and for `auto` the engine as it was."""
     from ts_compiled_handlers.startup import quantizing
     from ts_compiled_handlers.startup.calibration import calibration_texts
 
     plan, config = serving.plan, serving.config
+    unfit = quantizing.unfit(engine)
+    if config.quantize == "auto" and unfit:
+        logger.info("quantize: auto keeps %s: %s", str(engine.dtype).removeprefix("torch."), unfit)
+        return engine
+    if not quantizing.has_vnni():
+        logger.warning("quantize: int8 on a CPU without VNNI or AMX: 7-bit weights, and little faster than float32")
     example = serving.probes.filler(plan.seq_lens[-1], plan.batch_sizes[-1])
     try:
         texts = calibration_texts(config.calibration, serving.model_dir)
@@ -77,8 +83,13 @@ def quantize(task: Task, engine: Engine, serving: Serving) -> Engine:
         tolerance = config.warmup.tolerance or quantizing.DEFAULT_TOLERANCE
         gate = quantizing.Int8Gate(engine.model.eager, rows, task.NAME, tolerance)
         return quantizing.int8_engine(engine, gate, example, plan.dynamic)
-    except Exception as error:  # refused, or the export or the quantizer failed on this model
-        on_failure(serving.config.compile.on_failure, error)
+    except quantizing.QuantizationRefused as error:
+        if config.quantize != "auto":
+            on_failure(config.compile.on_failure, error)
+        logger.warning("quantize: %s keeps float32: %s", config.quantize, error)
+        return engine
+    except Exception as error:  # the export or the quantizer failed on this model: a bug to see
+        on_failure(config.compile.on_failure, error)
         return engine
 
 

@@ -168,6 +168,15 @@ class Int8Gate:
         return found
 
 
+def unfit(engine: Engine) -> str | None:
+    """Why `quantize: auto` leaves this engine as it is (None: int8 is worth trying)."""
+    if engine.device.type != "cpu" or engine.dtype != torch.float32:
+        return "int8 serves float32 models on the CPU"
+    if not has_vnni():
+        return "this CPU has neither VNNI nor AMX, where int8 gains little"
+    return None
+
+
 def int8_engine(engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dynamic: str) -> Engine:
     """The engine over its int8 module, once it passes the gate (kept on the module for warm-up)."""
     if engine.device.type != "cpu":

@@ -81,6 +81,19 @@ def test_the_gate_refuses_a_drifting_int8_model_and_serves_float32_or_fails_as_c
         )
 
 
+def test_auto_quantizes_only_where_the_cpu_has_vnni_and_keeps_float32_when_refused(drifting_bert, monkeypatch, caplog):
+    strict = {**EAGER_INT8, "quantize": "auto", "compile": {"enable": False, "on_failure": "fail"}}
+    monkeypatch.setattr(quantizing, "has_vnni", lambda: False)
+    with caplog.at_level(logging.INFO):
+        handler = fakes.ready_handler(EmbeddingHandler, drifting_bert, **strict)
+    assert not isinstance(handler.engine.model.eager, torch.fx.GraphModule)
+    assert "quantize: auto keeps float32: this CPU has neither VNNI nor AMX" in caplog.text
+    monkeypatch.setattr(quantizing, "has_vnni", lambda: True)  # tried now, and refused by its gate: not a failure
+    handler = fakes.ready_handler(EmbeddingHandler, drifting_bert, **strict)
+    assert not isinstance(handler.engine.model.eager, torch.fx.GraphModule)
+    assert "quantize: auto keeps float32: int8 vs float32: least cosine" in caplog.text
+
+
 def rows(*values) -> list[torch.Tensor]:
     return [torch.tensor(value, dtype=torch.float32) for value in values]
 
