@@ -172,6 +172,8 @@ def compile_and_warm_up(engine: Engine, serving: Serving, load_seconds: float, p
     compiled = engine.model.is_compiled
     if compiled:
         process_settings.stop_compile_workers()
+    if (int8_gate := getattr(engine.model.eager, "int8_gate", None)) is not None:
+        int8_gate.release()  # checked for good: the float32 model need not stay in memory
     return Started(report, lease.source if lease is not None and compiled else "off", load_seconds, host_cache)
 
 

@@ -152,7 +152,7 @@ class Int8Gate:
     """The int8 model held against float32 on the calibration rows: the eager int8 module at
     quantization, the compiled one after warm-up (build_steps.warm_up); `last`: what it measured."""
 
-    float_module: torch.nn.Module
+    float_module: torch.nn.Module | None
     rows: list[list[int]]
     task_name: str
     tolerance: float
@@ -166,6 +166,10 @@ class Int8Gate:
             raise QuantizationRefused(f"int8 vs float32: {found}")
         self.last = found
         return found
+
+    def release(self) -> None:
+        """Drop the float32 model and the rows once the last check is done (`last` stays)."""
+        self.float_module, self.rows = None, []
 
 
 def unfit(engine: Engine) -> str | None:
