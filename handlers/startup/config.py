@@ -10,10 +10,11 @@ generated from them (scripts/config_table.py).
 """
 
 import dataclasses
-from pathlib import Path
 from typing import Any, Callable
 
 from ts_compiled_handlers.request.answer_budget import DEFAULT_LIMIT as DEFAULT_ANSWER_BYTES
+from ts_compiled_handlers.startup import config_values as values
+from ts_compiled_handlers.startup.config_values import ConfigError
 
 TASKS = ("embedding", "sparse-embedding", "text-classification", "token-classification", "text-generation")
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
@@ -23,103 +24,6 @@ DYNAMIC = ("none", "batch", "all")
 OVERFLOW = ("truncate", "reject")
 ON_FAILURE = ("eager", "fail")
 PT2_COMPILE_KEYS = ("enable", "backend", "mode", "fullgraph", "dynamic")
-
-
-class ConfigError(ValueError):
-    """A model-config.yaml key with a value the handler cannot use."""
-
-    def __init__(self, key: str, value: Any, allowed: str):
-        super().__init__(f"model-config.yaml: {key}={value!r} is not valid; allowed: {allowed}")
-
-
-def _choice(*options: str) -> Callable[[Any, str], str]:
-    def check(value, key):
-        if value not in options:
-            raise ConfigError(key, value, " | ".join(options))
-        return value
-
-    return check
-
-
-def _boolean(value, key) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(key, value, "true | false")
-    return value
-
-
-def _auto_boolean(value, key) -> bool | None:
-    if value == "auto":
-        return None
-    if not isinstance(value, bool):
-        raise ConfigError(key, value, "auto | true | false")
-    return value
-
-
-def _positive_int(value, key) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(key, value, "an integer >= 1")
-    return value
-
-
-def _threads(value, key) -> int | None:
-    return None if value == "auto" else _positive_int(value, key)
-
-
-def _tolerance(value, key) -> float | None:
-    if value == "auto":
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ConfigError(key, value, "auto | a number between 0 and 1")
-    return float(value)
-
-
-def _sorted_ints(value, key) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(key, value, "a non-empty list of integers >= 1")
-    items = tuple(_positive_int(item, key) for item in value)
-    if list(items) != sorted(set(items)):
-        raise ConfigError(key, value, "integers in increasing order, without repeats")
-    return items
-
-
-def _seq_lens(value, key) -> str | tuple[int, ...]:
-    return value if value == "auto" else _sorted_ints(value, key)
-
-
-def _auto_or_positive(value, key) -> str | int:
-    if value == "auto":
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(key, value, "auto | an integer >= 1")
-    return value
-
-
-def _pack_tokens(value, key) -> str | int:
-    if value in ("auto", "off"):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(key, value, "auto | off | a token count >= 1")
-    return value
-
-
-def _backend(value, key) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(key, value, "a torch.compile backend name such as inductor")
-    return value
-
-
-def _cache_dir(value, key) -> str:
-    if value in ("auto", "off") or (isinstance(value, str) and value.startswith("/")):
-        return value
-    raise ConfigError(key, value, "auto | off | an absolute path")
-
-
-def _archive_file(value, key) -> str:
-    if value == "default" or (
-        isinstance(value, str) and value and not value.startswith("/") and ".." not in Path(value).parts
-    ):
-        return value
-    raise ConfigError(key, value, "default | a file's path inside the archive")
 
 
 def _option(check: Callable[[Any, str], Any], default: Any, *, meaning: str, why: str, shown: str | None = None):
@@ -136,7 +40,7 @@ def _section(cls):
 @dataclasses.dataclass(frozen=True)
 class BucketConfig:
     seq_lens: str | tuple[int, ...] = _option(
-        _seq_lens,
+        values.seq_lens,
         "auto",
         meaning="length buckets; `auto` = 16, 32, 64, ... doubling up to the model's own limit (sentence-transformers' "
         "`max_seq_length`, else the tokenizer's `model_max_length`, else its position table), the limit the "
@@ -146,7 +50,7 @@ class BucketConfig:
         "`hfserve plan`",
     )
     batch_sizes: tuple[int, ...] = _option(
-        _sorted_ints,
+        values.sorted_ints,
         (1, 2, 4, 8),
         meaning="batch buckets warmed; the largest is the most rows per call",
         why="8 packed rows of 256 tokens hold the archive's default `batchSize` (32) of texts of the load test's "
@@ -154,7 +58,7 @@ class BucketConfig:
         "generation's decode slots",
     )
     max_tokens: str | int = _option(
-        _auto_or_positive,
+        values.auto_or_positive,
         "auto",
         meaning="the most tokens (rows x length) one model call holds: the long buckets of a long-context model "
         "take fewer rows (at least one); `auto` = 4096",
@@ -162,13 +66,13 @@ class BucketConfig:
         "the default grid up to 256 tokens is not cut by it",
     )
     overflow: str = _option(
-        _choice(*OVERFLOW),
+        values.choice(*OVERFLOW),
         "truncate",
         meaning="a text over the largest bucket: `truncate` it, or `reject` it with 413",
         why="what sentence-transformers' `encode` does",
     )
     pack_tokens: str | int = _option(
-        _pack_tokens,
+        values.pack_tokens,
         "auto",
         meaning="encoder tasks: a batch's texts are packed end to end into rows of at most this many tokens "
         "([Packing](design.md#packing)); `auto` = the largest length bucket, at most 256; "
@@ -177,7 +81,7 @@ class BucketConfig:
         "1.40x the length groups; [Packing](performance.md#packing))",
     )
     histogram_every: int = _option(
-        _positive_int,
+        values.positive_int,
         1000,
         meaning="log the histogram of live token lengths every this many texts (for `plan_buckets.py --log`)",
         why="about one line per 12 s at the 87 requests/s of the MiniLM soak run, not one per request",
@@ -187,27 +91,27 @@ class BucketConfig:
 @dataclasses.dataclass(frozen=True)
 class CompileConfig:
     enable: bool = _option(
-        _boolean,
+        values.boolean,
         True,
         meaning="`false` serves eagerly (the switch that turns compilation off)",
         why="compiled matched or beat eager per call at every shape measured "
         "(see [Per bucket](performance.md#per-bucket))",
     )
     backend: str = _option(
-        _backend,
+        values.backend,
         "inductor",
         meaning="the `torch.compile` backend",
         why="torch's own compiler; AOT packages need it",
     )
     mode: str = _option(
-        _choice(*MODES),
+        values.choice(*MODES),
         "default",
         meaning="the `torch.compile` mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs",
         why="`default` compiles fastest; the others trade longer compiles for speed "
         "(see [Tuning](operations.md#tuning))",
     )
     freezing: bool | None = _option(
-        _auto_boolean,
+        values.auto_boolean,
         None,
         meaning="inductor's `freezing`: the weights become constants of the graph, folded and, on CPU, "
         "prepacked for oneDNN; `auto` = on where the whole model is compiled on the CPU (not `regional`, not "
@@ -217,33 +121,33 @@ class CompileConfig:
         shown="`auto`",
     )
     fullgraph: bool = _option(
-        _boolean,
+        values.boolean,
         False,
         meaning="passed to `torch.compile`: `true` makes a graph break an error",
         why="a model with graph breaks still compiles, in pieces; warm-up counts its graphs per shape",
     )
     dynamic: str = _option(
-        _choice(*DYNAMIC),
+        values.choice(*DYNAMIC),
         "all",
         meaning="which dims the graphs treat as dynamic: `none`, `batch`, `all` "
         "(see [Shape strategy](design.md#shape-strategy))",
         why="one graph for the whole grid: the only strategy that starts in a minute on 2 cores",
     )
     regional: bool = _option(
-        _boolean,
+        values.boolean,
         False,
         meaning="compile the repeated transformer block instead of the whole model",
         why="~30% less compile time here, but no faster than eager (see [Compile policy](design.md#compile-policy))",
     )
     on_failure: str = _option(
-        _choice(*ON_FAILURE),
+        values.choice(*ON_FAILURE),
         "eager",
         meaning="a compile or verify failure: serve `eager`ly (logged loudly, `CompileFallback 1`), "
         "or `fail` the worker (registration fails fast)",
         why="a slower answer beats no answer; choose `fail` where speed is part of the contract",
     )
     cache_dir: str = _option(
-        _cache_dir,
+        values.cache_dir,
         "auto",
         meaning="where the workers of a host share compiled kernels (handlers/startup/compile_cache.py): "
         "`auto` = `$HFSERVE_CACHE_DIR` (`off` there turns it off host-wide), else "
@@ -255,19 +159,19 @@ class CompileConfig:
 @dataclasses.dataclass(frozen=True)
 class WarmupConfig:
     iterations: int = _option(
-        _positive_int,
+        values.positive_int,
         2,
         meaning="calls per grid shape during warm-up",
         why="the first call compiles, the second proves the graph is reused",
     )
     verify: bool = _option(
-        _boolean,
+        values.boolean,
         True,
         meaning="compare compiled with eager, and `auto` dtype with float32",
         why="a wrong answer must not go live",
     )
     tolerance: float | None = _option(
-        _tolerance,
+        values.tolerance,
         None,
         shown="`auto`",
         meaning="largest allowed 1 - cosine; auto = 1e-4 (float32), 2e-3 (bf16/fp16)",
@@ -280,7 +184,7 @@ class EmbeddingConfig:
     """embedding only."""
 
     dimensions: str = _option(
-        _choice("auto", "any"),
+        values.choice("auto", "any"),
         "auto",
         meaning="embedding: which models take a request's `dimensions` (the first N values, then normalized): "
         "`auto` = those whose config.json says they were trained for it (`matryoshka_dimensions`, "
@@ -294,26 +198,26 @@ class GenerationConfig:
     """text-generation only."""
 
     max_new_tokens: int = _option(
-        _positive_int,
+        values.positive_int,
         64,
         meaning="text-generation: the most tokens a request may ask for; sizes the static KV cache",
         why="the cache is allocated per batch bucket: bigger costs memory for every request",
     )
     default_new_tokens: int | None = _option(
-        _positive_int,
+        values.positive_int,
         None,
         shown="min(20, `max_new_tokens`)",
         meaning="text-generation: tokens when a request does not say",
         why="short enough that a request without a budget cannot hold its batch for long",
     )
     max_stop_strings: int = _option(
-        _positive_int,
+        values.positive_int,
         8,
         meaning="text-generation: stop strings per request",
         why="each is checked after every token",
     )
     steps_per_call: int = _option(
-        _positive_int,
+        values.positive_int,
         8,
         meaning="continuous batching (`continuousBatching: true`, handlers/loops/decode_loop.py): the most decode "
         "steps per handler call (each call is a frontend round trip; a call ends early after a step in which a prompt "
@@ -321,7 +225,7 @@ class GenerationConfig:
         why="see [Generation](performance.md#generation)",
     )
     max_request_seconds: int = _option(
-        _positive_int,
+        values.positive_int,
         300,
         meaning='continuous batching: a request running longer ends with `finish_reason: "time"`',
         why="TorchServe's `responseTimeout` bounds one call, not a request",
@@ -333,7 +237,7 @@ class SchedulerConfig:
     """encoder tasks under `asyncCommunication: true` (handlers/loops/token_scheduler.py)."""
 
     call_tokens: str | int = _option(
-        _auto_or_positive,
+        values.auto_or_positive,
         "auto",
         meaning="with `asyncCommunication: true` (encoder tasks): the most tokens of waiting requests one model "
         "call takes (the oldest request always goes); "
@@ -343,7 +247,7 @@ class SchedulerConfig:
         "longer than a full request batch was",
     )
     max_queue: int = _option(
-        _positive_int,
+        values.positive_int,
         100,
         meaning="with `asyncCommunication: true`: requests a worker holds (queued or in a call); one more is "
         "answered 503 at once",
@@ -354,20 +258,20 @@ class SchedulerConfig:
 @dataclasses.dataclass(frozen=True)
 class HandlerConfig:
     task: str = _option(
-        _choice(*TASKS),
+        values.choice(*TASKS),
         "embedding",
         meaning=f"which handler serves the model: {', '.join(TASKS)}",
         why="the demo model is a sentence embedder; `hfserve build --task` sets it",
     )
     dtype: str = _option(
-        _choice(*DTYPE_NAMES),
+        values.choice(*DTYPE_NAMES),
         "auto",
         meaning="`auto` = bfloat16 on CUDA >= 8.0 or CPUs with AMX/AVX512-BF16, float16 on older CUDA, else "
         "float32; refused back to float32 if it drifts past the tolerance",
         why="the fastest type the hardware computes natively, never at a cost in answers the check can see",
     )
     threads: int | None = _option(
-        _threads,
+        values.threads,
         None,
         shown="`auto`",
         meaning="intra-op threads per worker; `auto` = cores / the model's live workers (at least `minWorkers`), "
@@ -375,13 +279,13 @@ class HandlerConfig:
         why="workers of one host must not oversubscribe the cores",
     )
     max_inputs: int = _option(
-        _positive_int,
+        values.positive_int,
         64,
         meaning="texts per request (a longer list gets 413)",
         why="bounds what one request can make a worker hold",
     )
     max_response_bytes: int = _option(
-        _positive_int,
+        values.positive_int,
         DEFAULT_ANSWER_BYTES,
         meaning="the most bytes of JSON one request is answered with: a larger answer gets 413 naming what to send "
         "instead (fewer texts, `top_k`...), refused before it is made where its size follows from the request "
@@ -391,7 +295,7 @@ class HandlerConfig:
         "4096-wide embedding take ~3 MB, of a SPLADE model ~6 MB in TEI's form",
     )
     quantize: str = _option(
-        _choice("none", "int8", "auto"),
+        values.choice("none", "int8", "auto"),
         "none",
         meaning="`int8`: the encoder's linears in int8 through PT2E (dynamic activations, 8-bit per-channel "
         "weights, the residual projections kept float32; 7-bit weights where the CPU lacks VNNI), experimental: "
@@ -402,7 +306,7 @@ class HandlerConfig:
         why="int8 trades answers for speed, a trade each model must pass: off until asked for",
     )
     calibration: str = _option(
-        _archive_file,
+        values.archive_file,
         "default",
         meaning="the texts `quantize: int8` is held against float32 on: `default`, a varied set shipped in the "
         "package (handlers/startup/calibration.py), or a file of the archive, one text a line "
@@ -444,7 +348,7 @@ def _pt2_compile(yaml_config: dict) -> dict:
             raise ConfigError(f"pt2.compile.{name}", value, f"one of the keys {', '.join(PT2_COMPILE_KEYS)}")
     merged = dict(section)
     if "dynamic" in merged:
-        merged["dynamic"] = "all" if _boolean(merged["dynamic"], "pt2.compile.dynamic") else "none"
+        merged["dynamic"] = "all" if values.boolean(merged["dynamic"], "pt2.compile.dynamic") else "none"
     return merged
 
 

@@ -1,0 +1,102 @@
+"""The checks one model-config.yaml value passes (handlers/startup/config.py names each key's),
+and the error that names the key, the value and what is allowed."""
+
+from pathlib import Path
+from typing import Any, Callable
+
+
+class ConfigError(ValueError):
+    """A model-config.yaml key with a value the handler cannot use."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        super().__init__(f"model-config.yaml: {key}={value!r} is not valid; allowed: {allowed}")
+
+
+def choice(*options: str) -> Callable[[Any, str], str]:
+    def check(value, key):
+        if value not in options:
+            raise ConfigError(key, value, " | ".join(options))
+        return value
+
+    return check
+
+
+def boolean(value, key) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "true | false")
+    return value
+
+
+def auto_boolean(value, key) -> bool | None:
+    if value == "auto":
+        return None
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "auto | true | false")
+    return value
+
+
+def positive_int(value, key) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "an integer >= 1")
+    return value
+
+
+def threads(value, key) -> int | None:
+    return None if value == "auto" else positive_int(value, key)
+
+
+def tolerance(value, key) -> float | None:
+    if value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ConfigError(key, value, "auto | a number between 0 and 1")
+    return float(value)
+
+
+def sorted_ints(value, key) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, value, "a non-empty list of integers >= 1")
+    items = tuple(positive_int(item, key) for item in value)
+    if list(items) != sorted(set(items)):
+        raise ConfigError(key, value, "integers in increasing order, without repeats")
+    return items
+
+
+def seq_lens(value, key) -> str | tuple[int, ...]:
+    return value if value == "auto" else sorted_ints(value, key)
+
+
+def auto_or_positive(value, key) -> str | int:
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "auto | an integer >= 1")
+    return value
+
+
+def pack_tokens(value, key) -> str | int:
+    if value in ("auto", "off"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "auto | off | a token count >= 1")
+    return value
+
+
+def backend(value, key) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, value, "a torch.compile backend name such as inductor")
+    return value
+
+
+def cache_dir(value, key) -> str:
+    if value in ("auto", "off") or (isinstance(value, str) and value.startswith("/")):
+        return value
+    raise ConfigError(key, value, "auto | off | an absolute path")
+
+
+def archive_file(value, key) -> str:
+    if value == "default" or (
+        isinstance(value, str) and value and not value.startswith("/") and ".." not in Path(value).parts
+    ):
+        return value
+    raise ConfigError(key, value, "default | a file's path inside the archive")
