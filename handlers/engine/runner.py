@@ -34,6 +34,12 @@ class ModelRunner:
         return self._eager
 
     @property
+    def int8_gate(self):
+        """The gate an int8 module carries (handlers/startup/quantizing.py), else None; read without
+        loading an eager module that is loaded only when needed (an AOT package's)."""
+        return getattr(self._eager, "int8_gate", None)
+
+    @property
     def is_compiled(self) -> bool:
         """Whether calls take a fast path at all (False: every call runs the eager module)."""
         return False

@@ -172,8 +172,8 @@ def compile_and_warm_up(engine: Engine, serving: Serving, load_seconds: float, p
     compiled = engine.model.is_compiled
     if compiled:
         process_settings.stop_compile_workers()
-    if (int8_gate := getattr(engine.model.eager, "int8_gate", None)) is not None:
-        int8_gate.release()  # checked for good: the float32 model need not stay in memory
+    if engine.model.int8_gate is not None:
+        engine.model.int8_gate.release()  # checked for good: the float32 model need not stay in memory
     return Started(report, lease.source if lease is not None and compiled else "off", load_seconds, host_cache)
 
 
@@ -197,9 +197,8 @@ def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupRep
         model.compile()
         check = model.graphs_needed if model.is_compiled else None
         report = warmup.run_grid(engine, config.warmup.iterations, serving.probes.filler, check, progress)
-        int8_gate = getattr(model.eager, "int8_gate", None)
-        if model.is_compiled and int8_gate is not None:  # judged against float32, not its q/dq reference
-            int8_gate.check(engine)
+        if model.is_compiled and model.int8_gate is not None:  # judged against float32, not its q/dq reference
+            model.int8_gate.check(engine)
         elif model.is_compiled and config.warmup.verify:
             probe = serving.probes.check_rows()
             eager = engine.on(EagerRunner(model.eager)).run(probe).rows

@@ -67,5 +67,5 @@ def announce(
 def dtype_described(engine: Engine) -> str:
     """The engine's dtype, and where its linears are int8, what their gate measured."""
     dtype = str(engine.dtype).removeprefix("torch.")
-    gate = getattr(engine.model.eager, "int8_gate", None)
+    gate = engine.model.int8_gate
     return f"{dtype} with int8 linears ({gate.last})" if gate is not None and gate.last is not None else dtype

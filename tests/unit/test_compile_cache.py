@@ -294,7 +294,7 @@ def test_a_worker_whose_cache_fails_starts_serving_and_counts_it(tmp_path, caplo
     monkeypatch.setattr(compile_cache, "manifest", lambda *args: VALID_FOR)
     monkeypatch.setattr(process_settings, "stop_compile_workers", lambda: None)
     engine = SimpleNamespace(
-        model=SimpleNamespace(is_compiled=False, fallback=None, eager=torch.nn.Identity()),
+        model=SimpleNamespace(is_compiled=False, fallback=None, int8_gate=None),
         dtype=torch.float32,
         plan=SimpleNamespace(dynamic="all", seq_lens=(8,), batch_sizes=(1,)),
     )
