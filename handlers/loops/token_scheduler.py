@@ -50,8 +50,8 @@ class TokenScheduler:
     """Runs `call(items) -> outputs` (one per item, in order) over what waits, `call_tokens` at a time.
 
     `on_call(report)` is told of every call made, once it is done (the metrics); `on_split(error)`
-    of every call that raised and was split. Calls run in `executor`'s one thread (the handler's model thread,
-    handlers/loops/model_thread.py), else in a thread of the scheduler's own.
+    of every call that raised and was split. Calls run in `executor`'s one thread (the handler's
+    model thread, handlers/loops/model_thread.py), else in a thread of the scheduler's own.
     """
 
     def __init__(
