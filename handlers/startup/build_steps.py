@@ -81,7 +81,7 @@ def quantize(task: Task, engine: Engine, serving: Serving) -> Engine:
         texts = calibration_texts(config.calibration, serving.model_dir)
         rows = serving.tokenizer(texts, truncation=True, max_length=plan.max_seq_len)["input_ids"]
         tolerance = config.warmup.tolerance or quantizing.DEFAULT_TOLERANCE
-        gate = quantizing.Int8Gate(engine.model.eager, rows, task.NAME, tolerance)
+        gate = quantizing.Int8Gate.over(engine, rows, task.NAME, tolerance)
         return quantizing.int8_engine(engine, gate, example, plan.dynamic)
     except quantizing.QuantizationRefused as error:
         if config.quantize != "auto":
@@ -173,7 +173,7 @@ def compile_and_warm_up(engine: Engine, serving: Serving, load_seconds: float, p
     if compiled:
         process_settings.stop_compile_workers()
     if engine.model.int8_gate is not None:
-        engine.model.int8_gate.release()  # checked for good: the float32 model need not stay in memory
+        engine.model.int8_gate.release()  # checked for good
     return Started(report, lease.source if lease is not None and compiled else "off", load_seconds, host_cache)
 
 

@@ -149,27 +149,31 @@ def figures(task_name: str, int8_rows: list[torch.Tensor], float_rows: list[torc
 
 @dataclasses.dataclass
 class Int8Gate:
-    """The int8 model held against float32 on the calibration rows: the eager int8 module at
-    quantization, the compiled one after warm-up (build_steps.warm_up); `last`: what it measured."""
+    """The int8 model held against float32's answers on the calibration rows (computed once, by the
+    float32 engine, so that model need not stay): the eager int8 module at quantization, the
+    compiled one after warm-up (build_steps.warm_up); `last`: what it measured."""
 
-    float_module: torch.nn.Module | None
     rows: list[list[int]]
+    reference: list[torch.Tensor]  # float32's answers on `rows`
     task_name: str
     tolerance: float
     last: GateFigures | None = None
 
+    @classmethod
+    def over(cls, float_engine: Engine, rows: list[list[int]], task_name: str, tolerance: float) -> "Int8Gate":
+        return cls(rows, float_engine.run(rows).rows, task_name, tolerance)
+
     def check(self, engine: Engine) -> GateFigures:
         """The engine's answers on the rows against float32's; QuantizationRefused below the floor."""
-        reference = engine.on(EagerRunner(self.float_module)).run(self.rows).rows
-        found = figures(self.task_name, engine.run(self.rows).rows, reference, self.tolerance)
+        found = figures(self.task_name, engine.run(self.rows).rows, self.reference, self.tolerance)
         if found.value < found.floor:
             raise QuantizationRefused(f"int8 vs float32: {found}")
         self.last = found
         return found
 
     def release(self) -> None:
-        """Drop the float32 model and the rows once the last check is done (`last` stays)."""
-        self.float_module, self.rows = None, []
+        """Drop the rows and float32's answers once the last check is done (`last` stays)."""
+        self.rows, self.reference = [], []
 
 
 def unfit(engine: Engine) -> str | None:
