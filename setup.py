@@ -51,6 +51,7 @@ setup(
             "matplotlib",
             "psutil",
             "openai>=1.40",
+            "cohere>=5.0",  # Cohere's v2 embed route, tested with its ClientV2
             "langchain-openai>=0.3",  # the OpenAI endpoints are tested with the real clients
         ],
     },

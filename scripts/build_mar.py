@@ -31,7 +31,7 @@ import yaml
 
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.runtime import package_files
-from ts_compiled_handlers.scripts import hub, precompile
+from ts_compiled_handlers.scripts import answer_ranges, hub, precompile
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_task
 from ts_compiled_handlers.servers.torchserve import settings
@@ -288,7 +288,7 @@ def build(
 ) -> Path:
     """The .mar of `model_dir` served by the task's handler (or `handler_file`, a subclass of it);
     `precompile`: "aot", "cache", True (the task's default kind) or None; `calibration`: a file of
-    texts for the int8 gate, carried in the archive as CALIBRATION_FILE."""
+    texts for the int8 gate and an embedder's answer ranges, carried in the archive as CALIBRATION_FILE."""
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
     kind = precompile_kind(task, precompile)
@@ -304,6 +304,8 @@ def build(
         left_out = stage(model_dir, config, staging)
         if calibration is not None:
             shutil.copy2(calibration, staging / CALIBRATION_FILE)
+        if task == "embedding":  # int8/uint8 answers' ranges (handlers/tasks/precisions.py)
+            answer_ranges.write_ranges(staging, parse(config))
         handler = staging / package_files.NAME / HANDLER_FILES[task]
         if handler_file is not None:
             handler = staging / Path(handler_file).name
@@ -366,7 +368,9 @@ def main(argv=None) -> Path:
     )
     parser.add_argument("--quantize", choices=("none", "int8", "auto"), help="handler.quantize (experimental int8)")
     parser.add_argument(
-        "--calibration", type=Path, help="texts the int8 gate holds the model to, one a line (default: a shipped set)"
+        "--calibration",
+        type=Path,
+        help="texts, one a line, for the int8 gate and an embedder's int8/uint8 answer ranges (default: a shipped set)",
     )
     args = parser.parse_args(argv)
     target = args.export_path / f"{args.name}.mar"

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
+from ts_compiled_handlers.tasks.precisions import PRECISIONS
 
 # Reading and writing take a sliver of a CPU each, so that several run in the CPU left beside the actors.
 IO_CPUS = 0.1
@@ -32,6 +33,12 @@ def parse_args(argv):
     parser.add_argument("--archive", required=True, type=Path, help="an embedding .mar that `hfserve build` made")
     parser.add_argument("--text-column", default="text", help="the column embedded")
     parser.add_argument("--output-column", default="embedding", help="the column the vectors go to")
+    parser.add_argument(
+        "--precision",
+        default="float32",
+        choices=PRECISIONS,
+        help="the vectors' type: int8/uint8 use the archive's ranges, binary/ubinary pack signs 8 to a byte",
+    )
     parser.add_argument("--actors", type=int, default=1, help="actors of the archive (each a worker)")
     parser.add_argument("--cpus-per-actor", type=float, default=1, help="each actor's CPUs (its threads)")
     parser.add_argument("--batch-size", type=int, default=256, help="rows per actor call (one engine run: packed)")
@@ -73,6 +80,7 @@ def main(argv=None) -> None:
             "archive": str(args.archive.resolve()),
             "text_column": args.text_column,
             "output_column": args.output_column,
+            "precision": args.precision,
         },
         compute=ray.data.ActorPoolStrategy(size=args.actors),
         num_cpus=args.cpus_per_actor,

@@ -94,6 +94,9 @@ class Task:
         """A task's own request form rewritten to the common one (chat messages to a prompt)."""
         return value
 
+    def check_request(self, request: Request) -> None:
+        """Refuse (RequestError) parameters that each pass their check but not together."""
+
     def model_texts(self, request: Request) -> list:
         """The texts the model reads for a request (a task may prepend a prompt)."""
         return request.texts

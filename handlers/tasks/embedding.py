@@ -5,7 +5,8 @@ from the model's own sentence-transformers files (`modules.json`, `1_Pooling/con
 `sentence_bert_config.json`, `config_sentence_transformers.json`), so an encoder (BERT, RoBERTa...)
 and a decoder embedder (Qwen3-Embedding: last token, an instruction prompt) are served alike.
 Per request: `normalize`, `prompt_name` (one of the model's prompts, else its default one), and
-`dimensions` (the first N values, then normalized: Matryoshka models, see `embedding.dimensions`).
+`dimensions` (the first N values, then normalized: Matryoshka models, see `embedding.dimensions`),
+and `precision` (float32, int8, uint8, binary, ubinary: handlers/tasks/precisions.py).
 """
 
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from ts_compiled_handlers.protocols import Request
+from ts_compiled_handlers.protocols.cohere import CohereEmbedProtocol
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
@@ -25,6 +27,7 @@ from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.model_files import named_prompts, read_json
 from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, normalizes, pooling_modes
+from ts_compiled_handlers.tasks.precisions import INTEGER_BYTES, PRECISIONS, quantized, read_ranges, values_per_text
 
 if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
     from ts_compiled_handlers.startup.config import HandlerConfig
@@ -34,10 +37,17 @@ NORM_EPS = 1e-12  # torch.nn.functional.normalize's floor on a vector's norm
 FLOAT_BYTES = 5  # the fewest bytes a value takes in an answer: base64's 16/3 (JSON's shortest float32s: ~12)
 
 
+def precision_names(params: dict) -> tuple[str, ...]:
+    """The precisions a request asked for: one name, or Cohere's several (a tuple)."""
+    asked = params.get("precision", "float32")
+    return asked if isinstance(asked, tuple) else (asked,)
+
+
 class EmbeddingTask(Task):
     """`{"inputs": "text"}` -> `{"embedding": [...]}`; a list in gets a list out."""
 
     NAME = "embedding"
+    ranges = None  # int8 and uint8 answers' AnswerRanges, read from the archive (None: built without)
 
     protocols = (
         KServeV2Protocol(),
@@ -45,6 +55,7 @@ class EmbeddingTask(Task):
         EmbeddingsProtocol(),
         ModelsProtocol(),
         TeiEmbedProtocol(),
+        CohereEmbedProtocol(),
         *TEI_ROUTES,
     )
 
@@ -55,6 +66,7 @@ class EmbeddingTask(Task):
         self.read_prompts(model_dir)
         self.size = model_config.get_text_config().hidden_size * len(self.pooling)
         self.dimension_sizes = self._dimension_sizes(model_config)
+        self.ranges = read_ranges(model_dir)
 
     def read_prompts(self, model_dir: Path) -> None:
         """The model's named prompts and its default one (config_sentence_transformers.json)."""
@@ -79,7 +91,17 @@ class EmbeddingTask(Task):
             "normalize": boolean_param,
             "prompt_name": self._prompt_param,
             "dimensions": self._dimensions_param,
+            "precision": self.precision_param,
         }
+
+    def precision_param(self, value: Any, name: str) -> str:
+        """One of PRECISIONS that this archive can give (int8 and uint8 need its ranges)."""
+        if value not in PRECISIONS:
+            raise RequestError(400, f"parameter '{name}' must be one of: {', '.join(PRECISIONS)}", name)
+        if value.endswith("int8") and self.ranges is None:
+            message = f"parameter '{name}': {value} needs ranges this archive was built without; rebuild it"
+            raise RequestError(400, message + " with `hfserve build` (docs/tasks.md#quantized-answers)", name)
+        return value
 
     def _prompt_param(self, value: Any, name: str) -> str:
         if not isinstance(value, str) or value not in self.prompts:  # a list or object is no name (nor hashable)
@@ -103,6 +125,17 @@ class EmbeddingTask(Task):
             raise RequestError(400, f"parameter '{name}' must be one of {sorted(self.dimension_sizes)}", name)
         return value
 
+    def check_request(self, request: Request) -> None:
+        """int8 and uint8 fit the ranges' vectors only: full size, normalized as they were."""
+        params = request.params
+        if not any(name.endswith("int8") for name in precision_names(params)):
+            return
+        if "dimensions" in params:
+            raise RequestError(400, "int8 and uint8 answers are full size: leave out 'dimensions'", "dimensions")
+        if params.get("normalize", self.normalize_default) != self.ranges.normalized:
+            wanted = "true" if self.ranges.normalized else "false"
+            raise RequestError(400, f"int8 and uint8 answers' ranges are for 'normalize': {wanted}", "normalize")
+
     def tei_model_type(self) -> dict:
         return {"embedding": {"pooling": "+".join(self.pooling)}}
 
@@ -124,16 +157,33 @@ class EmbeddingTask(Task):
 
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         """In numpy: after the model call every small op runs on cold caches, and torch's each go
-        through its dispatcher (docs/performance.md, "Where a request's CPU goes")."""
+        through its dispatcher (docs/performance.md, "Where a request's CPU goes"). `precision`
+        is one name, or a tuple of them (Cohere's `embedding_types`: an answer per precision)."""
         params = accepted.request.params
-        values = len(rows) * params.get("dimensions", rows[0].shape[-1])
+        precisions, names = params.get("precision", "float32"), precision_names(params)
         if accepted.request.protocol is not None:  # answered as JSON (Ray Data's batches are arrays)
-            field = accepted.request.protocol.texts_field
-            self.budget.check(values, FLOAT_BYTES, "values", field, "send fewer texts")
+            self._check_size(len(rows), params.get("dimensions", rows[0].shape[-1]), names, accepted)
         embeddings = np.stack([row.numpy() for row in rows])  # (texts, H) float32
         if "dimensions" in params:
             embeddings = embeddings[:, : params["dimensions"]]
         if params.get("normalize", self.normalize_default):  # as torch.nn.functional.normalize
             embeddings = embeddings / np.maximum(np.linalg.norm(embeddings, axis=-1, keepdims=True), NORM_EPS)
         # float32 rows, C-contiguous, as runtime/json_text.py's `as_json` writes them shortest
-        return [{"embedding": embedding} for embedding in np.ascontiguousarray(embeddings, dtype=np.float32)]
+        embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if not isinstance(precisions, tuple):
+            vectors = embeddings if precisions == "float32" else quantized(embeddings, precisions, self.ranges)
+            return [{"embedding": vector} for vector in vectors]
+        by_precision = {name: quantized(embeddings, name, self.ranges) for name in names}
+        return [
+            {"embeddings": {name: values[text] for name, values in by_precision.items()}} for text in range(len(rows))
+        ]
+
+    def _check_size(self, texts: int, dimensions: int, precisions: tuple, accepted: Accepted) -> None:
+        """The answer budget's check before the answer is made: a float takes FLOAT_BYTES, a byte INTEGER_BYTES."""
+        values = sum(values_per_text(dimensions, name) for name in precisions)
+        least = sum(
+            values_per_text(dimensions, name) * (FLOAT_BYTES if name == "float32" else INTEGER_BYTES)
+            for name in precisions
+        )
+        field = accepted.request.protocol.texts_field
+        self.budget.check(texts, least, f"embeddings ({values} values each)", field, "send fewer texts")

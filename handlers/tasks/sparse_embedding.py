@@ -75,7 +75,7 @@ class SparseEmbeddingTask(EmbeddingTask):
 
     def param_checks(self) -> dict:
         checks = {**super().param_checks(), "top_k": top_k_param, "threshold": threshold_param}
-        for dense_only in ("normalize", "dimensions"):
+        for dense_only in ("normalize", "dimensions", "precision"):
             del checks[dense_only]
         return checks
 

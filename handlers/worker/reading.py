@@ -36,6 +36,7 @@ class RequestReader:
 
     def tokenized(self, request) -> Tokenized:
         """The request's texts (as the task gives them to the model) tokenized, per its truncation."""
+        self.task.check_request(request)
         truncate, side = request.params.get("truncate"), request.params.get("truncation_direction")
         if request.token_ids is not None:  # sent as token ids (the OpenAI embeddings body)
             return self.tokenize.ids(request.token_ids, truncate, side)

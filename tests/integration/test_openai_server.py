@@ -1,13 +1,18 @@
-"""OpenAI's API and the rerank endpoints through a real TorchServe, spoken by the real `openai`
-client (and LangChain's OpenAI embeddings class), every answer against its reference library."""
+"""OpenAI's API, Cohere's v2 embed and the rerank endpoints through a real TorchServe, spoken by
+the real `openai` and `cohere` clients (and LangChain's OpenAI embeddings class), every answer
+against its reference library."""
 
 import json
+import zipfile
 
+import cohere
+import numpy as np
 import openai
 import pytest
 import requests
 import torch
 from sentence_transformers import CrossEncoder, SentenceTransformer
+from sentence_transformers.util import quantize_embeddings
 from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.integration
@@ -145,6 +150,28 @@ def test_rerank_scores_equal_cross_encoder_in_cohere_and_tei_shapes(server, tiny
     assert [(r["index"], r["document"]) for r in tei] == [(i, documents[i]) for i in order[:3]]
     refused = requests.post(f"{url}/v1/rerank", json={"query": "q"}, headers=server.headers("inference"), timeout=60)
     assert refused.status_code == 400 and set(refused.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_cohere_v2_embed_answers_each_type_as_quantize_embeddings_with_the_archive_ranges(server, tiny_models):
+    """The real `cohere` client (its ClientV2, as a user points it at the archive's path) parses
+    every embedding type; int8/uint8 use the ranges `hfserve build` put in the archive."""
+    client = cohere.ClientV2(
+        api_key=server.key("inference"), base_url=f"{server.inference_url}/predictions/embedder/1.0", timeout=60
+    )
+    types = ["float", "int8", "uint8", "binary", "ubinary"]
+    response = client.embed(texts=TEXTS, model="embedder", input_type="search_query", embedding_types=types)
+    floats = np.array(response.embeddings.float_, dtype=np.float32)
+    reference = SentenceTransformer(str(tiny_models["embedding"]), device="cpu").encode(TEXTS)
+    assert min(cosines(floats, reference)) >= 0.9999
+    saved = json.loads(zipfile.ZipFile(server.model_store / "embedder.mar").read("answer_ranges.json"))
+    ranges = np.array([saved["min"], saved["max"]], dtype=np.float32)
+    for kind in types[1:]:
+        wanted = quantize_embeddings(floats, kind, ranges=ranges)
+        assert np.array_equal(np.array(getattr(response.embeddings, kind)), wanted), kind
+    assert response.texts == TEXTS and response.meta.billed_units.input_tokens > 0
+    with pytest.raises(cohere.core.api_error.ApiError) as refused:
+        client.embed(texts=TEXTS, model="embedder", input_type="poetry", embedding_types=["float"])
+    assert refused.value.status_code == 400 and "input_type" in refused.value.body["message"]
 
 
 def test_langchain_openai_embeddings_work_offline(server, tiny_models):

@@ -18,9 +18,11 @@ import sys
 import threading
 import time
 import urllib.parse
+import zipfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import openai
 import pytest
 import requests
@@ -29,6 +31,7 @@ from archives import SMALL_GRID
 from fuzzing import hostile_cases
 from parity import assert_same_answers, generate_alone
 from sentence_transformers import SentenceTransformer
+from sentence_transformers.util import quantize_embeddings
 from transformers import pipeline
 
 from ts_compiled_handlers.scripts.build_mar import build
@@ -389,18 +392,26 @@ def test_ray_data_embeds_2000_texts_as_sentence_transformers(cluster, minilm_arc
     assert min(cosines(got, reference.encode(texts, batch_size=64))) >= 0.9999
 
 
-def test_embed_corpus_writes_jsonl_and_parquet(cluster, minilm_archive, reference, tmp_path):
+def test_embed_corpus_writes_parquet_and_int8_jsonl(cluster, minilm_archive, reference, tmp_path):
+    """Float32 vectors to Parquet; int8 ones (`--precision int8`) to JSON Lines, equal to
+    sentence-transformers' `quantize_embeddings` of the float32 ones with the archive's ranges."""
     corpus = tmp_path / "corpus.jsonl"
     texts = [f"document {index}: {TEXTS[index % 3]}" for index in range(50)]
     corpus.write_text("".join(json.dumps({"text": text, "id": index}) + "\n" for index, text in enumerate(texts)))
-    for output in (tmp_path / "vectors.jsonl", tmp_path / "vectors.parquet"):
+    for output, precision in ((tmp_path / "vectors.parquet", "float32"), (tmp_path / "vectors.jsonl", "int8")):
         command = [sys.executable, "-m", "ts_compiled_handlers.scripts.cli", "embed-corpus", str(corpus), str(output)]
         command += ["--archive", str(minilm_archive), "--address", cluster.address]  # one actor: a CPU left to read
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([*command, "--precision", precision], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"50 rows embedded into {output}" in done.stdout
+    table = sorted(ray.data.read_parquet(str(tmp_path / "vectors.parquet")).take_all(), key=lambda row: row["id"])
+    assert [row["id"] for row in table] == list(range(50))
+    floats = np.stack([row["embedding"] for row in table]).astype(np.float32)
+    assert min(cosines(floats.tolist(), reference.encode(texts))) >= 0.9999
     rows = [json.loads(line) for line in (tmp_path / "vectors.jsonl").read_text().splitlines()]
     assert [row["id"] for row in rows] == list(range(50))
-    assert min(cosines([row["embedding"] for row in rows], reference.encode(texts))) >= 0.9999
-    table = ray.data.read_parquet(str(tmp_path / "vectors.parquet")).take_all()
-    assert sorted(row["id"] for row in table) == list(range(50))
+    saved = json.loads(zipfile.ZipFile(minilm_archive).read("answer_ranges.json"))
+    wanted = quantize_embeddings(floats, "int8", ranges=np.array([saved["min"], saved["max"]], dtype=np.float32))
+    made = np.array([row["embedding"] for row in rows])
+    # two runs of the compiled model: a value on a bucket's edge may land one bucket over
+    assert np.abs(made.astype(int) - wanted).max() <= 1 and (made == wanted).mean() >= 0.999

@@ -8,6 +8,7 @@ import asyncio
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from fakes import decoded, ready_handler, status
@@ -24,6 +25,7 @@ from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup.config import ConfigError, parse
 from ts_compiled_handlers.tasks.embedding import FLOAT_BYTES, EmbeddingTask
+from ts_compiled_handlers.tasks.precisions import INTEGER_BYTES, AnswerRanges
 from ts_compiled_handlers.worker.messages import Incoming
 
 EAGER = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}, "compile": {"enable": False}}
@@ -138,10 +140,15 @@ def test_embeddings_past_the_budget_are_refused_before_their_answer_is_made():
     assert 8 * 32 * FLOAT_BYTES > 1000
     with pytest.raises(RequestError) as refused:
         task.answer(SimpleNamespace(request=request), rows)
-    assert refused.value.status == 413 and refused.value.field == "input" and "256 values" in refused.value.message
+    assert refused.value.status == 413 and refused.value.field == "input"
+    assert "8 embeddings (32 values each)" in refused.value.message
     shorter = SimpleNamespace(params={"dimensions": 16}, protocol=EmbeddingsProtocol())
     assert 8 * 16 * FLOAT_BYTES <= 1000
     assert len(task.answer(SimpleNamespace(request=shorter), rows)) == 8
+    # bytes take fewer: 8 texts of 32 int8 values fit where their floats did not
+    task.ranges = AnswerRanges(np.full(32, -1.0, np.float32), np.ones(32, np.float32), normalized=False, texts=8)
+    int8 = SimpleNamespace(params={"precision": "int8"}, protocol=EmbeddingsProtocol())
+    assert 8 * 32 * INTEGER_BYTES <= 1000 and len(task.answer(SimpleNamespace(request=int8), rows)) == 8
 
 
 def test_the_budget_counts_bytes_and_names_the_field_and_its_remedy():

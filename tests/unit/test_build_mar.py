@@ -129,6 +129,7 @@ def test_only_what_serving_reads_goes_into_the_archive(tiny_bert, tmp_path, caps
         "1_Pooling/config.json",
         "model-config.yaml",
         "embedding_handler.py",
+        "answer_ranges.json",  # int8/uint8 answers' ranges, written at build (tests/unit/test_quantized_answers.py)
     }  # no sitecustomize.py: nothing in an archive re-execs its worker
     printed = capsys.readouterr().out
     assert f"{archive} (" in printed and "model.safetensors" in printed and "ts_compiled_handlers/ (" in printed

@@ -13,6 +13,7 @@ import numpy as np
 import ray
 
 from ts_compiled_handlers.protocols import Request
+from ts_compiled_handlers.request.payload import RequestError, check_params
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
 from ts_compiled_handlers.startup.config import parse
@@ -33,11 +34,19 @@ class ArchiveBatches:
         self.worker = worker_class.build(opened.placement(with_threads(opened.yaml_config, actor_cpus())), task_class)
         self.text_column = text_column
 
-    def answers(self, texts: list[str]) -> list:
-        request = Request(texts, {}, protocol=None)  # answered as arrays: no protocol, no JSON budget
+    def answers(self, texts: list[str], params: dict | None = None) -> list:
+        """The task's answer per text; `params` checked already (`checked`)."""
+        request = Request(texts, params or {}, protocol=None)  # answered as arrays: no protocol, no JSON budget
         accepted = Accepted(0, request, self.worker.reader.tokenized(request))
         (rows,) = self.worker.run([accepted])
         return self.worker.task.answer(accepted, rows)
+
+    def checked(self, params: dict) -> dict:
+        """Request parameters for every batch, checked as a request's are (ValueError if refused)."""
+        try:
+            return check_params(params, self.worker.reader.spec.params)
+        except RequestError as error:
+            raise ValueError(error.message) from None
 
 
 def actor_cpus() -> float | None:
@@ -46,17 +55,21 @@ def actor_cpus() -> float | None:
 
 
 class Embedder(ArchiveBatches):
-    """Column `text` in, `embedding` out (a float32 vector per row; both names configurable)."""
+    """Column `text` in, `embedding` out (a vector per row; both names configurable): float32, or
+    the `precision` a request may ask for (int8, uint8, binary, ubinary: handlers/tasks/precisions.py)."""
 
     task = "embedding"
 
-    def __init__(self, archive: str, text_column: str = "text", output_column: str = "embedding"):
+    def __init__(
+        self, archive: str, text_column: str = "text", output_column: str = "embedding", precision: str = "float32"
+    ):
         super().__init__(archive, text_column)
         self.output_column = output_column
+        self.params = self.checked({"precision": precision})
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        answers = self.answers(list(batch[self.text_column]))
-        vectors = np.array([answer["embedding"] for answer in answers], dtype=np.float32)
+        answers = self.answers(list(batch[self.text_column]), self.params)
+        vectors = np.stack([answer["embedding"] for answer in answers])
         return {**batch, self.output_column: vectors}
 
 

@@ -1,0 +1,52 @@
+"""An embedding archive's int8/uint8 answer ranges, fixed at build (handlers/tasks/precisions.py).
+
+`hfserve build` embeds the calibration texts (`--calibration FILE`, else the default set of
+handlers/startup/calibration.py) with the eager float32 model, as the archive serves them (its
+pooling, its default prompt, its normalization), and writes each dimension's least and greatest
+value into the staged archive. Fixed there, every worker, host and restart quantizes a text alike.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ts_compiled_handlers.protocols import Request
+from ts_compiled_handlers.startup.calibration import calibration_texts
+from ts_compiled_handlers.startup.config import HandlerConfig
+from ts_compiled_handlers.tasks.embedding import EmbeddingTask
+from ts_compiled_handlers.tasks.pooling import normalizes, pooling_modes
+from ts_compiled_handlers.tasks.precisions import AnswerRanges
+
+BATCH = 8  # texts per model call: a large model's calibration never holds many padded texts at once
+
+
+def embedded_texts(model_dir: Path, texts: list[str], config: HandlerConfig) -> np.ndarray:
+    """The texts' embeddings as the archive answers them by default, (texts, dimensions) float32."""
+    from transformers import AutoTokenizer
+
+    task = EmbeddingTask(config)
+    task.pooling = pooling_modes(model_dir)
+    task.read_prompts(model_dir)
+    model = task.build_model(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    limit = task.max_seq_len(model_dir, config) or tokenizer.model_max_length
+    texts = sorted(task.model_texts(Request(texts, {}, None)), key=len)  # less padding; ranges ignore order
+    pooled = []
+    with torch.no_grad():
+        for start in range(0, len(texts), BATCH):
+            batch = tokenizer(texts[start : start + BATCH], padding=True, truncation=True, max_length=limit)
+            tensors = {key: torch.tensor(batch[key]) for key in ("input_ids", "attention_mask")}
+            pooled.append(model(tensors["input_ids"], tensors["attention_mask"]).float())
+    embeddings = torch.cat(pooled)
+    if normalizes(model_dir):
+        embeddings = torch.nn.functional.normalize(embeddings, dim=-1)
+    return embeddings.numpy()
+
+
+def write_ranges(staging: Path, config: HandlerConfig) -> AnswerRanges:
+    """The ranges of the staged archive's model over its calibration texts, written beside it."""
+    texts = calibration_texts(config.calibration, staging)
+    ranges = AnswerRanges.of(embedded_texts(staging, texts, config), normalizes(staging))
+    ranges.write(staging)
+    return ranges
