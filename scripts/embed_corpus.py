@@ -8,6 +8,9 @@ is read as Parquet, and written as Parquet unless --format says otherwise). Each
 `--text-column` is embedded into `--output-column` by `--actors` actors of the archive
 (handlers/servers/ray/data.py), on a Ray cluster started here for the job (a local one of this machine's
 CPUs) or the one `--address` names. Ray Data shows its progress bar as the rows go.
+`--chunk-tokens N --chunk-overlap M` cuts long documents into chunks and writes a row per chunk
+(its text, index and character span beside the document's columns), or with `--per-document mean`
+a row per document; `--precision` writes int8, uint8, binary or ubinary vectors.
 Needs the `ray` extra: pip install 'ts-compiled-handlers[ray]'.
 """
 
@@ -17,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+from ts_compiled_handlers.request.chunking import ChunkSize
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.tasks.precisions import PRECISIONS
 
@@ -39,6 +43,15 @@ def parse_args(argv):
         choices=PRECISIONS,
         help="the vectors' type: int8/uint8 use the archive's ranges, binary/ubinary pack signs 8 to a byte",
     )
+    parser.add_argument(
+        "--chunk-tokens",
+        type=int,
+        help="cut each document into chunks of at most N tokens (never inside a token) and embed each: a row a chunk",
+    )
+    parser.add_argument("--chunk-overlap", type=int, default=0, help="tokens a chunk shares with the one before")
+    parser.add_argument(
+        "--per-document", choices=("mean",), help="with --chunk-tokens: one row a document, its chunks' mean vector"
+    )
     parser.add_argument("--actors", type=int, default=1, help="actors of the archive (each a worker)")
     parser.add_argument("--cpus-per-actor", type=float, default=1, help="each actor's CPUs (its threads)")
     parser.add_argument("--batch-size", type=int, default=256, help="rows per actor call (one engine run: packed)")
@@ -57,6 +70,28 @@ def file_format(path: Path, given: str | None = None) -> str:
     raise UserError(f"{path}: a .parquet or .jsonl file (or a folder of Parquet) is needed, or --format")
 
 
+def embedder(args):
+    """The callable class and its arguments: chunked where --chunk-tokens asks (checked here first)."""
+    from ts_compiled_handlers.servers.ray.data import ChunkEmbedder, Embedder
+
+    kwargs = {
+        "archive": str(args.archive.resolve()),
+        "text_column": args.text_column,
+        "output_column": args.output_column,
+        "precision": args.precision,
+    }
+    if args.chunk_tokens is None:
+        if args.per_document or args.chunk_overlap:
+            raise UserError("--chunk-overlap and --per-document need --chunk-tokens")
+        return Embedder, kwargs
+    try:
+        ChunkSize(args.chunk_tokens, args.chunk_overlap).check(model_limit=args.chunk_tokens)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    chunking = {"chunk_tokens": args.chunk_tokens, "chunk_overlap": args.chunk_overlap}
+    return ChunkEmbedder, {**kwargs, **chunking, "per_document": args.per_document}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if not args.input.exists():
@@ -67,21 +102,15 @@ def main(argv=None) -> None:
         import ray
     except ImportError as error:
         raise UserError("embed-corpus needs Ray: pip install 'ts-compiled-handlers[ray]'") from error
-    from ts_compiled_handlers.servers.ray.data import Embedder
-
+    callable_class, kwargs = embedder(args)
     start_or_join(ray, args)
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # rows out as they came in
     began = time.perf_counter()
     read = ray.data.read_json if file_format(args.input) == "jsonl" else ray.data.read_parquet
     dataset = read(str(args.input), num_cpus=IO_CPUS).map_batches(
-        Embedder,
-        fn_constructor_kwargs={
-            "archive": str(args.archive.resolve()),
-            "text_column": args.text_column,
-            "output_column": args.output_column,
-            "precision": args.precision,
-        },
+        callable_class,
+        fn_constructor_kwargs=kwargs,
         compute=ray.data.ActorPoolStrategy(size=args.actors),
         num_cpus=args.cpus_per_actor,
         batch_size=args.batch_size,

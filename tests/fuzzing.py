@@ -139,7 +139,7 @@ def v2_envelope(rng: random.Random, task: str) -> dict:
 
 # Each task's OpenAI-style path and a well-formed body for it (token classification has none: a 404).
 OPENAI_ROUTES = {
-    "embedding": ["v1/embeddings", "v1/models"],
+    "embedding": ["v1/embeddings", "v1/models", "v2/embed"],
     "text-classification": ["v1/rerank", "rerank"],
     "token-classification": ["v1/embeddings"],
     "text-generation": ["v1/completions", "v1/chat/completions", "v1/models"],
@@ -167,6 +167,14 @@ def openai_body(rng: random.Random, route: str, name: str) -> dict:
     if route == "v1/embeddings":
         body["input"] = rng.choice(["hello world", ["a", "b"], [101, 7592, 102], [[101, 102], [7592]], [], [-1]])
         body["encoding_format"] = rng.choice(["float", "base64", "bits", None])
+    elif route == "v2/embed":  # Cohere's
+        body["texts"] = rng.choice([["hello world"], ["a", "b"], [], "a", [5], None])
+        body["embedding_types"] = rng.choice(
+            [["float", "int8"], ["binary", "ubinary", "base64"], ["int4"], "float", [None]]
+        )
+        body[rng.choice(["input_type", "truncate", "output_dimension"])] = rng.choice(
+            ["search_query", "END", 8, -1, {}]
+        )
     elif route == "v1/completions":
         body.update(prompt=rng.choice(["the cat", ["a", "b"], [1, 2], ""]), max_tokens=rng.choice([1, 4, 0, 10**6]))
     elif route == "v1/chat/completions":

@@ -57,11 +57,10 @@ class CohereEmbedProtocol(Protocol):
         kinds = embedding_types(body.get("embedding_types", ["float"]))
         check = spec.params["precision"]  # the embedding task's (handlers/tasks/embedding.py)
         precisions = tuple(dict.fromkeys(check(TYPES.get(kind, "float32"), "embedding_types") for kind in kinds))
-        extras = {key: item for key, item in body.items() if key not in FIELDS}
-        options = {**truncation(body.get("truncate", "END")), **prompt(body.get("input_type"), spec.prompts)}
-        if "output_dimension" in body:
-            options["dimensions"] = body["output_dimension"]
-        params = check_params({**extras, **options}, spec.params)
+        params = check_params({key: item for key, item in body.items() if key not in FIELDS}, spec.params)
+        params.update(truncation(body.get("truncate", "END")), **prompt(body.get("input_type"), spec.prompts))
+        if "output_dimension" in body:  # checked as `dimensions`, named as Cohere names it
+            params["dimensions"] = spec.params["dimensions"](body["output_dimension"], "output_dimension")
         params["precision"] = precisions  # checked above, one by one
         return Request(check_texts(texts, spec.max_inputs, "texts"), params, self, form=CohereForm(kinds))
 

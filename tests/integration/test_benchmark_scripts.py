@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ts_compiled_handlers.benchmarks import benchmark, benchmark_aot, benchmark_sparse, loadtest
+from ts_compiled_handlers.benchmarks import benchmark, benchmark_aot, benchmark_chunking, benchmark_sparse, loadtest
 from ts_compiled_handlers.scripts import plan_buckets
 
 pytestmark = pytest.mark.integration
@@ -45,6 +45,17 @@ def test_benchmark_sparse_quick_serves_both_and_measures_a_full_call(tmp_path):
     memory = result["memory"]
     assert memory["shape"] == "4x64" and memory["slices"] >= 1
     assert memory["sparse_sliced_mib"] >= 0 and memory["sparse_unsliced_eager_mib"] >= 0
+
+
+def test_benchmark_chunking_quick_cuts_every_document_and_sizes_every_precision(tmp_path):
+    out = tmp_path / "benchmark_chunking.json"
+    benchmark_chunking.main(["--quick", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["documents"] == 8 and result["chunks"] > result["documents"]  # documents past 48 tokens cut
+    assert result["chunked_tokens_per_s"] > 0 and result["as_texts_tokens_per_s"] > 0
+    sizes = result["answer_bytes"]
+    assert set(sizes) == {"float32", "int8", "uint8", "binary", "ubinary", "base64 (OpenAI)"}
+    assert sizes["binary"] < sizes["int8"] < sizes["float32"] and sizes["ubinary"] < sizes["uint8"]
 
 
 def test_loadtest_quick_answers_every_request_of_every_contender(tmp_path, compile_cache):

@@ -415,3 +415,38 @@ def test_embed_corpus_writes_parquet_and_int8_jsonl(cluster, minilm_archive, ref
     made = np.array([row["embedding"] for row in rows])
     # two runs of the compiled model: a value on a bucket's edge may land one bucket over
     assert np.abs(made.astype(int) - wanted).max() <= 1 and (made == wanted).mean() >= 0.999
+
+
+def test_embed_corpus_chunks_documents_of_10_to_5000_tokens_and_pools_them_per_document(
+    cluster, minilm_archive, reference, tmp_path
+):
+    """Every chunk once and in order, spans covering each document's tokens, each chunk's vector the
+    embedding of its own text; `--per-document mean` the chunks' normalized mean."""
+    words = " ".join(f"{TEXTS[index % 3]} item{index}" for index in range(1200)).split()
+    documents = [" ".join(words[:count]) for count in (10, 120, 700, 3200)]
+    lengths = [len(reference.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in documents]
+    assert min(lengths) >= 10 and max(lengths) >= 5000
+    corpus = tmp_path / "documents.jsonl"
+    corpus.write_text("".join(json.dumps({"text": text, "id": index}) + "\n" for index, text in enumerate(documents)))
+    command = [sys.executable, "-m", "ts_compiled_handlers.scripts.cli", "embed-corpus", str(corpus)]
+    command += ["--archive", str(minilm_archive), "--address", cluster.address, "--chunk-tokens", "128"]
+    for output, extra in (
+        ("chunks.jsonl", ["--chunk-overlap", "16"]),
+        ("pooled.jsonl", ["--chunk-overlap", "16", "--per-document", "mean"]),
+    ):
+        done = subprocess.run([*command, str(tmp_path / output), *extra], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    chunks = [json.loads(line) for line in (tmp_path / "chunks.jsonl").read_text().splitlines()]
+    assert [(row["id"], row["chunk"]) for row in chunks] == sorted((row["id"], row["chunk"]) for row in chunks)
+    for index, text in enumerate(documents):
+        own = [row for row in chunks if row["id"] == index]
+        assert [row["chunk"] for row in own] == list(range(len(own))) and len(own) >= lengths[index] / 128
+        assert all(row["text"] == text[row["chunk_start"] : row["chunk_end"]] for row in own)
+        tokens = reference.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        assert all(any(row["chunk_start"] <= a and b <= row["chunk_end"] for row in own) for a, b in tokens)
+    vectors = np.array([row["embedding"] for row in chunks], dtype=np.float32)
+    assert min(cosines(vectors.tolist(), reference.encode([row["text"] for row in chunks]))) >= 0.9999
+    pooled = [json.loads(line) for line in (tmp_path / "pooled.jsonl").read_text().splitlines()]
+    assert [row["id"] for row in pooled] == list(range(len(documents)))
+    means = [vectors[[row["id"] == index for row in chunks]].mean(axis=0) for index in range(len(documents))]
+    assert min(cosines([row["embedding"] for row in pooled], np.stack(means))) >= 0.9999

@@ -103,6 +103,8 @@ def test_cohere_v2_embed_answers_every_type_and_base64_decodes_to_the_floats(han
         ({"images": ["data:image/png;base64,AAAA"]}, "images"),
         ({"texts": "one text"}, "texts"),
         ({"texts": TEXTS, "model": "another-model"}, "model"),
+        ({"texts": TEXTS, "output_dimension": "all"}, "output_dimension"),
+        ({"texts": ["fine", 5]}, "texts"),
     ],
 )
 def test_a_bad_cohere_body_gets_a_400_naming_its_field_and_its_batch_mates_are_answered(handler, body, field):

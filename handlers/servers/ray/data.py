@@ -13,6 +13,7 @@ import numpy as np
 import ray
 
 from ts_compiled_handlers.protocols import Request
+from ts_compiled_handlers.request.chunking import ChunkSize, chunk_spans
 from ts_compiled_handlers.request.payload import RequestError, check_params
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
@@ -71,6 +72,63 @@ class Embedder(ArchiveBatches):
         answers = self.answers(list(batch[self.text_column]), self.params)
         vectors = np.stack([answer["embedding"] for answer in answers])
         return {**batch, self.output_column: vectors}
+
+
+class ChunkEmbedder(Embedder):
+    """Long documents in: each cut into chunks of at most `chunk_tokens` tokens, `chunk_overlap`
+    shared (handlers/request/chunking.py), all of a batch's chunks embedded in one engine run. Out:
+    a row per chunk, in order, with the document's other columns, the chunk's text in the text
+    column, its index (`chunk`) and character span (`chunk_start`, `chunk_end`); or with
+    `per_document="mean"` a row per document, its chunks' mean vector (normalized as the archive
+    normalizes). No text is cut: a chunk over the model's limit fails the job."""
+
+    def __init__(
+        self,
+        archive: str,
+        chunk_tokens: int,
+        chunk_overlap: int = 0,
+        per_document: str | None = None,
+        text_column: str = "text",
+        output_column: str = "embedding",
+        precision: str = "float32",
+    ):
+        super().__init__(archive, text_column, output_column, precision)
+        if per_document not in (None, "mean"):
+            raise ValueError(f"per_document must be 'mean' or None, not {per_document!r}")
+        if per_document and precision != "float32":
+            raise ValueError("per_document pools float32 vectors: leave precision at float32")
+        self.size, self.per_document = ChunkSize(chunk_tokens, chunk_overlap), per_document
+        self.tokenizer = self.worker.reader.spec.tokenizer
+        self.params = {**self.params, "truncate": False}  # a chunk over the limit is refused, never cut
+        self.size.check(self.text_limit())
+
+    def text_limit(self) -> int:
+        """The most tokens a chunk may have: the archive's limit less special tokens and the default prompt."""
+        prompt = self.worker.task.model_texts(Request([""], {}, protocol=None))[0]
+        prompt_tokens = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]) if prompt else 0
+        specials = self.tokenizer.num_special_tokens_to_add(pair=False)
+        return self.worker.engine.plan.max_seq_len - specials - prompt_tokens
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        documents = [str(text) for text in batch[self.text_column]]
+        offsets = self.tokenizer(documents, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        spans = [chunk_spans(marks, len(text), self.size) for marks, text in zip(offsets, documents, strict=True)]
+        texts = [text[start:end] for text, pieces in zip(documents, spans, strict=True) for start, end in pieces]
+        vectors = np.stack([answer["embedding"] for answer in self.answers(texts, self.params)])
+        counts = [len(pieces) for pieces in spans]
+        if self.per_document:
+            return {**batch, self.output_column: self.pooled(vectors, counts)}
+        rows = {column: np.repeat(values, counts, axis=0) for column, values in batch.items()}
+        rows[self.text_column] = np.array(texts, dtype=object)
+        rows["chunk"] = np.concatenate([np.arange(count) for count in counts])
+        rows["chunk_start"], rows["chunk_end"] = np.array([span for pieces in spans for span in pieces]).T
+        return {**rows, self.output_column: vectors}
+
+    def pooled(self, vectors: np.ndarray, counts: list[int]) -> np.ndarray:
+        means = np.stack([part.mean(axis=0) for part in np.split(vectors, np.cumsum(counts)[:-1])])
+        if self.worker.task.normalize_default:
+            means /= np.maximum(np.linalg.norm(means, axis=-1, keepdims=True), 1e-12)
+        return means.astype(np.float32)
 
 
 class Classifier(ArchiveBatches):
