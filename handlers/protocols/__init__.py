@@ -43,6 +43,7 @@ class Request:
     parameters, and the protocol that answers it. `is_list`: the texts came as a list (answered as
     a list); `token_ids`: the model's input as a client sent it (then `texts` are placeholders);
     `scoring`: `rerank` scores each pair as a cross-encoder ranks it, `labels` as a classifier.
+    `token_states`: each token's vector, not one per text (TEI's `embed_all`).
     `form`: the protocol's own fields, a dataclass of its module that only that protocol reads."""
 
     texts: list[str] | list[tuple[str, str]]
@@ -51,6 +52,7 @@ class Request:
     is_list: bool = True
     token_ids: list[list[int]] | None = None
     scoring: Literal["labels", "rerank"] = "labels"
+    token_states: bool = False
     form: Any = None
 
 

@@ -3,6 +3,8 @@ clients written for TEI work with the URL `/predictions/{name}/{version}` as the
 
     POST embed     {"inputs": "a" | ["a", "b"], "normalize", "truncate", "truncation_direction",
                     "prompt_name", "dimensions"}                     -> [[...], [...]] (always a list)
+    POST embed_all {"inputs", "truncate", "truncation_direction", "prompt_name"}
+                                                     -> [[[...] per token], ...] (archives that keep token states)
     POST embed_sparse {"inputs", "truncate", "truncation_direction", "prompt_name", "top_k", "threshold"}
                                                      -> [[{"index", "value"}, ...], ...] (sparse encoders)
     POST predict   {"inputs": "a" | ["q", "p"] | [...], "raw_scores", "truncate", ...}
@@ -75,6 +77,18 @@ class TeiEmbedProtocol(TeiProtocol):
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         return [answer["embedding"] for answer in answers]
+
+
+class TeiEmbedAllProtocol(TeiEmbedProtocol):
+    """Every token's last hidden state, special tokens included, in the text's order."""
+
+    routes = ("embed_all",)
+
+    def read(self, value: Any, spec: RequestSpec) -> Request:
+        return dataclasses.replace(super().read(value, spec), token_states=True)
+
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
+        return [answer["token_states"] for answer in answers]
 
 
 class TeiEmbedSparseProtocol(TeiEmbedProtocol):

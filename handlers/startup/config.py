@@ -191,6 +191,13 @@ class EmbeddingConfig:
         "`is_matryoshka`), `any` = every model",
         why="a model not trained for it (Matryoshka) loses meaning when cut; vLLM refuses it the same way",
     )
+    embed_all: bool = _option(
+        values.boolean,
+        False,
+        meaning="embedding: the graph answers each token's last hidden state, so TEI's `embed_all` is served; "
+        "embeddings are pooled from those states after the call",
+        why="off by default: a graph that pools inside hands out a vector per text, not per token",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,12 +21,12 @@ from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
-from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol
+from ts_compiled_handlers.protocols.tei import TeiEmbedAllProtocol, TeiEmbedProtocol
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.model_files import named_prompts, read_json
-from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, normalizes, pooling_modes
+from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, TokenStates, normalizes, pooled_rows, pooling_modes
 from ts_compiled_handlers.tasks.precisions import INTEGER_BYTES, PRECISIONS, quantized, read_ranges, values_per_text
 
 if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
@@ -55,9 +55,18 @@ class EmbeddingTask(Task):
         EmbeddingsProtocol(),
         ModelsProtocol(),
         TeiEmbedProtocol(),
+        TeiEmbedAllProtocol(),
         CohereEmbedProtocol(),
         *TEI_ROUTES,
     )
+
+    def __init__(self, config: "HandlerConfig", continuous: bool = False):
+        super().__init__(config, continuous)
+        self.PER_TOKEN = self.keeps_token_states()
+
+    def keeps_token_states(self) -> bool:
+        """The graph answers each token's state (TEI's `embed_all`), pooled after the call."""
+        return self.config.embedding.embed_all
 
     def read_settings(self, serving) -> None:
         model_dir, model_config = serving.model_dir, serving.model_config
@@ -126,8 +135,16 @@ class EmbeddingTask(Task):
         return value
 
     def check_request(self, request: Request) -> None:
-        """int8 and uint8 fit the ranges' vectors only: full size, normalized as they were."""
+        """embed_all where the archive keeps token states, as they are; int8 and uint8 fit the
+        ranges' vectors only: full size, normalized as they were."""
         params = request.params
+        if request.token_states:
+            if not self.PER_TOKEN:
+                keep = "build it with handler.embedding.embed_all: true"
+                raise RequestError(400, f"embed_all: this archive does not keep token states; {keep}")
+            for name in ("normalize", "dimensions", "precision"):
+                if name in params:
+                    raise RequestError(400, f"embed_all answers each token's state as it is: leave out '{name}'", name)
         if not any(name.endswith("int8") for name in precision_names(params)):
             return
         if "dimensions" in params:
@@ -145,7 +162,7 @@ class EmbeddingTask(Task):
         encoder = AutoModel.from_pretrained(
             model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
         )
-        return SentenceEmbedder(encoder, self.pooling)
+        return TokenStates(encoder) if self.PER_TOKEN else SentenceEmbedder(encoder, self.pooling)
 
     def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
         return read_json(model_dir / "sentence_bert_config.json", {}).get("max_seq_length")
@@ -160,6 +177,10 @@ class EmbeddingTask(Task):
         through its dispatcher (docs/performance.md, "Where a request's CPU goes"). `precision`
         is one name, or a tuple of them (Cohere's `embedding_types`: an answer per precision)."""
         params = accepted.request.params
+        if self.PER_TOKEN:
+            if accepted.request.token_states:
+                return self.token_states(accepted, rows)
+            rows = pooled_rows(rows, self.pooling)
         precisions, names = params.get("precision", "float32"), precision_names(params)
         if accepted.request.protocol is not None:  # answered as JSON (Ray Data's batches are arrays)
             self._check_size(len(rows), params.get("dimensions", rows[0].shape[-1]), names, accepted)
@@ -177,6 +198,14 @@ class EmbeddingTask(Task):
         return [
             {"embeddings": {name: values[text] for name, values in by_precision.items()}} for text in range(len(rows))
         ]
+
+    def token_states(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
+        """Each text's tokens' states (T, H) float32, within the answer budget."""
+        if accepted.request.protocol is not None:
+            values = sum(row.numel() for row in rows)
+            field = accepted.request.protocol.texts_field
+            self.budget.check(values, FLOAT_BYTES, "values of token states", field, "send fewer or shorter texts")
+        return [{"token_states": np.ascontiguousarray(row.numpy(), dtype=np.float32)} for row in rows]
 
     def _check_size(self, texts: int, dimensions: int, precisions: tuple, accepted: Accepted) -> None:
         """The answer budget's check before the answer is made: a float takes FLOAT_BYTES, a byte INTEGER_BYTES."""

@@ -66,3 +66,32 @@ class SentenceEmbedder(torch.nn.Module):
             "lasttoken": lambda: hidden[torch.arange(hidden.shape[0], device=hidden.device), last],
         }
         return torch.cat([pooled[mode]() for mode in self.modes], dim=-1)  # (B, H * len(modes))
+
+
+class TokenStates(torch.nn.Module):
+    """The transformer alone: each token's last hidden state (B, T, H), for an archive that keeps
+    them (`embedding.embed_all`); its embeddings are pooled from them after the call (`pooled_rows`)."""
+
+    per_token = True
+
+    def __init__(self, encoder: torch.nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def pooled_rows(states: list[torch.Tensor], modes: tuple[str, ...]) -> list[torch.Tensor]:
+    """Each text's embedding from its tokens' states (T, H), as SentenceEmbedder pools inside its graph."""
+    pools = {
+        "cls": lambda row: row[0],
+        "max": lambda row: row.max(dim=0).values,
+        "mean": lambda row: row.mean(dim=0),
+        "mean_sqrt_len_tokens": lambda row: row.sum(dim=0) / len(row) ** 0.5,
+        "lasttoken": lambda row: row[-1],
+    }
+    return [torch.cat([pools[mode](row) for mode in modes]) for row in states]

@@ -65,6 +65,9 @@ class SparseEmbeddingTask(EmbeddingTask):
 
     protocols = (KServeV2Protocol(), PlainProtocol(), TeiEmbedSparseProtocol(), *TEI_ROUTES)
 
+    def keeps_token_states(self) -> bool:
+        return False  # SPLADE pools a masked LM's logits inside its graph
+
     def read_settings(self, serving) -> None:
         model_dir, plan = serving.model_dir, serving.plan
         self.strategy, self.activation = splade.pooling_settings(model_dir)

@@ -84,8 +84,8 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
     assert set(documented) == {
         "task", "dtype", "threads", "max_inputs", "max_response_bytes", "quantize", "calibration", "buckets.seq_lens",
         "buckets.batch_sizes", "buckets.max_tokens", "buckets.overflow", "buckets.pack_tokens",
-        "buckets.histogram_every", "embedding.dimensions", "compile.enable", "compile.backend", "compile.mode",
-        "compile.freezing",
+        "buckets.histogram_every", "embedding.dimensions", "embedding.embed_all", "compile.enable", "compile.backend",
+        "compile.mode", "compile.freezing",
         "compile.fullgraph", "compile.dynamic", "compile.regional", "compile.on_failure", "compile.cache_dir",
         "warmup.iterations", "warmup.verify", "warmup.tolerance", "generation.max_new_tokens",
         "generation.default_new_tokens", "generation.max_stop_strings", "generation.steps_per_call",
