@@ -28,6 +28,7 @@ from ts_compiled_handlers.runtime.json_text import plain
 
 REQUEST_KEYS = {"id", "inputs", "parameters", "outputs"}
 TENSOR_KEYS = {"name", "shape", "datatype", "data", "parameters"}
+NUMPY_TYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int8): "INT8", np.dtype(np.uint8): "UINT8"}
 
 
 def is_v2(value: Any) -> bool:
@@ -106,10 +107,12 @@ def outputs(answers: list) -> list[dict]:
 
 
 def tensor(name: str, rows: list) -> dict:
-    """A v2 tensor of `rows` (nested lists of one scalar type and a regular shape), else JSON strings."""
+    """A v2 tensor of `rows` (nested lists of one scalar type and a regular shape), else JSON strings;
+    numpy rows (embeddings) keep their type's name (int8 and uint8 answers: INT8, UINT8)."""
+    kinds = {NUMPY_TYPES.get(row.dtype) if isinstance(row, np.ndarray) else None for row in rows}
     rows = [plain(row) if isinstance(row, np.ndarray) else row for row in rows]  # embeddings' numpy rows
     shape, leaves = _shape(rows), list(_leaves(rows))
-    datatype = _datatype(leaves)
+    datatype = kinds.pop() if len(kinds) == 1 and None not in kinds else _datatype(leaves)
     if shape is None or datatype is None:
         return json_tensor(name, rows)
     return {"name": name, "shape": shape, "datatype": datatype, "data": leaves}

@@ -75,6 +75,19 @@ def test_a_precision_on_our_body_equals_quantize_embeddings_with_the_archive_ran
         assert np.array_equal(np.array([answer["embedding"] for answer in answers]), wanted), precision
 
 
+def test_kserve_v2_names_the_answers_type(handler):
+    inputs = [{"name": "text", "shape": [2], "datatype": "BYTES", "data": TEXTS[:2]}]
+    bodies = [
+        {"inputs": inputs, "parameters": {"precision": precision}} for precision in ("float32", "int8", "ubinary")
+    ]
+    tensors = [answer["outputs"][0] for answer in ask(handler, bodies)]
+    assert [(item["datatype"], item["shape"]) for item in tensors] == [
+        ("FP32", [2, 32]),
+        ("INT8", [2, 32]),
+        ("UINT8", [2, 4]),
+    ]
+
+
 def test_cohere_v2_embed_answers_every_type_and_base64_decodes_to_the_floats(handler, archive_dir):
     types = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
     body = {"model": "test", "texts": TEXTS, "input_type": "search_document", "embedding_types": types}
