@@ -51,20 +51,18 @@ def wheel_install():
 def task_server(tmp_path_factory, tiny_models):
     """Batches of up to 4 requests, gathered for 100 ms, so concurrent requests share batches."""
     store = tmp_path_factory.mktemp("task_model_store")
+    builds = []  # (model folder, task, name, model config, precompile)
     for name, task in TASK_ARCHIVES.items():
         extra = {"generation": {"max_new_tokens": 256}} if task == "text-generation" else {}
         # Four workers compile at once on as few as two cores: more time than one alone is given.
         config = {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **extra}}
-        build(tiny_models[task], task, name, store, config)
+        builds.append((tiny_models[task], task, name, config, None))
     for name, (model, task, settings) in {**MODEL_ARCHIVES, **AOT_ARCHIVES}.items():
-        build(
-            tiny_models[model],
-            task,
-            name,
-            store,
-            {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **settings}},
-            precompile="aot" if name in AOT_ARCHIVES else None,
-        )
+        config = {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **settings}}
+        builds.append((tiny_models[model], task, name, config, "aot" if name in AOT_ARCHIVES else None))
+    # Two at a time: a build waits on its archiver's and its AOT export's processes for half its time.
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda item: build(item[0], item[1], item[2], store, item[3], precompile=item[4]), builds))
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("task_torchserve"), store)
     torchserve.start()
     names = [*TASK_ARCHIVES, *MODEL_ARCHIVES, *AOT_ARCHIVES]
