@@ -15,7 +15,7 @@ from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.startup.calibration import calibration_texts
 from ts_compiled_handlers.startup.config import HandlerConfig
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-from ts_compiled_handlers.tasks.pooling import normalizes, pooling_modes
+from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, normalizes, pooling_modes
 from ts_compiled_handlers.tasks.precisions import AnswerRanges
 
 BATCH = 8  # texts per model call: a large model's calibration never holds many padded texts at once
@@ -29,6 +29,8 @@ def embedded_texts(model_dir: Path, texts: list[str], config: HandlerConfig) -> 
     task.pooling = pooling_modes(model_dir)
     task.read_prompts(model_dir)
     model = task.build_model(model_dir).eval()
+    if task.PER_TOKEN:  # an archive that keeps token states pools after its call; here, as its graph would
+        model = SentenceEmbedder(model.encoder, task.pooling)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     limit = task.max_seq_len(model_dir, config) or tokenizer.model_max_length
     texts = sorted(task.model_texts(Request(texts, {}, None)), key=len)  # less padding; ranges ignore order

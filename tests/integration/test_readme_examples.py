@@ -101,6 +101,9 @@ def matches(expected, actual) -> bool:
 def server(tmp_path_factory, tiny_models, minilm_dir):
     store = tmp_path_factory.mktemp("model_store")
     build(minilm_dir, "embedding", "minilm", store, EAGER)
+    # docs/tasks.md's embed_all example: MiniLM keeping its token states
+    states = {"handler": {**EAGER["handler"], "embedding": {"embed_all": True}}}
+    build(minilm_dir, "embedding", "minilm-states", store, states)
     for name, task in {**MODELS, **GENERATOR}.items():
         if name != "minilm":
             generation = {"generation": {"max_new_tokens": 24}} if name in GENERATOR else {}
@@ -110,7 +113,7 @@ def server(tmp_path_factory, tiny_models, minilm_dir):
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store)
     torchserve.start()
     try:
-        for name in (*MODELS, *GENERATOR, *BROUGHT):
+        for name in (*MODELS, "minilm-states", *GENERATOR, *BROUGHT):
             torchserve.register(f"{name}.mar", workers=1)  # as the README: each archive's batching
         yield torchserve
     finally:

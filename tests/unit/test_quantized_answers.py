@@ -65,6 +65,16 @@ def test_the_archive_ranges_are_the_calibration_texts_embedded_as_sentence_trans
     assert np.allclose(ranges.high, reference.max(axis=0), atol=1e-5)
 
 
+def test_an_archive_keeping_token_states_gets_the_same_ranges(archive_dir, tiny_models, tmp_path):
+    """`embedding.embed_all` pools after its graph; its ranges are those of the pooled embeddings."""
+    folder = tmp_path / "states"
+    shutil.copytree(tiny_models["embedding"], folder)
+    ranges = write_ranges(folder, parse({"handler": {"task": "embedding", "embedding": {"embed_all": True}}}))
+    pooled_in_graph = read_ranges(archive_dir)
+    assert np.allclose(ranges.low, pooled_in_graph.low, atol=1e-6)
+    assert np.allclose(ranges.high, pooled_in_graph.high, atol=1e-6)
+
+
 def test_a_precision_on_our_body_equals_quantize_embeddings_with_the_archive_ranges(handler, archive_dir):
     ranges = read_ranges(archive_dir).as_array()
     (floats,) = ask(handler, [{"inputs": TEXTS}])
