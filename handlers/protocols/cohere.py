@@ -84,11 +84,8 @@ class CohereEmbedProtocol(Protocol):
 
 def embedding_types(value: Any) -> tuple[str, ...]:
     known = (*TYPES, "base64")
-    if not isinstance(value, list) or not value or not all(isinstance(kind, str) for kind in value):
+    if not isinstance(value, list) or not value or not all(isinstance(kind, str) and kind in known for kind in value):
         raise RequestError(400, f"'embedding_types' must be a list of: {', '.join(known)}", "embedding_types")
-    for kind in value:
-        if kind not in known:
-            raise RequestError(400, f"'embedding_types' must be a list of: {', '.join(known)}", "embedding_types")
     return tuple(dict.fromkeys(value))
 
 
