@@ -39,13 +39,10 @@ def document_lengths(count: int, seed: int, low: int = 10, high: int = 5000) -> 
     return np.round(np.exp(rng.uniform(math.log(low), math.log(high), size=count))).astype(int).tolist()
 
 
-def timed(call, runs: int) -> float:
-    best = math.inf
-    for _ in range(runs):
-        began = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - began)
-    return best
+def timed(call) -> float:
+    began = time.perf_counter()
+    call()
+    return time.perf_counter() - began
 
 
 def answer_sizes(chunker, text: str) -> dict[str, int]:
@@ -97,8 +94,8 @@ def main(argv=None) -> dict:
         tokens = sum(len(ids) for ids in chunker.worker.reader.tokenized(Request(chunks, {}, None)).token_ids)
         chunked = as_texts = 0.0
         for _ in range(1 if args.quick else args.runs):  # alternated, so drift hits both alike
-            chunked = max(chunked, tokens / timed(lambda: chunker(batch), 1))
-            as_texts = max(as_texts, tokens / timed(lambda: chunker.answers(chunks, chunker.params), 1))
+            chunked = max(chunked, tokens / timed(lambda: chunker(batch)))
+            as_texts = max(as_texts, tokens / timed(lambda: chunker.answers(chunks, chunker.params)))
         sizes = answer_sizes(chunker, documents[0][:200])
     result = {
         "documents": len(documents),
