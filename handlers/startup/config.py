@@ -16,7 +16,14 @@ from ts_compiled_handlers.request.answer_budget import DEFAULT_LIMIT as DEFAULT_
 from ts_compiled_handlers.startup import config_values as values
 from ts_compiled_handlers.startup.config_values import ConfigError
 
-TASKS = ("embedding", "sparse-embedding", "text-classification", "token-classification", "text-generation")
+TASKS = (
+    "embedding",
+    "sparse-embedding",
+    "multi-vector",
+    "text-classification",
+    "token-classification",
+    "text-generation",
+)
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Which tensor dimensions the compiled graphs treat as dynamic; see docs/design.md, "Shape strategy".

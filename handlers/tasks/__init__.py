@@ -21,7 +21,7 @@ from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.payload import ParamCheck, boolean_param, choice_param
-from ts_compiled_handlers.request.tokenizing import SIDES, Accepted
+from ts_compiled_handlers.request.tokenizing import SIDES, Accepted, Tokenized
 
 if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
     from ts_compiled_handlers.startup.config import HandlerConfig
@@ -100,6 +100,10 @@ class Task:
     def model_texts(self, request: Request) -> list:
         """The texts the model reads for a request (a task may prepend a prompt)."""
         return request.texts
+
+    def model_ids(self, request: Request, tokenized: Tokenized) -> Tokenized:
+        """The model's token ids for a request's tokenized texts (a task may cut or extend them)."""
+        return tokenized
 
     def tei_model_type(self) -> dict | None:
         """The model's kind as TEI's `info` names it (None: not one of TEI's)."""

@@ -5,12 +5,20 @@ from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.classification import ClassificationTask
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.tasks.generation import GenerationTask
+from ts_compiled_handlers.tasks.multi_vector import MultiVectorTask
 from ts_compiled_handlers.tasks.sparse_embedding import SparseEmbeddingTask
 from ts_compiled_handlers.tasks.token_classification import TokenClassificationTask
 
 TASK_CLASSES: dict[str, type[Task]] = {
     task.NAME: task
-    for task in (EmbeddingTask, SparseEmbeddingTask, ClassificationTask, TokenClassificationTask, GenerationTask)
+    for task in (
+        EmbeddingTask,
+        SparseEmbeddingTask,
+        MultiVectorTask,
+        ClassificationTask,
+        TokenClassificationTask,
+        GenerationTask,
+    )
 }
 
 

@@ -40,4 +40,4 @@ class RequestReader:
         truncate, side = request.params.get("truncate"), request.params.get("truncation_direction")
         if request.token_ids is not None:  # sent as token ids (the OpenAI embeddings body)
             return self.tokenize.ids(request.token_ids, truncate, side)
-        return self.tokenize(self.task.model_texts(request), truncate, side)
+        return self.task.model_ids(request, self.tokenize(self.task.model_texts(request), truncate, side))

@@ -1,0 +1,135 @@
+"""Multi-vector (ColBERT) archives: every token vector equal to PyLate's `encode` for queries and
+documents, MaxSim reranking equal to PyLate's scores, compiled packed and padded, nothing
+recompiled after ready; bad input refused for that request only.
+
+PyLate pins older sentence-transformers and transformers than ours, so its answers for the test
+model (MiniLM's weights and a seeded projection: the same on every machine) are kept in
+tests/data/pylate_colbert.json, made by scripts/references/make.sh in a venv of their own."""
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fakes import ready_handler
+from test_adapters import ask
+
+from ts_compiled_handlers.scripts.task_inference import infer_task
+from ts_compiled_handlers.servers.torchserve.multi_vector_handler import MultiVectorHandler
+from ts_compiled_handlers.tasks.late_interaction import ColbertSettings
+
+REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "pylate_colbert.json").read_text())
+GRID = {"seq_lens": [16, 48], "batch_sizes": [1, 4]}
+
+
+def vectors(packed: dict) -> torch.Tensor:
+    values = np.frombuffer(base64.b64decode(packed["base64"]), dtype="<f4")
+    return torch.tensor(values.reshape(packed["shape"]).copy())
+
+
+def assert_equal_vectors(answers: list, references: list) -> None:
+    """The same number of vectors per text, each at cosine >= 0.9999 to PyLate's."""
+    for answer, reference in zip(answers, references, strict=True):
+        got, wanted = torch.tensor(np.array(answer)), vectors(reference)
+        assert got.shape == wanted.shape
+        assert torch.nn.functional.cosine_similarity(got, wanted, dim=-1).min() >= 0.9999
+
+
+@pytest.fixture(scope="module")
+def colbert_dir(tiny_models):
+    """The test model, checked to be the one PyLate answered for (its weights' digest, as
+    scripts/references/pylate_colbert.py takes it)."""
+    folder = tiny_models["colbert"]
+    digest = hashlib.sha256()
+    for name in ("model.safetensors", "1_Dense/model.safetensors"):
+        digest.update((folder / name).read_bytes())
+    message = "the test ColBERT model changed: remake tests/data/pylate_colbert.json (scripts/references/make.sh)"
+    assert digest.hexdigest() == REFERENCE["weights_sha256"], message
+    return folder
+
+
+@pytest.fixture(scope="module", params=["auto", "off"], ids=["packed", "padded"])
+def handler(colbert_dir, request):
+    return ready_handler(MultiVectorHandler, colbert_dir, buckets={**GRID, "pack_tokens": request.param})
+
+
+def test_query_and_document_vectors_equal_pylate_and_nothing_recompiles(handler):
+    assert handler.engine.model.is_compiled
+    bodies = [
+        {"inputs": REFERENCE["queries"], "input_type": "query"},
+        {"inputs": REFERENCE["documents"], "input_type": "document"},
+    ]
+    queries, documents = ask(handler, bodies)
+    assert_equal_vectors([answer["embedding"] for answer in queries], REFERENCE["query_vectors"])
+    assert_equal_vectors([answer["embedding"] for answer in documents], REFERENCE["document_vectors"])
+    lengths = [
+        {"inputs": "word " * count, "input_type": kind} for count in (1, 9, 30, 60) for kind in ("query", "document")
+    ]
+    answers = ask(handler, lengths)
+    assert [len(answer["embedding"]) for answer in answers[::2]] == [16] * 4  # queries: always the query length
+    assert handler.engine.model.recompiles_after_ready == 0
+
+
+def test_maxsim_rerank_scores_equal_pylate_in_the_same_order(handler):
+    for query, scores in zip(REFERENCE["queries"], REFERENCE["maxsim"], strict=True):
+        body = {"query": query, "documents": REFERENCE["documents"], "return_documents": True}
+        (ranked,) = ask(handler, [body], ["rerank"])
+        assert [one["index"] for one in ranked] == sorted(range(len(scores)), key=lambda index: -scores[index])
+        for one in ranked:
+            assert one["score"] == pytest.approx(scores[one["index"]], abs=1e-4)
+            assert one["document"] == REFERENCE["documents"][one["index"]]
+    (top,) = ask(handler, [{"query": REFERENCE["queries"][0], "documents": REFERENCE["documents"], "top_n": 1}])
+    assert len(top) == 1 and "document" not in top[0]
+
+
+def test_openai_and_cohere_routes_take_the_input_type(handler):
+    texts = REFERENCE["queries"][:2]
+    openai, cohere = ask(
+        handler,
+        [{"input": texts, "model": "test", "input_type": "query"}, {"texts": texts, "input_type": "search_query"}],
+        ["v1/embeddings", "v2/embed"],
+    )
+    assert_equal_vectors([item["embedding"] for item in openai["data"]], REFERENCE["query_vectors"][:2])
+    assert_equal_vectors(cohere["embeddings"]["float"], REFERENCE["query_vectors"][:2])
+    (documents,) = ask(handler, [{"texts": REFERENCE["documents"], "input_type": "search_document"}], ["v2/embed"])
+    assert_equal_vectors(documents["embeddings"]["float"], REFERENCE["document_vectors"])
+
+
+@pytest.mark.parametrize(
+    "body, route, field",
+    [
+        ({"inputs": "a"}, "", "input_type"),
+        ({"inputs": "a", "input_type": "passage"}, "", "input_type"),
+        ({"inputs": "a", "input_type": "query", "precision": "int8"}, "", "precision"),
+        ({"inputs": "a", "input_type": "query", "normalize": False}, "", "allowed: "),  # names not echoed
+        ({"inputs": "a", "input_type": "query", "truncation_direction": "left"}, "", "allowed: "),
+        ({"query": "a", "documents": ["b"], "input_type": "query"}, "", "input_type"),
+        ({"input": [[101, 102]], "model": "test", "input_type": "query"}, "v1/embeddings", "input"),
+        ({"input": "a", "model": "test", "input_type": "query", "encoding_format": "base64"}, "v1/embeddings", None),
+        ({"texts": ["a"], "input_type": "search_query", "embedding_types": ["int8"]}, "v2/embed", None),
+    ],
+)
+def test_bad_input_gets_a_400_naming_it_and_its_batch_mate_is_answered(handler, body, route, field):
+    refused, answered = ask(handler, [body, {"inputs": ["b"], "input_type": "document"}], [route, ""])
+    assert handler.context.get_response_status(0)[0] == 400
+    message = json.dumps(refused)
+    assert field is None or field in message
+    assert handler.context.get_response_status(1)[0] == 200 and len(answered[0]["embedding"]) == 4  # [CLS] [D] b [SEP]
+
+
+def test_the_settings_cut_and_expand_queries_and_skip_punctuation(colbert_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(colbert_dir)
+    saved = json.loads((colbert_dir / "config_sentence_transformers.json").read_text())
+    settings = ColbertSettings.read(saved, tokenizer)
+    mask, ids = tokenizer.mask_token_id, list(range(1000, 1030))
+    assert settings.query_ids([101, 1, 7592, 102]) == [101, 1, 7592, 102] + [mask] * 12
+    assert settings.query_ids(ids) == ids[:15] + ids[-1:]
+    comma, period = tokenizer.convert_tokens_to_ids([",", "."])
+    assert settings.kept_tokens([101, 2, 7592, comma, 2088, period, 102]) == [0, 1, 2, 4, 6]
+    assert settings.unattended_id == mask
+    assert infer_task(colbert_dir) == "multi-vector"
