@@ -1,8 +1,11 @@
-"""Sparse (SPLADE) against dense embeddings on the same encoder, and the peak memory of a full call.
+"""Sparse (SPLADE) and multi-vector (ColBERT) against dense embeddings on the same encoder, and the
+peak memory of a full call.
 
-MiniLM's encoder twice in one process: as the dense embedder it is, and as a SPLADE model (its
-BERT encoder with a masked-LM head, seeded random: the head's values do not change its cost), both
-built as workers build them (compiled, warmed, packed), at the same dtype and grid. Throughput is
+MiniLM's encoder three times in one process: as the dense embedder it is, as a SPLADE model (its
+BERT encoder with a masked-LM head, seeded random: the head's values do not change its cost), and
+as a ColBERT model (scripts/make_tiny_models.py's `colbert`: its encoder and a seeded projection
+to 32 values, documents up to MiniLM's 256 tokens), all built as workers build them (compiled,
+warmed, packed), at the same dtype and grid; the ColBERT requests are documents. Throughput is
 the request path's (tokenize, engine, answers) over the same long-tailed texts, interleaved runs;
 sparse answers keep their 256 largest terms, about what a trained SPLADE activates per text.
 Memory is the growth of the process's peak RSS (reset through /proc/self/clear_refs) over one call
@@ -29,6 +32,7 @@ from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import splade
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
+from ts_compiled_handlers.tasks.multi_vector import MultiVectorTask
 from ts_compiled_handlers.tasks.sparse_embedding import SparseEmbeddingTask
 from ts_compiled_handlers.worker.messages import Incoming
 from ts_compiled_handlers.worker.worker import Worker
@@ -46,6 +50,17 @@ def splade_twin(encoder_dir: Path, out: Path) -> Path:
     transformer = Transformer(str(encoder_dir), transformer_task="fill-mask")
     SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(out))
     return out
+
+
+def colbert_twin(out: Path) -> Path:
+    """MiniLM's encoder as a ColBERT model, reading documents as long as MiniLM does."""
+    from ts_compiled_handlers.scripts.make_tiny_models import make
+
+    folder = make(out, ["colbert"])["colbert"]
+    settings = json.loads((folder / "config_sentence_transformers.json").read_text())
+    settings["document_length"] = 256
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    return folder
 
 
 def texts(count: int, seed: int = 0) -> list[str]:
@@ -109,11 +124,12 @@ def main(argv=None) -> None:
         workers = {
             "dense": worker(dense_dir, EmbeddingTask, "embedding", handler),
             "sparse": worker(sparse_dir, SparseEmbeddingTask, "sparse-embedding", handler),
+            "multi-vector": worker(colbert_twin(Path(scratch)), MultiVectorTask, "multi-vector", handler),
         }
         requests = args.requests if not args.quick else 16
         # The sparse requests keep 256 terms a text: a trained SPLADE activates a few hundred, this
         # seeded head about half the vocabulary, whose answers would time JSON, not the model.
-        extra = {"dense": {}, "sparse": {"top_k": ACTIVE_TERMS}}
+        extra = {"dense": {}, "sparse": {"top_k": ACTIVE_TERMS}, "multi-vector": {"input_type": "document"}}
         bodies = {
             name: [json.dumps({"inputs": texts(4, seed), **extra[name]}).encode() for seed in range(requests)]
             for name in workers
@@ -129,7 +145,8 @@ def main(argv=None) -> None:
         }
         for name, runs in seconds.items():
             result[f"{name}_texts_per_s"] = round(4 * requests / statistics.median(runs), 1)
-        result["sparse_vs_dense"] = round(result["sparse_texts_per_s"] / result["dense_texts_per_s"], 3)
+        for name in ("sparse", "multi-vector"):
+            result[f"{name}_vs_dense"] = round(result[f"{name}_texts_per_s"] / result["dense_texts_per_s"], 3)
         result["memory"] = full_call_memory(workers, sparse_dir)
     print_table(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -165,9 +182,10 @@ def eager_inputs(token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor
 
 def print_table(result: dict) -> None:
     print(f"{result['machine']}, {result['dtype']}, {result['texts']} texts a run")
-    print(f"{'':8} {'texts/s':>9}")
-    print(f"{'dense':8} {result['dense_texts_per_s']:>9}")
-    print(f"{'sparse':8} {result['sparse_texts_per_s']:>9}   {result['sparse_vs_dense']}x dense")
+    print(f"{'':12} {'texts/s':>9}")
+    print(f"{'dense':12} {result['dense_texts_per_s']:>9}")
+    for name in ("sparse", "multi-vector"):
+        print(f"{name:12} {result[f'{name}_texts_per_s']:>9}   {result[f'{name}_vs_dense']}x dense")
     memory = result["memory"]
     print(f"full call {memory['shape']} ({memory['slices']} vocabulary slices), peak growth MiB:")
     for key in ("dense_mib", "sparse_sliced_mib", "sparse_unsliced_eager_mib"):

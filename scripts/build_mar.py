@@ -206,14 +206,14 @@ def run_precompile(staging: Path, handler: Path, kind: str) -> dict:
 
 
 def serving_files(model_dir: Path) -> list[Path]:
-    """The files of `model_dir` that serving reads: MODEL_FILES, and the settings of its
-    sentence-transformers modules (e.g. 1_Pooling/config.json)."""
+    """The files of `model_dir` that serving reads: MODEL_FILES, and the settings and safetensors
+    weights of its sentence-transformers modules (1_Pooling/config.json, a ColBERT's 1_Dense)."""
     files = {path for pattern in MODEL_FILES for path in model_dir.glob(pattern) if path.is_file()}
     modules = json.loads((model_dir / "modules.json").read_text()) if (model_dir / "modules.json").is_file() else []
     for module in modules:
         folder = model_dir / module.get("path", "")
         if module.get("path") and folder.is_dir():
-            files.update(path for path in folder.glob("*.json") if path.is_file())
+            files.update(path for pattern in ("*.json", "*.safetensors") for path in folder.glob(pattern))
     return sorted(files)
 
 

@@ -14,6 +14,7 @@ MODEL_ARCHIVES = {  # archive name: (tiny model, task, handler settings over SMA
     "reranker": ("cross-encoder", "text-classification", AUTO_GRID),
     "qwen-embedder": ("embedding-decoder", "embedding", AUTO_GRID),
     "llm-reranker": ("reranker-causal", "text-classification", AUTO_GRID),
+    "colbert": ("colbert", "multi-vector", {"buckets": {"seq_lens": [16, 48], "batch_sizes": [1, 4]}}),
 }
 # Built with `--precompile aot`: served from the archive's AOTInductor package, nothing compiled.
 AOT_ARCHIVES = {

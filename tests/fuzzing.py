@@ -29,8 +29,11 @@ PARAMS = {
     "token-classification": ["aggregation_strategy"],
     "text-generation": ["max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop", "stream"],
     "sparse-embedding": ["top_k", "threshold", "prompt_name"],
+    "multi-vector": ["input_type", "prompt_name", "precision"],
 }
 GOOD_VALUES = {
+    "input_type": ["query", "document"],
+    "precision": ["float32"],
     "normalize": [True, False],
     "top_k": [None, 1, 2, 5],
     "aggregation_strategy": ["none", "simple", "first", "average", "max"],
@@ -89,7 +92,8 @@ def dumps(value) -> bytes:
 
 def ordinary(task: str, text: str) -> dict:
     """An ordinary request of `task`, whose answer alone is known."""
-    return {"inputs": text, "max_new_tokens": 6} if task == "text-generation" else {"inputs": text}
+    extra = {"text-generation": {"max_new_tokens": 6}, "multi-vector": {"input_type": "document"}}
+    return {"inputs": text, **extra.get(task, {})}
 
 
 def valid_body(rng: random.Random, task: str) -> dict:
@@ -144,6 +148,7 @@ OPENAI_ROUTES = {
     "token-classification": ["v1/embeddings"],
     "text-generation": ["v1/completions", "v1/chat/completions", "v1/models"],
     "sparse-embedding": ["embed_sparse", "tokenize"],
+    "multi-vector": ["v1/embeddings", "v2/embed", "rerank"],
 }
 OPENAI_FIELDS = [
     "model", "input", "prompt", "messages", "encoding_format", "dimensions", "max_tokens", "temperature", "top_p",
@@ -167,6 +172,7 @@ def openai_body(rng: random.Random, route: str, name: str) -> dict:
     if route == "v1/embeddings":
         body["input"] = rng.choice(["hello world", ["a", "b"], [101, 7592, 102], [[101, 102], [7592]], [], [-1]])
         body["encoding_format"] = rng.choice(["float", "base64", "bits", None])
+        body["input_type"] = rng.choice(["query", "document", "search_query", None])
     elif route == "v2/embed":  # Cohere's
         body["texts"] = rng.choice([["hello world"], ["a", "b"], [], "a", [5], None])
         body["embedding_types"] = rng.choice(

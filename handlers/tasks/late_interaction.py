@@ -79,8 +79,8 @@ class ColbertSettings:
 
 
 def read_projection(model_dir: Path) -> torch.Tensor:
-    """The Dense module's weight (out, in); only a plain projection (no bias, no activation, no
-    residual) is served, as PyLate saves it."""
+    """The Dense module's weight (out, in), from safetensors; only a plain projection (no bias, no
+    activation, no residual) is served, as PyLate saves it."""
     import json
 
     folder = module_folder(model_dir, "Dense") or model_dir / "1_Dense"
@@ -88,13 +88,11 @@ def read_projection(model_dir: Path) -> torch.Tensor:
     identity = config.get("activation_function", "torch.nn.modules.linear.Identity").endswith("Identity")
     if config.get("bias", True) or not identity or config.get("use_residual", False):
         raise ValueError(f"{folder.name}/config.json: only a projection without bias, activation or residual is served")
-    if (folder / "model.safetensors").exists():
-        from safetensors.torch import load_file
+    if not (folder / "model.safetensors").is_file():
+        raise ValueError(f"{folder.name}: its weights are served from model.safetensors only (no pickle)")
+    from safetensors.torch import load_file
 
-        weights = load_file(str(folder / "model.safetensors"))
-    else:
-        weights = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    return weights["linear.weight"].float()
+    return load_file(str(folder / "model.safetensors"))["linear.weight"].float()
 
 
 class TokenVectors(torch.nn.Module):

@@ -48,9 +48,12 @@ def frontend_form_error(item: Case | str, response: requests.Response) -> bool:
         return False
 
 
-@pytest.mark.parametrize("name", TASK_ARCHIVES)
+FUZZED = {**TASK_ARCHIVES, "colbert": "multi-vector"}  # archive name: task
+
+
+@pytest.mark.parametrize("name", FUZZED)
 def test_generated_hostile_requests_get_4xx_or_200_and_spoil_nothing(server, name, request):
-    task, count = TASK_ARCHIVES[name], request.config.getoption("--fuzz-requests")
+    task, count = FUZZED[name], request.config.getoption("--fuzz-requests")
     pids = server.worker_pids(name)
     alone = {text: server.predict(name, ordinary(task, text)).json() for text in ORDINARY}
     plan: list[Case | str] = []

@@ -32,6 +32,7 @@ BROUGHT = {
     "reranker": ("cross-encoder", "text-classification"),
     "qwen-embedder": ("embedding-decoder", "embedding"),
     "long-embedder": ("embedding-long", "embedding"),
+    "colbert": ("colbert", "multi-vector"),
 }
 ANYTHING = "..."
 

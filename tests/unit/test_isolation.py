@@ -16,6 +16,7 @@ from ts_compiled_handlers.request.payload import is_unicode_text
 from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
+from ts_compiled_handlers.servers.torchserve.multi_vector_handler import MultiVectorHandler
 from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
@@ -25,13 +26,18 @@ HANDLERS = {
     "text-classification": (ClassificationHandler, {}),
     "token-classification": (TokenClassificationHandler, {}),
     "text-generation": (GenerationHandler, {"generation": {"max_new_tokens": 8}}),
+    "multi-vector": (MultiVectorHandler, {}),
 }
+MODELS = {"multi-vector": "colbert"}  # a task's tiny model, where its name is not the task's
 ORDINARY = ["alice walks to paris quickly", "the cat sat on the red mat in berlin", "hello"]
 
 
 @pytest.fixture(scope="module")
 def handlers(tiny_models):
-    return {task: ready_handler(cls, tiny_models[task], **EAGER, **extra) for task, (cls, extra) in HANDLERS.items()}
+    return {
+        task: ready_handler(cls, tiny_models[MODELS.get(task, task)], **EAGER, **extra)
+        for task, (cls, extra) in HANDLERS.items()
+    }
 
 
 def run(handler, requests: list[dict], content_types: list[str]) -> tuple[list, list[int]]:

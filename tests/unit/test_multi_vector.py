@@ -1,54 +1,27 @@
 """Multi-vector (ColBERT) archives: every token vector equal to PyLate's `encode` for queries and
-documents, MaxSim reranking equal to PyLate's scores, compiled packed and padded, nothing
-recompiled after ready; bad input refused for that request only.
+documents, MaxSim reranking equal to PyLate's scores, compiled (packed and padded) and from an AOT
+package, nothing recompiled after ready; bad input refused for that request only. PyLate's answers
+are kept in tests/data/pylate_colbert.json (tests/pylate_reference.py)."""
 
-PyLate pins older sentence-transformers and transformers than ours, so its answers for the test
-model (MiniLM's weights and a seeded projection: the same on every machine) are kept in
-tests/data/pylate_colbert.json, made by scripts/references/make.sh in a venv of their own."""
-
-import base64
-import hashlib
 import json
-from pathlib import Path
+import shutil
 
-import numpy as np
 import pytest
-import torch
-from fakes import ready_handler
+from fakes import build_aot_package, ready_handler
+from pylate_reference import REFERENCE, assert_equal_vectors, checked_model
 from test_adapters import ask
 
 from ts_compiled_handlers.scripts.task_inference import infer_task
 from ts_compiled_handlers.servers.torchserve.multi_vector_handler import MultiVectorHandler
+from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.tasks.late_interaction import ColbertSettings
 
-REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "pylate_colbert.json").read_text())
 GRID = {"seq_lens": [16, 48], "batch_sizes": [1, 4]}
-
-
-def vectors(packed: dict) -> torch.Tensor:
-    values = np.frombuffer(base64.b64decode(packed["base64"]), dtype="<f4")
-    return torch.tensor(values.reshape(packed["shape"]).copy())
-
-
-def assert_equal_vectors(answers: list, references: list) -> None:
-    """The same number of vectors per text, each at cosine >= 0.9999 to PyLate's."""
-    for answer, reference in zip(answers, references, strict=True):
-        got, wanted = torch.tensor(np.array(answer)), vectors(reference)
-        assert got.shape == wanted.shape
-        assert torch.nn.functional.cosine_similarity(got, wanted, dim=-1).min() >= 0.9999
 
 
 @pytest.fixture(scope="module")
 def colbert_dir(tiny_models):
-    """The test model, checked to be the one PyLate answered for (its weights' digest, as
-    scripts/references/pylate_colbert.py takes it)."""
-    folder = tiny_models["colbert"]
-    digest = hashlib.sha256()
-    for name in ("model.safetensors", "1_Dense/model.safetensors"):
-        digest.update((folder / name).read_bytes())
-    message = "the test ColBERT model changed: remake tests/data/pylate_colbert.json (scripts/references/make.sh)"
-    assert digest.hexdigest() == REFERENCE["weights_sha256"], message
-    return folder
+    return checked_model(tiny_models["colbert"])
 
 
 @pytest.fixture(scope="module", params=["auto", "off"], ids=["packed", "padded"])
@@ -133,3 +106,22 @@ def test_the_settings_cut_and_expand_queries_and_skip_punctuation(colbert_dir):
     assert settings.kept_tokens([101, 2, 7592, comma, 2088, period, 102]) == [0, 1, 2, 4, 6]
     assert settings.unattended_id == mask
     assert infer_task(colbert_dir) == "multi-vector"
+
+
+def test_an_aot_package_serves_the_same_vectors_and_scores_without_dynamo(colbert_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(colbert_dir, model)
+    build_aot_package(MultiVectorHandler, model, {"handler": {"dtype": "float32", "buckets": GRID}})
+    handler = ready_handler(MultiVectorHandler, model, buckets=GRID)
+    assert handler.model_source == "aot package" and compiled_graph_count() == 0
+    bodies = [
+        {"inputs": REFERENCE["queries"], "input_type": "query"},
+        {"inputs": REFERENCE["documents"], "input_type": "document"},
+        {"query": REFERENCE["queries"][1], "documents": REFERENCE["documents"]},
+    ]
+    queries, documents, ranked = ask(handler, bodies)
+    assert_equal_vectors([answer["embedding"] for answer in queries], REFERENCE["query_vectors"])
+    assert_equal_vectors([answer["embedding"] for answer in documents], REFERENCE["document_vectors"])
+    for one in ranked:
+        assert one["score"] == pytest.approx(REFERENCE["maxsim"][1][one["index"]], abs=1e-4)
+    assert compiled_graph_count() == 0 and handler.engine.model.recompiles_after_ready == 0
