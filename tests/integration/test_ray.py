@@ -30,6 +30,7 @@ import torch
 from archives import SMALL_GRID
 from fuzzing import hostile_cases
 from parity import assert_same_answers, generate_alone
+from pylate_reference import REFERENCE, assert_equal_vectors, checked_model
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util import quantize_embeddings
 from transformers import pipeline
@@ -242,8 +243,16 @@ def test_a_removed_node_s_replica_moves_to_a_spare_node(cluster, minilm):
 
 # -- every task, and hostile bodies ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm):
-    """The other tasks' tiny archives, one replica each, while MiniLM's two stay up."""
+def colbert_archive(tmp_path_factory, tiny_models):
+    """Eager: what Ray adds is its plumbing; the compiled model is tested in process and on TorchServe."""
+    grid = {"dtype": "float32", "compile": {"enable": False}, "buckets": {"seq_lens": [16, 48], "batch_sizes": [1, 4]}}
+    model = checked_model(tiny_models["colbert"])
+    return build(model, "multi-vector", "colbert", tmp_path_factory.mktemp("ray_colbert"), {"handler": grid})
+
+
+@pytest.fixture(scope="module")
+def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm, colbert_archive):
+    """The other tasks' tiny archives (and a ColBERT one), one replica each, while MiniLM's two stay up."""
     store = tmp_path_factory.mktemp("ray_tiny_store")
     names = {
         "embedder": "embedding",
@@ -254,8 +263,9 @@ def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm):
     for name, task in names.items():
         extra = {"generation": {"max_new_tokens": 64}} if task == "text-generation" else {}
         archive = build(tiny_models[task], task, name, store, {"handler": {**SMALL_GRID, **extra}})
-        deploy(archive, name, ray_actor_options={"num_cpus": 0.25})
-    return names
+        deploy(archive, name, ray_actor_options={"num_cpus": 0.125})  # half a CPU per node is left: 4 fit on each
+    deploy(colbert_archive, "colbert", ray_actor_options={"num_cpus": 0.125})
+    return {**names, "colbert": "multi-vector"}
 
 
 def test_every_task_s_replica_answers_as_transformers(cluster, tiny_archives, tiny_models):
@@ -279,6 +289,15 @@ def test_every_task_s_replica_answers_as_transformers(cluster, tiny_archives, ti
     assert streamed.status_code == 200 and len(chunks) > 1
     refused = requests.post(generator, json={"inputs": "a", "top_k": -1}, headers=AUTH, timeout=60)
     assert refused.status_code == 400 and "top_k" in refused.json()["error"]
+    colbert = f"{cluster.url}/predictions/colbert"
+    body = {"inputs": REFERENCE["queries"], "input_type": "query"}
+    queries = requests.post(colbert, json=body, headers=AUTH, timeout=60).json()
+    assert_equal_vectors([answer["embedding"] for answer in queries], REFERENCE["query_vectors"])
+    body = {"query": REFERENCE["queries"][1], "documents": REFERENCE["documents"]}
+    ranked = requests.post(f"{colbert}/1.0/rerank", json=body, headers=AUTH, timeout=60).json()
+    assert [one["score"] for one in ranked] == pytest.approx(
+        [REFERENCE["maxsim"][1][one["index"]] for one in ranked], abs=1e-4
+    )
 
 
 def test_hostile_bodies_get_the_same_answers_as_on_torchserve(cluster, tiny_archives, task_server):
@@ -396,6 +415,23 @@ def test_ray_data_embeds_2000_texts_as_sentence_transformers(cluster, minilm_arc
     assert [row["text"] for row in rows] == texts
     got = [row["embedding"].tolist() for row in rows]
     assert min(cosines(got, reference.encode(texts, batch_size=64))) >= 0.9999
+
+
+def test_ray_data_gives_colbert_token_vectors_as_pylate(cluster, colbert_archive):
+    from ts_compiled_handlers.servers.ray.data import MultiVectorEmbedder
+
+    wait_for(lambda: not serve.status().applications, 60, "the Serve applications gone")
+    for input_type, texts, wanted in (
+        ("document", REFERENCE["documents"], REFERENCE["document_vectors"]),
+        ("query", REFERENCE["queries"], REFERENCE["query_vectors"]),
+    ):
+        dataset = ray.data.from_items([{"text": text, "row": index} for index, text in enumerate(texts)])
+        kwargs = {"archive": str(colbert_archive), "input_type": input_type}
+        embedded = dataset.map_batches(
+            MultiVectorEmbedder, fn_constructor_kwargs=kwargs, compute=ray.data.ActorPoolStrategy(size=1), batch_size=2
+        )
+        rows = sorted(embedded.take_all(), key=lambda row: row["row"])
+        assert_equal_vectors([row["embedding"] for row in rows], wanted)
 
 
 def test_embed_corpus_writes_parquet_and_int8_jsonl(cluster, minilm_archive, reference, tmp_path):

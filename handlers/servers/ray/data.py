@@ -148,3 +148,22 @@ class Classifier(ArchiveBatches):
         labels = np.array([answer["label"] for answer in best], dtype=object)
         scores = np.array([answer["score"] for answer in best], dtype=np.float32)
         return {**batch, self.label_column: labels, self.score_column: scores}
+
+
+class MultiVectorEmbedder(ArchiveBatches):
+    """Column `text` in, `embedding` out for a ColBERT archive: each row's token vectors, a
+    (tokens, size) float32 array, for `input_type` query or document (handlers/tasks/multi_vector.py)."""
+
+    task = "multi-vector"
+
+    def __init__(self, archive: str, input_type: str, text_column: str = "text", output_column: str = "embedding"):
+        super().__init__(archive, text_column)
+        self.output_column = output_column
+        self.params = self.checked({"input_type": input_type})
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        answers = self.answers(list(batch[self.text_column]), self.params)
+        vectors = np.empty(len(answers), dtype=object)  # ragged rows: Ray stores them as variable-shaped tensors
+        for row, answer in enumerate(answers):
+            vectors[row] = answer["embedding"]
+        return {**batch, self.output_column: vectors}
