@@ -4,7 +4,7 @@ A task knows nothing of servers or loops. The startup room (handlers/startup/) r
 hooks below (the module to compile, the length limit, the bucket plan, the engine); the worker
 (handlers/worker/worker.py) reads the rest: `protocols`, `param_checks`, `model_texts` and `answer`.
 One subclass per task (handlers/tasks/registry.py names them all): embeddings, sparse embeddings,
-classification, token classification, generation.
+multi-vector (ColBERT) embeddings, classification, token classification, generation.
 """
 
 from pathlib import Path
