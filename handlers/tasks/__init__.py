@@ -7,6 +7,7 @@ One subclass per task (handlers/tasks/registry.py names them all): embeddings, s
 multi-vector (ColBERT) embeddings, classification, token classification, generation.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,10 @@ class Task:
     # drifted from eager when frozen: GPT-2 by 0.14, so the warm-up check served it eagerly)
     FREEZES = True
     prompts: dict[str, str] = {}  # the model's named prompts (embedders read theirs in read_settings)
+    # A task that cuts or extends its texts' token ids defines `model_ids(request, tokenized) ->
+    # Tokenized` (multi-vector queries); None: the tokenizer's ids as they are, and no call for it
+    # on the request path (docs/design.md counts the modules that path re-enters).
+    model_ids: Callable[[Request, Tokenized], Tokenized] | None = None
     # Tried in order for a request's route; a protocol is one module (handlers/protocols/).
     protocols: tuple[Protocol, ...] = (KServeV2Protocol(), PlainProtocol())
 
@@ -100,10 +105,6 @@ class Task:
     def model_texts(self, request: Request) -> list:
         """The texts the model reads for a request (a task may prepend a prompt)."""
         return request.texts
-
-    def model_ids(self, request: Request, tokenized: Tokenized) -> Tokenized:
-        """The model's token ids for a request's tokenized texts (a task may cut or extend them)."""
-        return tokenized
 
     def tei_model_type(self) -> dict | None:
         """The model's kind as TEI's `info` names it (None: not one of TEI's)."""

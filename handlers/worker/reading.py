@@ -40,4 +40,5 @@ class RequestReader:
         truncate, side = request.params.get("truncate"), request.params.get("truncation_direction")
         if request.token_ids is not None:  # sent as token ids (the OpenAI embeddings body)
             return self.tokenize.ids(request.token_ids, truncate, side)
-        return self.task.model_ids(request, self.tokenize(self.task.model_texts(request), truncate, side))
+        tokenized = self.tokenize(self.task.model_texts(request), truncate, side)
+        return tokenized if self.task.model_ids is None else self.task.model_ids(request, tokenized)
