@@ -16,6 +16,8 @@ def expected_task(name: str) -> str:
         return "text-classification"
     if name == "reranker-causal":  # a bare causal LM: never guessed to be a reranker (--task decides)
         return "text-generation"
+    if name == "colbert":  # saved in PyLate's layout
+        return "multi-vector"
     return next(task for task in sorted(TASKS, key=len, reverse=True) if name.startswith(task))
 
 
