@@ -56,7 +56,8 @@ class MultiVectorTask(EmbeddingTask):
     def read_settings(self, serving) -> None:
         settings = read_json(serving.model_dir / "config_sentence_transformers.json", {})
         self.colbert = ColbertSettings.read(settings, serving.tokenizer)
-        self.size = read_projection(serving.model_dir).shape[0]
+        self.projection = read_projection(serving.model_dir)  # read once: its size here, the module's weight below
+        self.size = self.projection.shape[0]
         # Cohere's `input_type` (search_query, search_document) finds these names (handlers/protocols/cohere.py)
         self.prompts = dict.fromkeys(INPUT_TYPES, "")
         self.default_prompt, self.dimension_sizes, self.ranges, self.normalize_default = None, None, None, True
@@ -86,13 +87,11 @@ class MultiVectorTask(EmbeddingTask):
         encoder = AutoModel.from_pretrained(
             model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
         )
-        return TokenVectors(encoder, read_projection(model_dir), self.colbert.unattended_id)
+        return TokenVectors(encoder, self.projection, self.colbert.unattended_id)
 
     def check_request(self, request: Request) -> None:
         if request.token_ids is not None:
             raise RequestError(400, "'input': a multi-vector model takes texts (it adds their prefix), not token ids")
-        if request.token_states:
-            raise RequestError(400, "embed_all: a multi-vector model answers its projected token vectors")
         form = request.form
         if getattr(form, "encoding_format", None) == "base64" or "base64" in getattr(form, "embedding_types", ()):
             raise RequestError(400, "base64: multi-vector answers are lists of vectors, sent as floats")
