@@ -11,7 +11,7 @@ std/mean is over 5%. Correctness in the same run: max abs diff and min cosine of
 against eager float32. Achieved FLOP/s (FLOPs counted on the eager model) are set against a large
 matmul timed in the same run, the machine's practical ceiling.
 
-    python benchmarks/benchmark.py --quick                                  # CI smoke: tiny model, 2x2 grid
+    python benchmarks/benchmark.py --quick                                  # release check smoke: tiny model, 2x2
     python benchmarks/benchmark.py --models minilm --dtypes float32 bfloat16 # the default grid
     python benchmarks/benchmark.py --models minilm --strategies none batch all --seq-lens 32 128 --batch-sizes 1 8
     python benchmarks/benchmark.py --models minilm --dtypes bfloat16 --scopes whole regional
@@ -190,7 +190,7 @@ def parse_args(argv):
     parser.add_argument("--batch-sizes", nargs="+", type=int, help="batch buckets (default: the handler's)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per bucket and contender")
     parser.add_argument("--iterations", type=int, default=50, help="timed calls per bucket and contender")
-    parser.add_argument("--quick", action="store_true", help="CI smoke: tiny embedding model, 2x2 grid, 10 calls")
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny model, 2x2 grid, 10 calls")
     parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark.json", help="where the JSON goes")
     args = parser.parse_args(argv)
     if args.quick:

@@ -8,7 +8,7 @@ turns so that the machine's drift hits all alike. Answers are compared with eage
 
     python benchmarks/benchmark_aot.py                    # MiniLM, default grid, dtype auto
     python benchmarks/benchmark_aot.py --model bert-base --seq-lens 32 128 --batch-sizes 1 8  # 12 layers, hidden 768
-    python benchmarks/benchmark_aot.py --quick            # CI smoke: tiny model, 2x2 grid
+    python benchmarks/benchmark_aot.py --quick            # smoke run (release check): tiny model, 2x2 grid
 
 Prints a table and writes runs/benchmark_aot.json (or --out).
 """

@@ -13,7 +13,7 @@ of the grid's fullest shape: dense, sparse in vocabulary slices, and sparse unsl
 logits of the whole call at once), each after a first call of that shape.
 
     python benchmarks/benchmark_sparse.py                  # MiniLM, dtype auto
-    python benchmarks/benchmark_sparse.py --quick          # CI smoke: tiny models, small grid
+    python benchmarks/benchmark_sparse.py --quick          # smoke run (release check): tiny models, small grid
 """
 
 import argparse

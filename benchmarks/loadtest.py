@@ -22,7 +22,7 @@ runs/infinity-venv the first time) and sent the same texts; the run checks ours-
 best of them.
 
     hfserve loadtest                  # MiniLM, all contenders, 16 clients x 60 s each
-    hfserve loadtest --quick          # CI smoke: tiny random model, 4 clients x 3 s each
+    hfserve loadtest --quick          # smoke run (release check): tiny random model, 4 clients x 3 s each
     hfserve loadtest --contenders ours-auto --workers 1 2 --rounds 3   # 1 vs 2 workers, alternating
     hfserve loadtest --contenders ours-auto --rate 200 --clients 64    # open loop: 200 requests/s arrive
     hfserve loadtest --contenders ours-auto ours-aot --rounds 3      # AOT package vs torch.compile

@@ -9,19 +9,26 @@ import pytest
 def pytest_addoption(parser):
     parser.addoption("--fuzz-requests", type=int, default=200, help="generated requests per task in the fuzz tests")
     parser.addoption("--fuzz-seed", type=int, default=1, help="seed of the fuzz tests' generated requests")
+    parser.addoption("--release", action="store_true", help="also run the `release` smoke runs")
 
 
 # A test that asks for one of these (directly or through another fixture) loads or compiles a model.
 MODEL_FIXTURES = {"tiny_models", "tiny_bert", "minilm_dir"}
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """Mark as `heavy` every test that needs a model (tests that start a process carry the mark
-    themselves): what remains is pure unit tests."""
+    themselves): what remains is pure unit tests. Deselect the `release` smoke runs unless
+    `--release` asks for them: they are scripts/release_check.sh's, not the test command's."""
     for item in items:
         needs_model = MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
         if needs_model and not item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.heavy)
+    if not config.getoption("--release"):
+        release = [item for item in items if item.get_closest_marker("release")]
+        if release:
+            config.hook.pytest_deselected(items=release)
+            items[:] = [item for item in items if not item.get_closest_marker("release")]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,5 +1,7 @@
-"""Smoke runs of the benchmark and the load test as CI runs them: they work end to end, on the
-tiny model, and what they report is consistent. No speed is asserted here (docs/performance.md has the runs)."""
+"""Smoke runs of the benchmarks and the load test: they work end to end, on the tiny model, and what
+they report is consistent. No speed is asserted here (docs/performance.md has the runs). Six minutes
+of a 2-core machine: scripts/release_check.sh runs them (`pytest --release -m release`), before a
+release and whenever a benchmark or the load test changes; the test command deselects them."""
 
 import json
 
@@ -8,7 +10,7 @@ import pytest
 from ts_compiled_handlers.benchmarks import benchmark, benchmark_aot, benchmark_chunking, benchmark_sparse, loadtest
 from ts_compiled_handlers.scripts import plan_buckets
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.release]
 
 
 def test_benchmark_quick_reports_every_bucket_with_correctness(tmp_path):
