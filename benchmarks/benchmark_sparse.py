@@ -1,11 +1,13 @@
-"""Sparse (SPLADE) and multi-vector (ColBERT) against dense embeddings on the same encoder, and the
-peak memory of a full call.
+"""Sparse (SPLADE), multi-vector (ColBERT) and bge-m3's outputs against dense embeddings on the same
+encoder, and the peak memory of a full call.
 
-MiniLM's encoder three times in one process: as the dense embedder it is, as a SPLADE model (its
-BERT encoder with a masked-LM head, seeded random: the head's values do not change its cost), and
-as a ColBERT model (scripts/make_tiny_models.py's `colbert`: its encoder and a seeded projection
-to 32 values, documents up to MiniLM's 256 tokens), all built as workers build them (compiled,
-warmed, packed), at the same dtype and grid; the ColBERT requests are documents. Throughput is
+MiniLM's encoder four times in one process: as the dense embedder it is, as a SPLADE model (its
+BERT encoder with a masked-LM head, seeded random: the head's values do not change its cost), as a
+ColBERT model (scripts/make_tiny_models.py's `colbert`: its encoder and a seeded projection to 32
+values, documents up to MiniLM's 256 tokens), and as a bge-m3 model (its encoder and seeded heads
+in FlagEmbedding's files: ColBERT vectors of 384 values, as bge-m3's are its hidden size), all
+built as workers build them (compiled, warmed, packed), at the same dtype and grid; the ColBERT
+requests are documents, the bge-m3 ones ask for dense and sparse, then for all three outputs. Throughput is
 the request path's (tokenize, engine, answers) over the same long-tailed texts, interleaved runs;
 sparse answers keep their 256 largest terms, about what a trained SPLADE activates per text.
 Memory is the growth of the process's peak RSS (reset through /proc/self/clear_refs) over one call
@@ -32,12 +34,14 @@ from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import splade
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
+from ts_compiled_handlers.tasks.m3 import M3EmbeddingTask
 from ts_compiled_handlers.tasks.multi_vector import MultiVectorTask
 from ts_compiled_handlers.tasks.sparse_embedding import SparseEmbeddingTask
 from ts_compiled_handlers.worker.messages import Incoming
 from ts_compiled_handlers.worker.worker import Worker
 
 ACTIVE_TERMS = 256
+CONTENDERS = ("sparse", "multi-vector", "m3 dense+sparse", "m3 all three")  # each against dense
 WORDS = "the a city river house model serve token alice walks paris london with fast red green".split()
 
 
@@ -61,6 +65,22 @@ def colbert_twin(out: Path) -> Path:
     settings["document_length"] = 256
     (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
     return folder
+
+
+def m3_twin(encoder_dir: Path, out: Path) -> Path:
+    """The encoder as a bge-m3 model: its files, and seeded heads saved as FlagEmbedding saves them."""
+    import shutil
+
+    from ts_compiled_handlers.scripts.build_mar import serving_files
+
+    for path in serving_files(encoder_dir):
+        (out / path.relative_to(encoder_dir)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, out / path.relative_to(encoder_dir))
+    hidden = json.loads((encoder_dir / "config.json").read_text())["hidden_size"]
+    torch.manual_seed(0)
+    torch.save(torch.nn.Linear(hidden, hidden).state_dict(), out / "colbert_linear.pt")
+    torch.save(torch.nn.Linear(hidden, 1).state_dict(), out / "sparse_linear.pt")
+    return out
 
 
 def texts(count: int, seed: int = 0) -> list[str]:
@@ -121,15 +141,24 @@ def main(argv=None) -> None:
 
             dense_dir = Path(get_model_path())
             sparse_dir = splade_twin(dense_dir, Path(scratch) / "splade")
+        m3 = worker(m3_twin(dense_dir, Path(scratch) / "m3"), M3EmbeddingTask, "m3-embedding", handler)
         workers = {
             "dense": worker(dense_dir, EmbeddingTask, "embedding", handler),
             "sparse": worker(sparse_dir, SparseEmbeddingTask, "sparse-embedding", handler),
             "multi-vector": worker(colbert_twin(Path(scratch)), MultiVectorTask, "multi-vector", handler),
+            "m3 dense+sparse": m3,
+            "m3 all three": m3,
         }
         requests = args.requests if not args.quick else 16
         # The sparse requests keep 256 terms a text: a trained SPLADE activates a few hundred, this
         # seeded head about half the vocabulary, whose answers would time JSON, not the model.
-        extra = {"dense": {}, "sparse": {"top_k": ACTIVE_TERMS}, "multi-vector": {"input_type": "document"}}
+        extra = {
+            "dense": {},
+            "sparse": {"top_k": ACTIVE_TERMS},
+            "multi-vector": {"input_type": "document"},
+            "m3 dense+sparse": {"return_sparse": True},
+            "m3 all three": {"return_sparse": True, "return_colbert_vecs": True},
+        }
         bodies = {
             name: [json.dumps({"inputs": texts(4, seed), **extra[name]}).encode() for seed in range(requests)]
             for name in workers
@@ -145,7 +174,7 @@ def main(argv=None) -> None:
         }
         for name, runs in seconds.items():
             result[f"{name}_texts_per_s"] = round(4 * requests / statistics.median(runs), 1)
-        for name in ("sparse", "multi-vector"):
+        for name in CONTENDERS:
             result[f"{name}_vs_dense"] = round(result[f"{name}_texts_per_s"] / result["dense_texts_per_s"], 3)
         result["memory"] = full_call_memory(workers, sparse_dir)
     print_table(result)
@@ -182,10 +211,10 @@ def eager_inputs(token_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor
 
 def print_table(result: dict) -> None:
     print(f"{result['machine']}, {result['dtype']}, {result['texts']} texts a run")
-    print(f"{'':12} {'texts/s':>9}")
-    print(f"{'dense':12} {result['dense_texts_per_s']:>9}")
-    for name in ("sparse", "multi-vector"):
-        print(f"{name:12} {result[f'{name}_texts_per_s']:>9}   {result[f'{name}_vs_dense']}x dense")
+    print(f"{'':15} {'texts/s':>9}")
+    print(f"{'dense':15} {result['dense_texts_per_s']:>9}")
+    for name in CONTENDERS:
+        print(f"{name:15} {result[f'{name}_texts_per_s']:>9}   {result[f'{name}_vs_dense']}x dense")
     memory = result["memory"]
     print(f"full call {memory['shape']} ({memory['slices']} vocabulary slices), peak growth MiB:")
     for key in ("dense_mib", "sparse_sliced_mib", "sparse_unsliced_eager_mib"):

@@ -78,6 +78,8 @@ MODEL_FILES = (
     "modules.json",  # sentence-transformers: its modules, their settings, the length limit
     "config_sentence_transformers.json",
     "sentence_bert_config.json",
+    "colbert_linear.pt",  # bge-m3's heads: PyTorch files, read with weights_only=True (handlers/tasks/m3.py)
+    "sparse_linear.pt",
 )
 # startupTimeout = MARGIN x (compile + warm-up) + what a worker spends before it (interpreter, imports,
 # model load), never under TorchServe's own default.

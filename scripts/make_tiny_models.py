@@ -74,13 +74,8 @@ def _save(model, folder: Path) -> Path:
     return folder
 
 
-def make_embedding(folder: Path, size: str = "test") -> Path:
-    """BERT encoder in sentence-transformers layout: mean pooling, then Normalize."""
-    from transformers import BertModel
-
-    tokenizer = _bert_tokenizer(folder)
-    config = _bert_config(tokenizer, size)
-    _save(BertModel(config), folder)
+def _pooled_layout(folder: Path, pooling: dict) -> None:
+    """sentence-transformers' files of an embedder: Transformer, Pooling (as `pooling` says), Normalize."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -88,8 +83,17 @@ def make_embedding(folder: Path, size: str = "test") -> Path:
     ]
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir(exist_ok=True)
-    pooling = {"word_embedding_dimension": config.hidden_size, "pooling_mode_mean_tokens": True}
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+
+
+def make_embedding(folder: Path, size: str = "test") -> Path:
+    """BERT encoder in sentence-transformers layout: mean pooling, then Normalize."""
+    from transformers import BertModel
+
+    tokenizer = _bert_tokenizer(folder)
+    config = _bert_config(tokenizer, size)
+    _save(BertModel(config), folder)
+    _pooled_layout(folder, {"word_embedding_dimension": config.hidden_size, "pooling_mode_mean_tokens": True})
     max_seq_length = 64 if size == "test" else 256
     (folder / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
@@ -348,16 +352,22 @@ def make_token_classification(folder: Path) -> Path:
     return _save(BertForTokenClassification(_bert_config(tokenizer, **_labels(TOKEN_LABELS))), folder)
 
 
-def make_xlmr_classification(folder: Path) -> Path:
-    """XLM-R-shaped sequence classifier: its positions start past the padding index (pad id 1)."""
+def _xlmr_tokenizer(folder: Path, byte_level: bool = True):
+    """A BPE tokenizer with XLM-R's special ids (<s> 0, <pad> 1, </s> 2, <unk> 3): byte-level, or
+    split at whitespace and punctuation (unknown characters become <unk>), which transformers 4 and
+    5 tokenize alike (they differ on the byte-level one's first word)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForSequenceClassification
+    from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    backend.decoder = decoders.ByteLevel()
-    special = ["<s>", "<pad>", "</s>", "<unk>"]  # XLM-R's ids: <s> 0, <pad> 1, </s> 2
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    special = ["<s>", "<pad>", "</s>", "<unk>"]
+    if byte_level:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        backend.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        alphabet = []
     trainer = trainers.BpeTrainer(
         vocab_size=300, special_tokens=special, initial_alphabet=alphabet, show_progress=False
     )
@@ -368,16 +378,55 @@ def make_xlmr_classification(folder: Path) -> Path:
     )
     tokenizer.model_max_length = 128
     tokenizer.save_pretrained(folder)
-    config = XLMRobertaConfig(
+    return tokenizer
+
+
+def _xlmr_config(tokenizer, **extra):
+    from transformers import XLMRobertaConfig
+
+    return XLMRobertaConfig(
         vocab_size=len(tokenizer),
         max_position_embeddings=130,
         pad_token_id=1,
         bos_token_id=0,
         eos_token_id=2,
         **BERT_SIZES["test"],
-        **_labels(["NEGATIVE", "NEUTRAL", "POSITIVE"]),
+        **extra,
     )
+
+
+def make_xlmr_classification(folder: Path) -> Path:
+    """XLM-R-shaped sequence classifier: its positions start past the padding index (pad id 1)."""
+    from transformers import XLMRobertaForSequenceClassification
+
+    config = _xlmr_config(_xlmr_tokenizer(folder), **_labels(["NEGATIVE", "NEUTRAL", "POSITIVE"]))
     return _save(XLMRobertaForSequenceClassification(config), folder)
+
+
+def make_m3(folder: Path) -> Path:
+    """A bge-m3-shaped model in the layout FlagEmbedding's BGEM3FlagModel loads: an XLM-R encoder
+    (CLS pooling, normalized, in sentence-transformers' files as BAAI/bge-m3 ships them) and its two
+    heads as PyTorch files, `colbert_linear.pt` (hidden -> hidden) and `sparse_linear.pt` (hidden -> 1),
+    drawn from the run's seed. FlagEmbedding's answers for it are kept as a reference
+    (tests/data/flag_m3.json, scripts/references/flag_m3.py), checked by the weights' digest."""
+    import torch
+    from transformers import XLMRobertaModel
+
+    # drawn wide (std 0.4, not 0.02), so that texts' vectors and token weights differ visibly
+    config = _xlmr_config(_xlmr_tokenizer(folder, byte_level=False), initializer_range=0.4)
+    _save(XLMRobertaModel(config), folder)
+    # transformers 5 names its own tokenizer class; the reference's transformers 4 loads the base one
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings |= {"tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "<s>", "sep_token": "</s>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
+    hidden = config.hidden_size
+    torch.save(torch.nn.Linear(hidden, hidden).state_dict(), folder / "colbert_linear.pt")
+    torch.save(torch.nn.Linear(hidden, 1).state_dict(), folder / "sparse_linear.pt")
+    _pooled_layout(
+        folder, {"word_embedding_dimension": hidden, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}
+    )
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+    return folder
 
 
 def make_distilbert_classification(folder: Path) -> Path:
@@ -486,6 +535,7 @@ MAKERS = {
     "text-generation-gpt2": make_gpt2_generation,
     "sparse-embedding": make_sparse_encoder,
     "colbert": make_colbert,
+    "m3": make_m3,
     "reranker-causal": make_causal_reranker,
     "reranker-causal-chat": lambda folder: make_causal_reranker(folder, chat=True),
 }

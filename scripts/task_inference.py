@@ -3,6 +3,7 @@
     sentence-transformers' modules.json with a Pooling module      -> embedding
     a SparseEncoder's config_sentence_transformers.json            -> sparse-embedding
     PyLate's modules.json (a Dense module of PyLate's, no Pooling)  -> multi-vector
+    bge-m3's heads, colbert_linear.pt and sparse_linear.pt         -> m3-embedding
     a CrossEncoder's config_sentence_transformers.json             -> text-classification
     config.json `architectures`: *ForSequenceClassification        -> text-classification
                                  *ForTokenClassification           -> token-classification
@@ -49,6 +50,8 @@ def infer_task(model_dir: Path) -> str:
 
 
 def sentence_transformers_task(model_dir: Path) -> str | None:
+    if all((model_dir / head).is_file() for head in ("colbert_linear.pt", "sparse_linear.pt")):
+        return "m3-embedding"  # bge-m3: FlagEmbedding's heads beside the encoder
     saved = read_json(model_dir / "config_sentence_transformers.json") or {}
     kind = saved.get("model_type") if isinstance(saved, dict) else None
     if kind == "CrossEncoder":

@@ -15,6 +15,7 @@ MODEL_ARCHIVES = {  # archive name: (tiny model, task, handler settings over SMA
     "qwen-embedder": ("embedding-decoder", "embedding", AUTO_GRID),
     "llm-reranker": ("reranker-causal", "text-classification", AUTO_GRID),
     "colbert": ("colbert", "multi-vector", {"buckets": {"seq_lens": [16, 48], "batch_sizes": [1, 4]}}),
+    "m3": ("m3", "m3-embedding", {"buckets": {"seq_lens": [16, 128], "batch_sizes": [1, 4]}}),
 }
 # Built with `--precompile aot`: served from the archive's AOTInductor package, nothing compiled.
 AOT_ARCHIVES = {

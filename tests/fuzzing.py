@@ -30,6 +30,7 @@ PARAMS = {
     "text-generation": ["max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop", "stream"],
     "sparse-embedding": ["top_k", "threshold", "prompt_name"],
     "multi-vector": ["input_type", "prompt_name", "precision"],
+    "m3-embedding": ["return_dense", "return_sparse", "return_colbert_vecs", "weights"],
 }
 GOOD_VALUES = {
     "input_type": ["query", "document"],
@@ -46,6 +47,10 @@ GOOD_VALUES = {
     "stream": [False, True],
     "threshold": [0, 0.05, 2.5],
     "prompt_name": ["query", "document"],
+    "return_dense": [True, False],
+    "return_sparse": [True, False],
+    "return_colbert_vecs": [True, False],
+    "weights": [[1, 1, 1], [0.4, 0.2, 0.4], [0, 1, 0]],
 }
 ODD_VALUES = [
     None, True, 0, -1, 1, 2**63, 10**30, -(10**30), 1e-300, -0.0, 1e308, float("nan"), float("inf"),
@@ -149,6 +154,7 @@ OPENAI_ROUTES = {
     "text-generation": ["v1/completions", "v1/chat/completions", "v1/models"],
     "sparse-embedding": ["embed_sparse", "tokenize"],
     "multi-vector": ["v1/embeddings", "v2/embed", "rerank"],
+    "m3-embedding": ["embed", "embed_sparse", "rerank", "tokenize"],
 }
 OPENAI_FIELDS = [
     "model", "input", "prompt", "messages", "encoding_format", "dimensions", "max_tokens", "temperature", "top_p",
@@ -158,7 +164,7 @@ OPENAI_FIELDS = [
 
 
 # The tasks that serve TEI's tokenize route (handlers/protocols/tei.py); the others answer it 404.
-TOKENIZE_TASKS = ("embedding", "text-classification", "sparse-embedding")
+TOKENIZE_TASKS = ("embedding", "text-classification", "sparse-embedding", "m3-embedding")
 
 
 def huge_tokenize(rng: random.Random) -> bytes:

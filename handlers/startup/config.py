@@ -20,6 +20,7 @@ TASKS = (
     "embedding",
     "sparse-embedding",
     "multi-vector",
+    "m3-embedding",
     "text-classification",
     "token-classification",
     "text-generation",

@@ -48,7 +48,7 @@ def frontend_form_error(item: Case | str, response: requests.Response) -> bool:
         return False
 
 
-FUZZED = {**TASK_ARCHIVES, "colbert": "multi-vector"}  # archive name: task
+FUZZED = {**TASK_ARCHIVES, "colbert": "multi-vector", "m3": "m3-embedding"}  # archive name: task
 
 
 @pytest.mark.parametrize("name", FUZZED)

@@ -22,6 +22,7 @@ import zipfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import flag_reference
 import numpy as np
 import openai
 import pytest
@@ -251,8 +252,17 @@ def colbert_archive(tmp_path_factory, tiny_models):
 
 
 @pytest.fixture(scope="module")
-def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm, colbert_archive):
-    """The other tasks' tiny archives (and a ColBERT one), one replica each, while MiniLM's two stay up."""
+def m3_archive(tmp_path_factory, tiny_models):
+    """Eager, as the ColBERT one."""
+    grid = {"dtype": "float32", "compile": {"enable": False}, "buckets": {"seq_lens": [16, 128], "batch_sizes": [1, 4]}}
+    model = flag_reference.checked_model(tiny_models["m3"])
+    return build(model, "m3-embedding", "m3", tmp_path_factory.mktemp("ray_m3"), {"handler": grid})
+
+
+@pytest.fixture(scope="module")
+def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm, colbert_archive, m3_archive):
+    """The other tasks' tiny archives (and a ColBERT and a bge-m3 one), one replica each, while
+    MiniLM's two stay up."""
     store = tmp_path_factory.mktemp("ray_tiny_store")
     names = {
         "embedder": "embedding",
@@ -265,7 +275,8 @@ def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm, colbert_archiv
         archive = build(tiny_models[task], task, name, store, {"handler": {**SMALL_GRID, **extra}})
         deploy(archive, name, ray_actor_options={"num_cpus": 0.125})  # half a CPU per node is left: 4 fit on each
     deploy(colbert_archive, "colbert", ray_actor_options={"num_cpus": 0.125})
-    return {**names, "colbert": "multi-vector"}
+    deploy(m3_archive, "m3", ray_actor_options={"num_cpus": 0.125})
+    return {**names, "colbert": "multi-vector", "m3": "m3-embedding"}
 
 
 def test_every_task_s_replica_answers_as_transformers(cluster, tiny_archives, tiny_models):
@@ -298,6 +309,13 @@ def test_every_task_s_replica_answers_as_transformers(cluster, tiny_archives, ti
     assert [one["score"] for one in ranked] == pytest.approx(
         [REFERENCE["maxsim"][1][one["index"]] for one in ranked], abs=1e-4
     )
+    m3, m3_reference = f"{cluster.url}/predictions/m3", flag_reference.REFERENCE
+    body = {"inputs": m3_reference["texts"], "return_dense": True, "return_sparse": True, "return_colbert_vecs": True}
+    flag_reference.assert_equal_outputs(requests.post(m3, json=body, headers=AUTH, timeout=60).json())
+    body = {"query": m3_reference["query"], "documents": m3_reference["texts"], "weights": m3_reference["weights"]}
+    ranked = requests.post(f"{m3}/1.0/rerank", json=body, headers=AUTH, timeout=60).json()
+    scores = [score["colbert+sparse+dense"] for score in m3_reference["scores"]]
+    assert [one["score"] for one in ranked] == pytest.approx([scores[one["index"]] for one in ranked], abs=1e-4)
 
 
 def test_hostile_bodies_get_the_same_answers_as_on_torchserve(cluster, tiny_archives, task_server):
@@ -417,8 +435,8 @@ def test_ray_data_embeds_2000_texts_as_sentence_transformers(cluster, minilm_arc
     assert min(cosines(got, reference.encode(texts, batch_size=64))) >= 0.9999
 
 
-def test_ray_data_gives_colbert_token_vectors_as_pylate(cluster, colbert_archive):
-    from ts_compiled_handlers.servers.ray.data import MultiVectorEmbedder
+def test_ray_data_gives_colbert_and_bge_m3_vectors_as_pylate_and_flag_embedding(cluster, colbert_archive, m3_archive):
+    from ts_compiled_handlers.servers.ray.data import M3Embedder, MultiVectorEmbedder
 
     wait_for(lambda: not serve.status().applications, 60, "the Serve applications gone")
     for input_type, texts, wanted in (
@@ -432,6 +450,22 @@ def test_ray_data_gives_colbert_token_vectors_as_pylate(cluster, colbert_archive
         )
         rows = sorted(embedded.take_all(), key=lambda row: row["row"])
         assert_equal_vectors([row["embedding"] for row in rows], wanted)
+    texts = flag_reference.REFERENCE["texts"]
+    dataset = ray.data.from_items([{"text": text, "row": index} for index, text in enumerate(texts)])
+    kwargs = {"archive": str(m3_archive), "return_sparse": True, "return_colbert_vecs": True}
+    embedded = dataset.map_batches(
+        M3Embedder, fn_constructor_kwargs=kwargs, compute=ray.data.ActorPoolStrategy(size=1), batch_size=2
+    )
+    rows = sorted(embedded.take_all(), key=lambda row: row["row"])
+    answers = [
+        {
+            "dense_vecs": row["dense_vecs"],
+            "lexical_weights": dict(zip(map(str, row["sparse_indices"]), row["sparse_values"].tolist(), strict=True)),
+            "colbert_vecs": row["colbert_vecs"],
+        }
+        for row in rows
+    ]
+    flag_reference.assert_equal_outputs(answers)
 
 
 def test_embed_corpus_writes_parquet_and_int8_jsonl(cluster, minilm_archive, reference, tmp_path):

@@ -33,6 +33,7 @@ BROUGHT = {
     "qwen-embedder": ("embedding-decoder", "embedding"),
     "long-embedder": ("embedding-long", "embedding"),
     "colbert": ("colbert", "multi-vector"),
+    "m3": ("m3", "m3-embedding"),
 }
 ANYTHING = "..."
 

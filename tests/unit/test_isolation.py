@@ -16,6 +16,7 @@ from ts_compiled_handlers.request.payload import is_unicode_text
 from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
+from ts_compiled_handlers.servers.torchserve.m3_handler import M3Handler
 from ts_compiled_handlers.servers.torchserve.multi_vector_handler import MultiVectorHandler
 from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
 
@@ -27,8 +28,9 @@ HANDLERS = {
     "token-classification": (TokenClassificationHandler, {}),
     "text-generation": (GenerationHandler, {"generation": {"max_new_tokens": 8}}),
     "multi-vector": (MultiVectorHandler, {}),
+    "m3-embedding": (M3Handler, {}),
 }
-MODELS = {"multi-vector": "colbert"}  # a task's tiny model, where its name is not the task's
+MODELS = {"multi-vector": "colbert", "m3-embedding": "m3"}  # a task's tiny model, where its name is not the task's
 ORDINARY = ["alice walks to paris quickly", "the cat sat on the red mat in berlin", "hello"]
 
 

@@ -18,6 +18,8 @@ def expected_task(name: str) -> str:
         return "text-generation"
     if name == "colbert":  # saved in PyLate's layout
         return "multi-vector"
+    if name == "m3":  # bge-m3's heads beside the encoder
+        return "m3-embedding"
     return next(task for task in sorted(TASKS, key=len, reverse=True) if name.startswith(task))
 
 

@@ -19,6 +19,7 @@ from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
 from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.tasks.embedding import NORM_EPS
+from ts_compiled_handlers.tasks.m3 import index_order
 
 
 class ArchiveBatches:
@@ -163,7 +164,46 @@ class MultiVectorEmbedder(ArchiveBatches):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         answers = self.answers(list(batch[self.text_column]), self.params)
-        vectors = np.empty(len(answers), dtype=object)  # ragged rows: Ray stores them as variable-shaped tensors
-        for row, answer in enumerate(answers):
-            vectors[row] = answer["embedding"]
-        return {**batch, self.output_column: vectors}
+        return {**batch, self.output_column: ragged([answer["embedding"] for answer in answers])}
+
+
+def ragged(rows: list) -> np.ndarray:
+    """Rows of different lengths as one column: Ray stores them as variable-shaped tensors."""
+    column = np.empty(len(rows), dtype=object)
+    for index, row in enumerate(rows):
+        column[index] = np.asarray(row)
+    return column
+
+
+class M3Embedder(ArchiveBatches):
+    """Column `text` in, for a bge-m3 archive, the outputs asked for (handlers/tasks/m3.py):
+    `dense_vecs` (a vector per row), `sparse_indices` and `sparse_values` (its lexical weights in
+    index order), `colbert_vecs` (a (tokens - 1, size) array per row)."""
+
+    task = "m3-embedding"
+
+    def __init__(
+        self, archive: str, return_dense=True, return_sparse=False, return_colbert_vecs=False, text_column="text"
+    ):
+        super().__init__(archive, text_column)
+        asked = {
+            "return_dense": return_dense,
+            "return_sparse": return_sparse,
+            "return_colbert_vecs": return_colbert_vecs,
+        }
+        self.params = self.checked(asked)
+        if not any(self.params.values()):
+            raise ValueError("ask for at least one output: return_dense, return_sparse, return_colbert_vecs")
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        answers = self.answers(list(batch[self.text_column]), self.params)
+        columns = {}
+        if self.params["return_dense"]:
+            columns["dense_vecs"] = np.stack([answer["dense_vecs"] for answer in answers])
+        if self.params["return_sparse"]:
+            entries = [index_order(answer["lexical_weights"]) for answer in answers]
+            columns["sparse_indices"] = ragged([np.array(one["indices"], dtype=np.int64) for one in entries])
+            columns["sparse_values"] = ragged([np.array(one["values"], dtype=np.float32) for one in entries])
+        if self.params["return_colbert_vecs"]:
+            columns["colbert_vecs"] = ragged([answer["colbert_vecs"] for answer in answers])
+        return {**batch, **columns}

@@ -1,0 +1,217 @@
+"""bge-m3's three outputs from one pass, with the meaning of FlagEmbedding's `BGEM3FlagModel`.
+
+The model is an XLM-R encoder with two heads FlagEmbedding saves beside it as PyTorch files,
+`colbert_linear.pt` and `sparse_linear.pt` (read with `weights_only=True`, never unpickled freely).
+One compiled graph gives every token its normalized state, its sparse weight and its normalized
+ColBERT vector; the answer takes from them what the request asks, as FlagEmbedding's `encode`
+names them (defaults as its own: dense only):
+- `return_dense` -> `dense_vecs`: the first token's state (CLS pooling), normalized;
+- `return_sparse` -> `lexical_weights`: `{"token id": weight}`, each id's largest
+  `relu(sparse_linear(state))` over the text, special tokens (cls, eos, pad, unk) and zeros left out;
+- `return_colbert_vecs` -> `colbert_vecs`: `colbert_linear(state)` normalized, from the second token on.
+TEI's `embed` answers the dense vector, its `embed_sparse` the lexical weights as `{index, value}`.
+The rerank body embeds the query and the documents in one call and scores each document as
+FlagEmbedding's `compute_score`: `weights` (dense, sparse, colbert; [1, 1, 1] by default) weigh
+the dense dot product, the lexical match (the shared ids' weights multiplied, summed) and the
+ColBERT score (each query vector's best dot product, averaged), divided by their sum.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ts_compiled_handlers.protocols import Request
+from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.protocols.rerank import MaxSimRerankProtocol
+from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
+from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol, TeiEmbedSparseProtocol
+from ts_compiled_handlers.request.payload import RequestError, boolean_param
+from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.tasks.embedding import FLOAT_BYTES, EmbeddingTask
+from ts_compiled_handlers.tasks.sparse_embedding import ENTRY_BYTES
+
+HEADS = ("colbert_linear.pt", "sparse_linear.pt")
+OUTPUTS = {"return_dense": True, "return_sparse": False, "return_colbert_vecs": False}  # FlagEmbedding's defaults
+
+
+def read_heads(model_dir: Path) -> tuple[dict, dict]:
+    """The ColBERT and sparse heads' state dicts, loaded as tensors only (`weights_only=True`)."""
+    missing = [name for name in HEADS if not (model_dir / name).is_file()]
+    if missing:
+        raise ValueError(f"{model_dir}: no {', '.join(missing)}; a bge-m3 model keeps its heads beside its weights")
+    colbert, sparse = (torch.load(model_dir / name, map_location="cpu", weights_only=True) for name in HEADS)
+    return colbert, sparse
+
+
+def linear_from(state: dict) -> torch.nn.Linear:
+    weight = state["weight"]
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in state)
+    layer.load_state_dict(state)
+    return layer.float()
+
+
+class M3Outputs(torch.nn.Module):
+    """The encoder and both heads: per token, (normalized state | sparse weight | normalized ColBERT vector)."""
+
+    per_token = True
+
+    def __init__(self, encoder: torch.nn.Module, colbert: dict, sparse: dict):
+        super().__init__()
+        self.encoder = encoder
+        self.colbert_linear, self.sparse_linear = linear_from(colbert), linear_from(sparse)
+
+    def outputs(self, hidden: torch.Tensor) -> torch.Tensor:
+        dense = torch.nn.functional.normalize(hidden.float(), dim=-1)
+        weight = torch.relu(self.sparse_linear(hidden)).float()
+        colbert = torch.nn.functional.normalize(self.colbert_linear(hidden).float(), dim=-1)
+        return torch.cat([dense, weight, colbert], dim=-1)
+
+    def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        return self.outputs(hidden)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.outputs(self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state)
+
+
+def weights_param(value: Any, name: str) -> tuple[float, float, float]:
+    numbers = isinstance(value, list) and all(
+        isinstance(item, (int, float)) and not isinstance(item, bool) and 0 <= item < float("inf") for item in value
+    )
+    if not numbers or len(value) != 3 or sum(value) <= 0:
+        message = f"parameter '{name}' must be 3 numbers >= 0, not all 0: the dense, sparse and colbert weights"
+        raise RequestError(400, message, name)
+    return tuple(float(item) for item in value)
+
+
+def lexical_score(query: dict, document: dict) -> float:
+    return sum(weight * document[token] for token, weight in query.items() if token in document)
+
+
+def index_order(weights: dict[str, float]) -> dict:
+    """Lexical weights as a sparse embedding's `{"indices", "values"}`, in index order."""
+    indices = sorted(int(token) for token in weights)
+    return {"indices": indices, "values": [weights[str(index)] for index in indices]}
+
+
+def colbert_score(query: np.ndarray, document: np.ndarray) -> float:
+    """FlagEmbedding's: each query vector's best dot product with the document's, averaged."""
+    return float((query @ document.T).max(axis=1).sum() / len(query))
+
+
+class M3EmbeddingTask(EmbeddingTask):
+    """`{"inputs": "text", "return_sparse": true}` -> `{"dense_vecs": [...], "lexical_weights": {...}}`."""
+
+    NAME = "m3-embedding"
+
+    protocols = (MaxSimRerankProtocol(), PlainProtocol(), TeiEmbedProtocol(), TeiEmbedSparseProtocol(), *TEI_ROUTES)
+
+    def keeps_token_states(self) -> bool:
+        return True
+
+    def read_settings(self, serving) -> None:
+        self.heads = read_heads(serving.model_dir)  # read once: the sizes here, the module's weights below
+        self.size = serving.model_config.hidden_size
+        tokenizer = serving.tokenizer
+        special = (tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id)
+        self.unused_ids = {token for token in special if token is not None}
+        self.prompts, self.default_prompt, self.dimension_sizes, self.ranges = {}, None, None, None
+        self.normalize_default = True
+
+    def param_checks(self) -> dict:
+        checks = {**super().param_checks(), **dict.fromkeys(OUTPUTS, boolean_param), "weights": weights_param}
+        for unserved in ("normalize", "dimensions", "precision", "prompt_name"):
+            del checks[unserved]
+        return checks
+
+    def tei_model_type(self) -> dict:
+        return {"embedding": {"pooling": "cls"}}
+
+    def build_model(self, model_dir: Path) -> torch.nn.Module:
+        from transformers import AutoModel
+
+        encoder = AutoModel.from_pretrained(
+            model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
+        )
+        return M3Outputs(encoder, *self.heads)
+
+    def check_request(self, request: Request) -> None:
+        if request.token_ids is not None:
+            raise RequestError(400, "'inputs': a bge-m3 model takes texts here, not token ids")
+        asked = [name for name in (*OUTPUTS, "weights") if name in request.params]
+        if request.scoring == "maxsim":
+            if set(asked) - {"weights"}:
+                raise RequestError(400, "a rerank body scores with all three outputs: send 'weights' instead", asked[0])
+        elif "weights" in asked:
+            raise RequestError(400, "'weights' weigh a rerank body's scores; embeddings take return_*", "weights")
+        elif not any(self.outputs(request)):
+            raise RequestError(400, "ask for at least one output: return_dense, return_sparse, return_colbert_vecs")
+
+    @staticmethod
+    def outputs(request: Request) -> tuple[bool, bool, bool]:
+        """(dense, sparse, colbert) as the request asks; TEI's routes each answer one of them."""
+        if type(request.protocol) is TeiEmbedProtocol:
+            return True, False, False
+        if type(request.protocol) is TeiEmbedSparseProtocol:
+            return False, True, False
+        dense, sparse, colbert = (request.params.get(name, default) for name, default in OUTPUTS.items())
+        return dense, sparse, colbert
+
+    def lexical_weights(self, weights: torch.Tensor, ids: list[int]) -> dict[str, float]:
+        """Each id's largest weight, in the order the ids come; specials and zeros left out."""
+        found: dict[str, float] = {}
+        for token, weight in zip(ids, weights.tolist(), strict=True):
+            if weight > 0 and token not in self.unused_ids and weight > found.get(str(token), 0.0):
+                found[str(token)] = weight
+        return found
+
+    def split(self, row: torch.Tensor, ids: list[int], sparse: bool) -> tuple[np.ndarray, dict, np.ndarray]:
+        """A text's (T, H + 1 + C) outputs as its dense vector, lexical weights (if `sparse`: a loop
+        over its tokens) and ColBERT vectors."""
+        size = self.size
+        values = row.numpy()
+        dense = np.ascontiguousarray(values[0, :size], dtype=np.float32)
+        colbert = np.ascontiguousarray(values[1:, size + 1 :], dtype=np.float32)
+        return dense, self.lexical_weights(row[:, size], ids) if sparse else {}, colbert
+
+    def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
+        request = accepted.request
+        dense, sparse, colbert = self.outputs(request)
+        scoring = request.scoring == "maxsim"
+        texts = [self.split(row, ids, sparse or scoring) for row, ids in zip(rows, accepted.token_ids, strict=True)]
+        if scoring:
+            return self.scores(request, texts)
+        if request.protocol is not None:  # answered as JSON: its least size, before it is made
+            least = sum(
+                (dense * len(vector) + colbert * vectors.size) * FLOAT_BYTES + sparse * len(weights) * ENTRY_BYTES
+                for vector, weights, vectors in texts
+            )
+            remedy = "send fewer or shorter texts, or ask for fewer outputs"
+            self.budget.check(least, 1, "bytes of vectors and weights", request.protocol.texts_field, remedy)
+        if type(request.protocol) is TeiEmbedProtocol:
+            return [{"embedding": vector} for vector, _, _ in texts]
+        if type(request.protocol) is TeiEmbedSparseProtocol:
+            return [index_order(weights) for _, weights, _ in texts]
+        answers = []
+        for vector, weights, vectors in texts:
+            one = {"dense_vecs": vector} if dense else {}
+            one |= {"lexical_weights": weights} if sparse else {}
+            one |= {"colbert_vecs": vectors} if colbert else {}
+            answers.append(one)
+        return answers
+
+    def scores(self, request: Request, texts: list) -> list:
+        """The query's answer first (how many ColBERT vectors it has), then each document's score."""
+        w_dense, w_sparse, w_colbert = request.params.get("weights", (1.0, 1.0, 1.0))
+        (query_dense, query_weights, query_vectors), documents = texts[0], texts[1:]
+        scores = []
+        for dense, weights, vectors in documents:
+            combined = (
+                w_dense * float(query_dense @ dense)
+                + w_sparse * lexical_score(query_weights, weights)
+                + w_colbert * colbert_score(query_vectors, vectors)
+            )
+            scores.append({"score": combined / (w_dense + w_sparse + w_colbert)})
+        return [{"query_vectors": len(query_vectors)}, *scores]
