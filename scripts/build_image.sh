@@ -20,6 +20,10 @@
 #   TORCH_INDEX_URL  where torch comes from (default: pip's configuration, as scripts/install.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One build at a time per checkout: the test command starts one in the background, and the image
+# test asks for one too; the second waits for the first, then finds the image up to date.
+exec 9<scripts/build_image.sh
+if command -v flock >/dev/null; then flock 9; fi
 IMAGE="${IMAGE:-ts-compiled-handlers:latest}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
@@ -63,7 +67,7 @@ if ! "$DOCKER" info >/dev/null 2>&1; then
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >&2
   fi
   say "starting dockerd on the default socket (log: /var/log/hfserve-dockerd.log); it stays running for later builds"
-  nohup dockerd >/var/log/hfserve-dockerd.log 2>&1 &
+  nohup dockerd >/var/log/hfserve-dockerd.log 2>&1 9<&- &  # without the build lock: it outlives this build
   for _ in $(seq 60); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 1; done
   "$DOCKER" info >/dev/null || { say "dockerd did not start: see /var/log/hfserve-dockerd.log"; exit 1; }
 fi

@@ -1,5 +1,15 @@
 #!/usr/bin/env bash
 # The test command: install from scratch (or reuse the venv), lint, then run every test.
+#
+# With no arguments the suite's two halves run side by side, for a 2-core machine's sake:
+# - tests/integration in one pytest process at normal priority: its servers' time limits assume
+#   they get the CPU whenever they ask for it;
+# - tests/unit on two pytest-xdist workers at the lowest priority (nice 19): they take a core only
+#   while the servers wait (on Java, Ray, Docker, sockets, restarts: about a third of their time),
+#   and both cores once the servers are done. Their output follows the servers'.
+# Both share one inductor cache. Where Docker can run, the image of test_image.py starts building
+# at once (disk and network more than CPU); that test finds it built, or builds it again and says
+# why it failed. With arguments, one plain pytest run takes them (`bash scripts/test.sh tests/unit -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -8,4 +18,21 @@ VENV="${VENV:-.venv}"
 "$VENV/bin/ruff" format --check .
 # pytest's own command, not `python -m pytest`: the repository's root stays off sys.path, so the
 # tests import the package as a user does, by its name (a stray `import handlers` fails here).
-"$VENV/bin/pytest" -q "$@"
+if [ $# -gt 0 ]; then
+  exec "$VENV/bin/pytest" -q "$@"
+fi
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+export TEST_INDUCTOR_CACHE="${TEST_INDUCTOR_CACHE:-$scratch/inductor-cache}"
+if [ "$(id -u)" -eq 0 ] || docker info >/dev/null 2>&1; then
+  bash scripts/build_image.sh >"$scratch/image.log" 2>&1 &
+fi
+nice -n 19 "$VENV/bin/pytest" -q -n 2 tests/unit >"$scratch/unit.log" 2>&1 &
+unit_tests=$!
+integration=0
+"$VENV/bin/pytest" -q tests/integration || integration=$?
+unit=0
+wait "$unit_tests" || unit=$?
+echo "--- tests/unit (beside the servers, nice 19, two workers)"
+cat "$scratch/unit.log"
+[ "$integration" -eq 0 ] && [ "$unit" -eq 0 ]

@@ -31,15 +31,26 @@ def pytest_collection_modifyitems(config, items):
             items[:] = [item for item in items if not item.get_closest_marker("release")]
 
 
+def shared_folder(tmp_path_factory, name: str) -> Path:
+    """A folder of the run: under pytest-xdist, one for all its workers (beside their own base
+    folders), so that what one worker compiled the other finds in inductor's cache."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return tmp_path_factory.mktemp(name)
+    folder = tmp_path_factory.getbasetemp().parent / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
     """One inductor cache for the whole run (in process and TorchServe alike).
 
-    The host compile cache is off by default here: its per-manifest folders would keep graphs that
-    differ only in their bucket lists from sharing inductor's cache. The compile-cache tests turn
-    it on with a folder of their own.
+    Inductor's cache takes concurrent writers (each entry written to a temporary file, then
+    renamed). The host compile cache is off by default here: its per-manifest folders would keep
+    graphs that differ only in their bucket lists from sharing inductor's cache. The compile-cache
+    tests turn it on with a folder of their own.
     """
-    cache = os.environ.get("TEST_INDUCTOR_CACHE") or str(tmp_path_factory.mktemp("inductor-cache"))
+    cache = os.environ.get("TEST_INDUCTOR_CACHE") or str(shared_folder(tmp_path_factory, "inductor-cache"))
     names = ("TORCHINDUCTOR_CACHE_DIR", "HFSERVE_CACHE_DIR")
     previous = {name: os.environ.get(name) for name in names}
     os.environ.update({"TORCHINDUCTOR_CACHE_DIR": cache, "HFSERVE_CACHE_DIR": "off"})

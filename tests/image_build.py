@@ -1,6 +1,6 @@
 """The image of tests/integration/test_image.py, built by scripts/build_image.sh when the first
-test that needs it runs. Not in the background from collection on, as the wheel install is: on 2
-cores, installing Docker and building beside the load-test smoke run cost it requests."""
+test that needs it runs (or found built: the test command builds it beside the unit tests, which
+leave disk and network to it, never beside a server's tests, whose time limits it would squeeze)."""
 
 import os
 import subprocess
