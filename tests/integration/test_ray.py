@@ -100,8 +100,12 @@ def reference(minilm_dir):
 def deploy(archive, app_name: str, route_prefix: str | None = None, **options) -> None:
     """An application of the archive: at "/" (TorchServe's whole surface, /ping included), or at its
     own /predictions/NAME beside others (docs/scale-out.md)."""
+    serve.run_many([target(archive, app_name, route_prefix, **options)])
+
+
+def target(archive, app_name: str, route_prefix: str | None = None, **options) -> serve.RunTarget:
     settings = {"archive": str(archive), "api_key": KEY, **options}
-    serve.run(app(settings), name=app_name, route_prefix=route_prefix or f"/predictions/{app_name}")
+    return serve.RunTarget(app(settings), name=app_name, route_prefix=route_prefix or f"/predictions/{app_name}")
 
 
 def replicas(app_name: str) -> list[dict]:
@@ -270,12 +274,17 @@ def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm, colbert_archiv
         "tagger": "token-classification",
         "generator": "text-generation",
     }
-    for name, task in names.items():
+
+    def built(name: str, task: str):
         extra = {"generation": {"max_new_tokens": 64}} if task == "text-generation" else {}
-        archive = build(tiny_models[task], task, name, store, {"handler": {**SMALL_GRID, **extra}})
-        deploy(archive, name, ray_actor_options={"num_cpus": 0.125})  # half a CPU per node is left: 4 fit on each
-    deploy(colbert_archive, "colbert", ray_actor_options={"num_cpus": 0.125})
-    deploy(m3_archive, "m3", ray_actor_options={"num_cpus": 0.125})
+        return build(tiny_models[task], task, name, store, {"handler": {**SMALL_GRID, **extra}})
+
+    with ThreadPoolExecutor(2) as pool:  # an archiver's process waits on its files half the time
+        archives = dict(zip(names, pool.map(built, names, names.values()), strict=True))
+    archives.update(colbert=colbert_archive, m3=m3_archive)
+    # All six at once, their replicas' start-ups (imports, loads, compiles) overlapping; half a CPU
+    # per node is left beside MiniLM's replicas: 4 fit on each.
+    serve.run_many([target(archive, name, ray_actor_options={"num_cpus": 0.125}) for name, archive in archives.items()])
     return {**names, "colbert": "multi-vector", "m3": "m3-embedding"}
 
 
