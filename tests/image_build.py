@@ -1,6 +1,7 @@
 """The image of tests/integration/test_image.py, built by scripts/build_image.sh when the first
-test that needs it runs (or found built: the test command builds it beside the unit tests, which
-leave disk and network to it, never beside a server's tests, whose time limits it would squeeze)."""
+test that needs it runs, or found built: the test command starts building it at once, beside the
+tests, since it waits on disk and network more than on the CPU (the load-test smoke run, which it
+once cost requests, is in the release check now)."""
 
 import os
 import subprocess
