@@ -22,7 +22,7 @@ if [ $# -gt 0 ]; then
   exec "$VENV/bin/pytest" -q "$@"
 fi
 scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
+trap 'jobs -p | xargs -r kill 2>/dev/null; rm -rf "$scratch"' EXIT  # no niced pytest left behind on ^C
 export TEST_INDUCTOR_CACHE="${TEST_INDUCTOR_CACHE:-$scratch/inductor-cache}"
 if [ "$(id -u)" -eq 0 ] || docker info >/dev/null 2>&1; then
   bash scripts/build_image.sh >"$scratch/image.log" 2>&1 &
