@@ -22,7 +22,18 @@ if [ $# -gt 0 ]; then
   exec "$VENV/bin/pytest" -q "$@"
 fi
 scratch=$(mktemp -d)
-trap 'jobs -p | xargs -r kill 2>/dev/null; rm -rf "$scratch"' EXIT  # no niced pytest left behind on ^C
+# On any exit (^C included) no niced pytest or image build is left behind. The script's own status
+# is kept: under `set -e` a failing command here (kill of a job that already ended) would replace it.
+stop_background() {
+  local status=$?
+  for job in $(jobs -p); do
+    pkill -P "$job" 2>/dev/null || true  # its children first: a shell's do not die with it
+    kill "$job" 2>/dev/null || true
+  done
+  rm -rf "$scratch"
+  exit "$status"
+}
+trap stop_background EXIT
 export TEST_INDUCTOR_CACHE="${TEST_INDUCTOR_CACHE:-$scratch/inductor-cache}"
 if [ "$(id -u)" -eq 0 ] || docker info >/dev/null 2>&1; then
   bash scripts/build_image.sh >"$scratch/image.log" 2>&1 &
