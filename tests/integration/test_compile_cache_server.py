@@ -9,6 +9,7 @@ import zipfile
 import pytest
 import requests
 import yaml
+from server_logs import log_text
 
 from ts_compiled_handlers.runtime import hardware
 from ts_compiled_handlers.scripts.build_mar import STARTUP_FLOOR_SECONDS, build
@@ -50,7 +51,7 @@ def server(store, tmp_path_factory):
 
 
 def worker_lines(server, model: str, text: str) -> list[str]:
-    log = (server.workdir / "logs" / "model_log.log").read_text()
+    log = log_text(server.workdir)
     return [line for line in log.splitlines() if f"-{model}_1.0" in line and text in line]
 
 

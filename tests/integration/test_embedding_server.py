@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+from server_logs import log_text
 from wheel_install import WheelInstall
 
 from ts_compiled_handlers.runtime import allocator
@@ -200,7 +201,7 @@ def test_plain_torchserve_workers_keep_the_allocator_they_were_started_with_and_
     for name, _, _ in MODELS:
         for pid in server.worker_pids(name):
             assert allocator.in_use(Path(f"/proc/{pid}/maps")) == expected
-    said = (server.workdir / "logs" / "model_log.log").read_text()
+    said = log_text(server.workdir)
     assert f"Memory allocator: {expected}" in said
 
 

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import requests
+from server_logs import log_text
 
 from ts_compiled_handlers.scripts.build_mar import build
 from ts_compiled_handlers.scripts.kserve_layout import write_layout
@@ -56,8 +57,7 @@ def pod(tmp_path_factory, tiny_bert):
 
 
 def ready_lines(server) -> int:
-    log = server.workdir / "logs" / "model_log.log"
-    return len(re.findall(r"tiny_1\.0-stdout MODEL_LOG - Ready in", log.read_text())) if log.is_file() else 0
+    return len(re.findall(r"tiny_1\.0-stdout MODEL_LOG - Ready in", log_text(server.workdir)))
 
 
 def test_the_readiness_probe_passes_only_once_the_model_is_warm(pod):

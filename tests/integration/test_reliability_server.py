@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+import server_logs
 import torch
 from fuzzing import nested_lists
 
@@ -86,7 +87,7 @@ def server(tmp_path_factory, tiny_bert):
 
 
 def log_text(server, name: str) -> str:
-    return (server.workdir / "logs" / name).read_text(errors="replace")
+    return server_logs.log_text(server.workdir, name)
 
 
 def embedding(response) -> torch.Tensor:

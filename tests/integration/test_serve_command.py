@@ -15,6 +15,7 @@ import psutil
 import pytest
 import requests
 import torch
+from server_logs import log_text
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +95,7 @@ def test_one_command_serves_minilm_as_sentence_transformers_and_stops_cleanly_th
     second = Served(tmp_path, minilm_dir, port)
     assert f"reusing {Path('model_store') / 'minilm.mar'}" in "".join(second.lines)
     assert archive.stat().st_mtime_ns == built_at
-    log = (second.workdir / "logs" / "model_log.log").read_text()
+    log = log_text(second.workdir)
     assert "compile cache: hit" in log.split("Ready in")[-1]  # this run's worker: the first's kernels
     assert second.stop(signal.SIGTERM).strip().endswith("stopped") and second.process.returncode == 0
     assert not psutil.pid_exists(second.torchserve[0].pid) and second.left_running() == []
