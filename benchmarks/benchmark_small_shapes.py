@@ -1,23 +1,24 @@
 """In process, the model call at small shapes, where every runtime is overhead-bound: our engine
 compiled with inductor's default options, with `freezing`, as the AOT package (AOTInductor's C++
-runner), eager, and ONNX Runtime's fused graph, per shape.
+runner), eager, and `quantize: int8`; against ONNX Runtime and OpenVINO, each in float and in int8
+(benchmarks/anchor_runtimes.py says how each is built), per shape.
 
 Each contender runs in a fresh process, started as a worker starts it (compile and warm-up over
 the shapes' grid without the host's compile cache, or the package loaded), and times every
 shape; the contenders take turns round by round, and each figure is the median over the rounds
-of each round's median. Our
-contenders are timed through `engine.run` (the served path: inputs laid out, the call, the rows
-picked); ONNX Runtime runs the model's own HF graph (`AutoModel` with the model's mean pooling
-and normalization, exported by `torch.onnx.export`, every graph optimization on) on numpy inputs,
-which is what an ONNX server does per call. Rows are compared with eager float32.
+of each round's median. Ours are timed through `engine.run` (the served path: inputs laid out,
+the call, the rows picked); the anchors run the model's own HF graph on numpy inputs padded to
+the longest row, which is what an ONNX server does per call. Rows are compared with eager float32.
 
     python benchmarks/benchmark_small_shapes.py              # MiniLM float32, 1/4/8 x 16/32/64, 2 rounds
     python benchmarks/benchmark_small_shapes.py --dtype auto --contenders compiled compiled-freezing onnxruntime
+    python benchmarks/benchmark_small_shapes.py --contenders int8 onnxruntime-int8 openvino-int8 \
+        --baseline onnxruntime-int8                          # int8 against int8
     python benchmarks/benchmark_small_shapes.py --quick      # tiny model, one shape: a smoke run
 
-Needs onnxruntime, onnx and onnxscript for its ONNX Runtime contender (`pip install onnxruntime
-onnxscript`); without them that contender is left out and the run says so.
-Prints a table and writes runs/benchmark_small_shapes.json.
+The anchors need `pip install ts-compiled-handlers[anchors]` (onnxruntime, onnxscript, openvino,
+nncf) and `int8` needs torchao (`[int8]`); a contender whose libraries are missing is left out and
+the run says so. Prints a table and writes runs/benchmark_small_shapes.json.
 """
 
 import argparse
@@ -34,11 +35,12 @@ from pathlib import Path
 import torch
 
 from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.anchor_runtimes import ANCHORS, NEEDS, anchor_call
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 
-OURS = ("compiled", "compiled-freezing", "compiled-freezing-unpacked", "aot", "eager")
-ONNX = "onnxruntime"
-FREEZING = {"compiled": False, "compiled-freezing": True, "compiled-freezing-unpacked": True}  # compile.freezing
+OURS = ("compiled", "compiled-freezing", "compiled-freezing-unpacked", "aot", "eager", "int8")
+INT8_TOLERANCE = 0.05  # the gate's floor here (docs/performance.md, "int8": MiniLM's shortest texts drift most)
+FREEZING = {"compiled": False, "compiled-freezing": True, "compiled-freezing-unpacked": True, "int8": True}
 INDUCTOR_OPTIONS = {"compiled-freezing-unpacked": {"cpp.weight_prepack": False}}  # frozen, not packed for oneDNN
 
 
@@ -72,56 +74,15 @@ def our_handler(name: str, folder: Path, config: dict, scratch: Path):
     if name == "eager":
         handler = ready_handler(EmbeddingHandler, folder, **config, compile={"enable": False})
         return handler, handler.engine
+    if name == "int8":  # refused by its gate, it must fail the run, not time float32
+        config = {**config, "quantize": "int8", "warmup": {"tolerance": INT8_TOLERANCE}}
     with torch._inductor.config.patch(INDUCTOR_OPTIONS.get(name, {})):
-        handler = ready_handler(EmbeddingHandler, folder, **config, compile={"freezing": FREEZING[name]})
+        compile_options = {"freezing": FREEZING[name], "on_failure": "fail"}
+        handler = ready_handler(EmbeddingHandler, folder, **config, compile=compile_options)
     expected = {"aot": "aot package"}.get(name, "compiled")
     if handler.model_source != expected:
         raise RuntimeError(f"{name}: the handler serves from {handler.model_source}, not {expected}")
     return handler, handler.engine
-
-
-def onnx_session(folder: Path, scratch: Path):
-    """ONNX Runtime over the model's HF graph with its pooling, every graph optimization on."""
-    import onnxruntime
-    from transformers import AutoModel
-
-    model = MeanPooled(AutoModel.from_pretrained(folder).eval())
-    example = {"input_ids": torch.ones(2, 16, dtype=torch.long), "attention_mask": torch.ones(2, 16, dtype=torch.long)}
-    batch, length = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("length", min=2, max=512)
-    shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}}
-    path = scratch / "model.onnx"
-    torch.onnx.export(model, (), str(path), kwargs=example, dynamic_shapes=shapes, dynamo=True, external_data=False)
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = torch.get_num_threads()
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-class MeanPooled(torch.nn.Module):
-    """The HF encoder with sentence-transformers' mean pooling and normalization: MiniLM's embedding."""
-
-    def __init__(self, encoder: torch.nn.Module):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, input_ids, attention_mask):
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, dim=-1)
-
-
-def onnx_call(session, ids: list[list[int]]):
-    """One call as an ONNX server makes it: ids padded into numpy arrays, the session run."""
-    import numpy as np
-
-    length = max(len(row) for row in ids)
-    input_ids = np.zeros((len(ids), length), dtype=np.int64)
-    mask = np.zeros((len(ids), length), dtype=np.int64)
-    for index, row in enumerate(ids):
-        input_ids[index, : len(row)] = row
-        mask[index, : len(row)] = 1
-    return torch.from_numpy(session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0])
 
 
 def run_contender(args) -> dict:
@@ -131,6 +92,7 @@ def run_contender(args) -> dict:
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
     from ts_compiled_handlers.engine.runner import EagerRunner
     from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+    from ts_compiled_handlers.startup.calibration import calibration_texts
 
     config = {"dtype": args.dtype, "buckets": grid(args)}
     with tempfile.TemporaryDirectory() as scratch:
@@ -138,9 +100,12 @@ def run_contender(args) -> dict:
         folder = model_folder(args, scratch)
         reference = ready_handler(EmbeddingHandler, folder, buckets=grid(args), compile={"enable": False})
         eager = reference.engine.on(EagerRunner(reference.engine.model.eager))
-        if args.contender == ONNX:
-            session = onnx_session(folder, scratch)
-            call = lambda ids: list(onnx_call(session, ids))  # noqa: E731
+        if args.contender in ANCHORS:
+            serving = reference.serving
+            texts = calibration_texts("default", folder)
+            rows = serving.tokenizer(texts, truncation=True, max_length=serving.plan.max_seq_len)["input_ids"]
+            anchor = anchor_call(args.contender, folder, scratch, args.dtype == "float32", rows)
+            call = lambda ids: list(anchor(ids))  # noqa: E731
         else:
             handler, engine = our_handler(args.contender, folder, config, scratch)
             call = lambda ids: engine.run(ids, one_per_row=True).rows  # noqa: E731
@@ -153,7 +118,7 @@ def run_contender(args) -> dict:
                 )
                 agreement = compare(call(ids), eager.run(ids, one_per_row=True).rows)
                 shapes[f"{batch}x{seq_len}"] = {"ms": 1000 * statistics.median(seconds), **agreement}
-        recompiles = 0 if args.contender == ONNX else handler.engine.model.recompiles_after_ready
+        recompiles = 0 if args.contender in ANCHORS else handler.engine.model.recompiles_after_ready
     return {"contender": args.contender, "shapes": shapes, "recompiles_after_ready": recompiles}
 
 
@@ -176,17 +141,20 @@ def child(args, contender: str) -> dict:
 
 
 def contenders(args) -> list[str]:
-    names = [name for name in args.contenders if name != ONNX]
-    if ONNX not in args.contenders:
-        return names
-    if all(importlib.util.find_spec(name) for name in ("onnxruntime", "onnx", "onnxscript")):
-        return [*names, ONNX]
-    print(f"{ONNX} left out: pip install onnxruntime onnxscript")
+    """The contenders asked for whose libraries are installed (the others named as left out)."""
+    needs = {**NEEDS, "int8": ("torchao",)}
+    names = []
+    for name in args.contenders:
+        missing = [module for module in needs.get(name, ()) if not importlib.util.find_spec(module)]
+        if missing:
+            print(f"{name} left out: {', '.join(missing)} not installed (pip install ts-compiled-handlers[anchors])")
+        else:
+            names.append(name)
     return names
 
 
-def summarize(rounds: list[dict], names: list[str]) -> list[dict]:
-    """Per shape: each contender's median ms over the rounds, its least cosine, and its time over ONNX Runtime's."""
+def summarize(rounds: list[dict], names: list[str], baseline: str | None) -> list[dict]:
+    """Per shape: each contender's median ms over the rounds, its least cosine, and its time over the baseline's."""
     rows = []
     for shape in rounds[0][names[0]]["shapes"]:
         row = {"shape": shape}
@@ -194,25 +162,30 @@ def summarize(rounds: list[dict], names: list[str]) -> list[dict]:
             found = [each[name]["shapes"][shape] for each in rounds]
             row[f"{name}_ms"] = statistics.median(value["ms"] for value in found)
             row[f"{name}_min_cosine"] = min(value["min_cosine"] for value in found)
-        if ONNX in names:
+        if baseline in names:
             for name in names:
-                row[f"{name}_vs_onnx"] = row[f"{name}_ms"] / row[f"{ONNX}_ms"]
+                row[f"{name}_vs_baseline"] = row[f"{name}_ms"] / row[f"{baseline}_ms"]
         rows.append(row)
     return rows
 
 
 def print_table(result: dict) -> None:
-    names = result["contenders"]
-    print(f"{result['machine']}; ours in {result['dtype']}, ONNX Runtime float32; {result['rounds']} rounds")
+    names, baseline = result["contenders"], result["baseline"]
+    print(f"{result['machine']}; ours in {result['dtype']}; {result['rounds']} rounds")
     print(f"{'shape':>7}" + "".join(f"{name + ' ms':>22}" for name in names))
     for row in result["rows"]:
         cells = []
         for name in names:
-            ratio = f" ({row[f'{name}_vs_onnx']:.2f}x)" if f"{name}_vs_onnx" in row else ""
+            ratio = f" ({row[f'{name}_vs_baseline']:.2f}x)" if f"{name}_vs_baseline" in row else ""
             cells.append(f"{row[f'{name}_ms']:.2f}{ratio}")
         print(f"{row['shape']:>7}" + "".join(f"{cell:>22}" for cell in cells))
-    if ONNX in names:
-        print("(x: time over ONNX Runtime's at the same shape; below 1 is faster)")
+    print("least cosine to eager float32: " + ", ".join(f"{name} {least_cosine(result, name):.4f}" for name in names))
+    if baseline in names:
+        print(f"(x: time over {baseline}'s at the same shape; below 1 is faster)")
+
+
+def least_cosine(result: dict, name: str) -> float:
+    return min(row[f"{name}_min_cosine"] for row in result["rows"])
 
 
 def parse_args(argv):
@@ -220,7 +193,8 @@ def parse_args(argv):
     parser.add_argument("--dtype", default="float32", choices=("float32", "auto"))
     parser.add_argument("--seq-lens", nargs="+", type=int, default=[16, 32, 64])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 8])
-    parser.add_argument("--contenders", nargs="+", choices=(*OURS, ONNX), default=[*OURS, ONNX])
+    parser.add_argument("--contenders", nargs="+", choices=(*OURS, *ANCHORS), default=[*OURS, *ANCHORS])
+    parser.add_argument("--baseline", default="onnxruntime", help="the contender the others' times are divided by")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=200)
@@ -230,7 +204,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.quick:
         args.seq_lens, args.batch_sizes, args.rounds, args.warmup, args.iterations = [16], [1, 2], 1, 2, 5
-        args.contenders = [name for name in args.contenders if name in ("compiled", "eager", ONNX)]
+        args.contenders = [name for name in args.contenders if name in ("compiled", "eager", *ANCHORS)]
     return args
 
 
@@ -250,7 +224,8 @@ def main(argv=None) -> dict:
         "dtype": args.dtype,
         "rounds": args.rounds,
         "contenders": names,
-        "rows": summarize(rounds, names),
+        "baseline": args.baseline,
+        "rows": summarize(rounds, names, args.baseline),
         "recompiles_after_ready": recompiles,
     }
     print_table(result)

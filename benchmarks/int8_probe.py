@@ -25,7 +25,7 @@ os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # torchao's C
 
 import torch  # noqa: E402
 
-from ts_compiled_handlers.benchmarks.benchmark_small_shapes import MeanPooled  # noqa: E402
+from ts_compiled_handlers.benchmarks.anchor_runtimes import MeanPooled  # noqa: E402
 
 WORDS = "cats dogs stocks rain music law code tea river mountain bank court protein galaxy guitar election".split()
 RECIPES = {  # name: (dynamic activations, reduce_range, Linear names kept in float32 contain one of)
