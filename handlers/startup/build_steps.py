@@ -2,7 +2,8 @@
 
     serve_package(task, serving)      -> engine      the archive's AOT package, if it matches and passes its
                                                      check (handlers/startup/aot_start.py)
-    load_model(task, serving)         -> module      the eager model at the chosen dtype (`auto` checked vs float32)
+    load_model(task, serving)         -> module      the eager model at the chosen dtype (`auto` checked vs float32;
+                                                     float32 where `quantize` asks for int8, which runs at that dtype)
     choose_layout(task, serving, ...) -> Engine      packed rows if packed answers equal alone ones, else groups
     compile_and_warm_up(engine, ...)  -> Started     compiled over the grid (or from the host's cache), checked
 
@@ -59,21 +60,23 @@ def build_engine(task: Task, serving: Serving, progress=None) -> tuple[Engine, S
 def eager_engine(task: Task, serving: Serving) -> Engine:
     """The model loaded at its dtype, over the layout it serves, run eagerly: what is compiled or exported."""
     module, dtype = load_model(task, serving)
-    engine = choose_layout(task, serving, module, dtype)
-    return engine if serving.config.quantize == "none" else quantize(task, engine, serving)
+    if serving.config.quantize == "none":
+        return choose_layout(task, serving, module, dtype)
+    return quantize(task, choose_layout(task, serving, module, torch.float32), serving, dtype)
 
 
-def quantize(task: Task, engine: Engine, serving: Serving) -> Engine:
-    """The engine over its int8 module if it passes the gate on the calibration texts; else, for
-    `int8`, as `compile.on_failure` says, and for `auto` the engine as it was."""
+def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -> Engine:
+    """The float32 engine over its int8 module, run at `dtype` around the int8 linears, if it passes
+    the gate on the calibration texts; else, for `int8`, as `compile.on_failure` says, and for
+    `auto`, the model as it was (at `dtype`)."""
     from ts_compiled_handlers.startup import quantizing
     from ts_compiled_handlers.startup.calibration import calibration_texts
 
     plan, config = serving.plan, serving.config
-    unfit = quantizing.unfit(engine)
+    unfit = quantizing.unfit(engine, dtype)
     if config.quantize == "auto" and unfit:
-        logger.info("quantize: auto keeps %s: %s", str(engine.dtype).removeprefix("torch."), unfit)
-        return engine
+        logger.info("quantize: auto keeps %s: %s", str(dtype).removeprefix("torch."), unfit)
+        return quantizing.unquantized(engine, dtype)
     if not quantizing.has_vnni():
         logger.warning("quantize: int8 on a CPU without VNNI or AMX: 7-bit weights, and little faster than float32")
     example = serving.probes.filler(plan.seq_lens[-1], plan.batch_sizes[-1])
@@ -82,22 +85,21 @@ def quantize(task: Task, engine: Engine, serving: Serving) -> Engine:
         rows = serving.tokenizer(texts, truncation=True, max_length=plan.max_seq_len)["input_ids"]
         tolerance = config.warmup.tolerance or quantizing.DEFAULT_TOLERANCE
         gate = quantizing.Int8Gate.over(engine, rows, task.NAME, tolerance)
-        return quantizing.int8_engine(engine, gate, example, plan.dynamic)
+        return quantizing.int8_engine(engine, gate, example, plan.dynamic, dtype)
     except quantizing.QuantizationRefused as error:
         if config.quantize != "auto":
             on_failure(config.compile.on_failure, error)
-        logger.warning("quantize: %s keeps float32: %s", config.quantize, error)
-        return engine
+        logger.warning("quantize: %s keeps %s: %s", config.quantize, str(dtype).removeprefix("torch."), error)
     except Exception as error:  # the export or the quantizer failed on this model: a bug to see
         on_failure(config.compile.on_failure, error)
-        return engine
+    return quantizing.unquantized(engine, dtype)
 
 
 def load_model(task: Task, serving: Serving) -> tuple[torch.nn.Module, torch.dtype]:
     """The eager model on the device at the chosen dtype."""
     module = task.build_model(serving.model_dir).eval().to(serving.device)
     dtype = choose_dtype(task, serving, module)
-    return module.to(dtype), dtype
+    return module.to(dtype if serving.config.quantize == "none" else torch.float32), dtype
 
 
 def choose_dtype(task: Task, serving: Serving, module: torch.nn.Module) -> torch.dtype:

@@ -313,11 +313,12 @@ class HandlerConfig:
         values.choice("none", "int8", "auto"),
         "none",
         meaning="`int8`: the encoder's linears in int8 through PT2E (dynamic activations, 8-bit per-channel "
-        "weights, the residual projections kept float32; 7-bit weights where the CPU lacks VNNI), experimental: "
+        "weights, the residual projections kept in floating point; 7-bit weights where the CPU lacks VNNI), what "
+        "is not int8 at the model's `dtype` (bfloat16 under autocast where it is bfloat16), experimental: "
         "refused (then `compile.on_failure`) where its answers on the calibration texts drift from float32's "
         "past its gate (per-text cosine `1 - warmup.tolerance`, 0.99 by default; 95% label or rank agreement for "
         "classifiers and rerankers); `auto`: int8 where the CPU has VNNI or AMX and the gate passes, else the "
-        "model as it is; needs `dtype: float32` and torchao (`pip install ts-compiled-handlers[int8]`)",
+        "model as it is; CPU only, needs torchao (`pip install ts-compiled-handlers[int8]`)",
         why="int8 trades answers for speed, a trade each model must pass: off until asked for",
     )
     calibration: str = _option(

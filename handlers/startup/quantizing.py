@@ -8,7 +8,9 @@ compiled with freezing (CompiledModel freezes whole CPU models by default). CPU 
 
 The recipe is the one benchmarks/int8_probe.py measured best on MiniLM (docs/performance.md, "int8"):
 the two projections back into the residual stream (attention output and FFN down: `*.output.dense`)
-stay float32, their inputs carry the outliers. Weights keep 8 bits where the CPU has VNNI (or AMX),
+stay in floating point, their inputs carry the outliers. What is not int8 runs at the model's dtype:
+float32, or bfloat16 under autocast (`AroundInt8`) where `dtype` is bfloat16 or `auto` picks it; the
+quantizer always starts from the float32 weights. Weights keep 8 bits where the CPU has VNNI (or AMX),
 7 (`reduce_range`) where it has not: there oneDNN's u8 x s8 products saturate at 8 bits, and the
 compiled model drifts from the quantized reference. Ops nothing reads (BERT's pooler under mean
 pooling) are removed before annotation: an unread Linear+Tanh breaks the quantizer's fusion pass.
@@ -34,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TOLERANCE = 0.01  # 1 - the least cosine to float32 the gate passes
 AGREEMENT = 0.95  # the least share of labels (and of text pairs' order) the gate passes
+AROUND_INT8 = (torch.float32, torch.bfloat16)  # the dtypes the rest of an int8 model may run at
 KEPT_FLOAT = ("output.dense",)  # Linear names containing these stay float32 (the residual projections)
 
 
@@ -176,24 +179,49 @@ class Int8Gate:
         self.rows, self.reference = [], []
 
 
-def unfit(engine: Engine) -> str | None:
+def unfit(engine: Engine, dtype: torch.dtype) -> str | None:
     """Why `quantize: auto` leaves this engine as it is (None: int8 is worth trying)."""
-    if engine.device.type != "cpu" or engine.dtype != torch.float32:
-        return "int8 serves float32 models on the CPU"
+    if engine.device.type != "cpu" or dtype not in AROUND_INT8:
+        return "int8 serves float32 and bfloat16 models on the CPU"
     if not has_vnni():
         return "this CPU has neither VNNI nor AMX, where int8 gains little"
     return None
 
 
-def int8_engine(engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dynamic: str) -> Engine:
-    """The engine over its int8 module, once it passes the gate (kept on the module for warm-up)."""
+class AroundInt8(torch.nn.Module):
+    """The int8 module with what stays in floating point (the kept linears, attention, norms) in
+    bfloat16 under autocast: PyTorch's int8-mixed-bf16 recipe for X86InductorQuantizer, whose int8
+    kernels then give bfloat16. Where bfloat16 serves, float32 around int8 would be slower than it."""
+
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.dtype = module, dtype
+
+    def forward(self, **inputs):
+        with torch.autocast("cpu", dtype=self.dtype):
+            return self.module(**inputs)
+
+
+def unquantized(engine: Engine, dtype: torch.dtype) -> Engine:
+    """The float32 engine as it serves without int8: its model cast to `dtype` (in place: float32
+    was kept only for the quantizer)."""
+    engine.model.eager.to(dtype)
+    return dataclasses.replace(engine, dtype=dtype)
+
+
+def int8_engine(engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dynamic: str, dtype) -> Engine:
+    """The float32 engine over its int8 module, the rest at `dtype`, once it passes the gate (kept
+    on the module for warm-up)."""
     if engine.device.type != "cpu":
         raise QuantizationRefused(f"quantize: int8 runs on the CPU, not {engine.device.type}")
-    if engine.dtype != torch.float32:
-        raise QuantizationRefused(f"quantize: int8 quantizes a float32 model, not {engine.dtype}: set dtype: float32")
+    if dtype not in AROUND_INT8:
+        raise QuantizationRefused(f"quantize: int8 runs beside float32 or bfloat16, not {dtype}")
     module = int8_module(engine, example_rows, dynamic)
+    if dtype != torch.float32:
+        module = AroundInt8(module, dtype)
     module.__dict__["int8_gate"] = gate  # in __dict__: not a submodule the compiler would see
-    quantized = engine.on(EagerRunner(module))
+    quantized = dataclasses.replace(engine.on(EagerRunner(module)), dtype=dtype)
     found = gate.check(quantized)
-    logger.info("int8: linears quantized (%s kept float32), %s", ", ".join(KEPT_FLOAT), found)
+    kept = str(dtype).removeprefix("torch.")
+    logger.info("int8: linears quantized (%s kept %s), %s", ", ".join(KEPT_FLOAT), kept, found)
     return quantized

@@ -30,11 +30,17 @@ def quantized_linears(module: torch.nn.Module) -> int:
     return sum("dequantize_per_channel" in str(node.target) for node in module.graph.nodes)
 
 
-def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(tiny_bert, caplog):
+def int8_graph(module: torch.nn.Module) -> torch.fx.GraphModule:
+    """The converted graph, inside its autocast where the rest runs in bfloat16."""
+    return module.module if isinstance(module, quantizing.AroundInt8) else module
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(tiny_bert, dtype, caplog):
     # a loose gate: this test is about the serving path (the gate has its own test below)
     with caplog.at_level(logging.INFO):
         handler = fakes.ready_handler(
-            EmbeddingHandler, tiny_bert, buckets=GRID, quantize="int8", warmup={"tolerance": 0.5}
+            EmbeddingHandler, tiny_bert, buckets=GRID, quantize="int8", dtype=dtype, warmup={"tolerance": 0.5}
         )
     engine = handler.engine
     gate = engine.model.eager.int8_gate
@@ -42,15 +48,18 @@ def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(t
     # the gate holds float32's answers, never its model: one model in memory; released once checked
     assert not any(isinstance(value, torch.nn.Module) for value in vars(gate).values())
     assert gate.rows == [] and gate.reference == []
-    assert f"dtype float32 with int8 linears ({gate.last})" in caplog.text  # the ready line says what it measured
-    assert isinstance(engine.model.eager, torch.fx.GraphModule) and quantized_linears(engine.model.eager) > 0
+    assert f"dtype {dtype} with int8 linears ({gate.last})" in caplog.text  # the ready line says what it measured
+    assert str(engine.dtype) == f"torch.{dtype}"
+    graph = int8_graph(engine.model.eager)
+    assert isinstance(graph, torch.fx.GraphModule) and quantized_linears(graph) > 0
+    assert isinstance(engine.model.eager, quantizing.AroundInt8) == (dtype == "bfloat16")
     assert engine.model.is_compiled
     graphs = compiled_graph_count()
     answers = answered(handler, [{"inputs": text} for text in ["the cat sat", "hello world " * 6, "a dog"]])
     assert all(len(answer["embedding"]) == 32 for answer in answers)
     assert compiled_graph_count() == graphs and engine.model.recompiles_after_ready == 0
     with pytest.raises(quantizing.QuantizationRefused, match="runs on the CPU, not cuda"):
-        quantizing.int8_engine(dataclasses.replace(engine, device=torch.device("cuda")), gate, [], "all")
+        quantizing.int8_engine(dataclasses.replace(engine, device=torch.device("cuda")), gate, [], "all", engine.dtype)
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +84,12 @@ def drifting_bert(tiny_bert, tmp_path_factory) -> Path:
     return folder
 
 
-def test_the_gate_refuses_a_drifting_int8_model_and_serves_float32_or_fails_as_configured(drifting_bert):
+def test_the_gate_refuses_a_drifting_int8_model_and_serves_its_dtype_or_fails_as_configured(drifting_bert):
     handler = fakes.ready_handler(EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8")
     assert not isinstance(handler.engine.model.eager, torch.fx.GraphModule)
+    refused = fakes.ready_handler(EmbeddingHandler, drifting_bert, **{**EAGER_INT8, "dtype": "bfloat16"})
+    assert refused.engine.dtype == torch.bfloat16 and refused.engine.model.int8_gate is None
+    assert {p.dtype for p in refused.engine.model.eager.parameters()} == {torch.bfloat16}  # cast once refused
     with pytest.raises(quantizing.QuantizationRefused, match="least cosine"):
         fakes.ready_handler(
             EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8", compile={"on_failure": "fail"}
