@@ -119,7 +119,30 @@ def run_contender(args) -> dict:
                 agreement = compare(call(ids), eager.run(ids, one_per_row=True).rows)
                 shapes[f"{batch}x{seq_len}"] = {"ms": 1000 * statistics.median(seconds), **agreement}
         recompiles = 0 if args.contender in ANCHORS else handler.engine.model.recompiles_after_ready
-    return {"contender": args.contender, "shapes": shapes, "recompiles_after_ready": recompiles}
+        found = {"contender": args.contender, "shapes": shapes, "recompiles_after_ready": recompiles}
+        if args.profile and args.contender not in ANCHORS:  # the anchors' ops are not torch's to see
+            found["profile"] = profile(call, filler_ids(reference, args.seq_lens[-1], args.batch_sizes[-1]))
+    return found
+
+
+def profile(call, ids: list[list[int]], calls: int = 50, top: int = 12) -> list[dict]:
+    """Where a call's time goes, by op (torch.profiler, self time on the calling thread): the top ones."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as recording
+
+    with recording(activities=[ProfilerActivity.CPU]) as recorded:
+        for _ in range(calls):
+            call(ids)
+    events = sorted(recorded.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
+    total = sum(event.self_cpu_time_total for event in events)
+    return [
+        {
+            "op": event.key,
+            "ms_per_call": event.self_cpu_time_total / 1000 / calls,
+            "share": event.self_cpu_time_total / total,
+        }
+        for event in events[:top]
+    ]
 
 
 # -- the contenders in turns ----------------------------------------------------------------------
@@ -133,6 +156,7 @@ def child(args, contender: str) -> dict:
         "--iterations",
         str(args.iterations),
         *(["--quick"] if args.quick else []),
+        *(["--profile"] if args.profile else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
@@ -184,6 +208,13 @@ def print_table(result: dict) -> None:
         print(f"(x: time over {baseline}'s at the same shape; below 1 is faster)")
 
 
+def print_profile(name: str, ops: list[dict], args) -> None:
+    if ops:
+        print(f"\n{name} at {args.batch_sizes[-1]}x{args.seq_lens[-1]}, self time by op (torch.profiler, last round):")
+    for op in ops:
+        print(f"  {op['ms_per_call']:>8.3f} ms {100 * op['share']:>5.1f}%  {op['op']}")
+
+
 def least_cosine(result: dict, name: str) -> float:
     return min(row[f"{name}_min_cosine"] for row in result["rows"])
 
@@ -199,6 +230,9 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="smoke: tiny model, 1x16 and 2x16, few calls, 1 round")
+    parser.add_argument(
+        "--profile", action="store_true", help="ours: where a call at the largest shape spends its time"
+    )
     parser.add_argument("--contender", help=argparse.SUPPRESS)  # the child process's one contender
     parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_small_shapes.json")
     args = parser.parse_args(argv)
@@ -229,6 +263,9 @@ def main(argv=None) -> dict:
         "recompiles_after_ready": recompiles,
     }
     print_table(result)
+    for name in names if args.profile else ():
+        print_profile(name, rounds[-1][name].get("profile", []), args)
+        result[f"{name}_profile"] = rounds[-1][name].get("profile")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     return result
