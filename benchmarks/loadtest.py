@@ -15,19 +15,19 @@ built with `--precompile aot`: the worker serves the AOT package), `ours-float32
 (ours with compilation and packing off, each batch padded to its longest text:
 benchmarks/longest_handler.py, float32 and the dtype auto picks) and `stock` (TorchServe's
 generalized transformers handler: every request padded to max_length, pt2 compile, no warm-up:
-benchmarks/stock_handler.py). Optional, never by default: `ours-int8` (`ours-auto` with
-`quantize: int8`, its gate at a least cosine of 0.98: refused, it fails to register rather than
-serve unquantized), and Infinity's torch engine, `infinity-float32`, `infinity-bfloat16` and their
-`-compile` twins (its `--compile`), each started from the same model folder in a venv of its own
-(benchmarks/infinity_server.py, installed into runs/infinity-venv the first time) and sent the
-same texts; the run checks ours-auto against the best of them.
+benchmarks/stock_handler.py). Optional, never by default: `ours-int8` and `ours-int8-all`
+(`ours-auto` with `quantize: int8` or `int8-all`, the gate at a least cosine of 0.98: refused, it
+fails to register rather than serve unquantized), and Infinity's torch engine, `infinity-float32`,
+`infinity-bfloat16` and their `-compile` twins (its `--compile`), each started from the same model
+folder in a venv of its own (benchmarks/infinity_server.py, installed into runs/infinity-venv the
+first time) and sent the same texts; the run checks ours-auto against the best of them.
 
     hfserve loadtest                  # MiniLM, all contenders, 16 clients x 60 s each
     hfserve loadtest --quick          # smoke run (release check): tiny random model, 4 clients x 3 s each
     hfserve loadtest --contenders ours-auto --workers 1 2 --rounds 3   # 1 vs 2 workers, alternating
     hfserve loadtest --contenders ours-auto --rate 200 --clients 64    # open loop: 200 requests/s arrive
     hfserve loadtest --contenders ours-auto ours-aot --rounds 3      # AOT package vs torch.compile
-    hfserve loadtest --contenders ours-auto ours-int8 --rounds 2     # int8 vs bfloat16 (VNNI CPUs)
+    hfserve loadtest --contenders ours-auto ours-int8 ours-int8-all --rounds 2   # int8 vs bfloat16 (VNNI CPUs)
     hfserve loadtest --contenders ours-float32 groups-float32 eager-longest --rounds 3   # packing
     hfserve loadtest --contenders ours-auto infinity-float32 infinity-float32-compile infinity-bfloat16 \
                      infinity-bfloat16-compile --rounds 3   # against Infinity, median of 3 interleaved runs
@@ -82,10 +82,11 @@ TARGETS = [  # (contender, baseline, least ratio of median steady throughput ove
     ("ours-auto", "eager-longest-auto", 1.6),
     ("ours-float32", "eager-longest", 1.6),
     ("ours-int8", "ours-auto", 1.5),  # issue 57: on a CPU with VNNI or AMX
+    ("ours-int8-all", "ours-auto", 1.5),
 ]
-OPTIONAL = ("ours-int8",)  # never by default: needs torchao (`[int8]`), and VNNI to be worth it
-INT8_TOLERANCE = 0.02  # ours-int8's gate: MiniLM's one-word texts reach 0.982 (docs/performance.md, "int8")
-PACKED = ("ours-auto", "ours-aot", "ours-float32", "ours-int8")
+OPTIONAL = ("ours-int8", "ours-int8-all")  # never by default: needs torchao (`[int8]`), and VNNI to be worth it
+INT8_TOLERANCE = 0.02  # the int8 gate: MiniLM's one-word texts reach 0.982 under `int8` (performance.md)
+PACKED = ("ours-auto", "ours-aot", "ours-float32", *OPTIONAL)
 INFINITY_TARGET = 1.3  # ours-auto over Infinity's best configuration on the same machine and traffic
 MAX_PADDED_RATIO = 1.15  # computed tokens over real ones, packed contenders
 
@@ -109,17 +110,7 @@ def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, m
         "ours-auto": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-aot": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-float32": build_mar.merge(ours, {"handler": {"dtype": "float32"}}),
-        "ours-int8": build_mar.merge(  # refused by its gate, it fails to register: never bfloat16 in disguise
-            ours,
-            {
-                "handler": {
-                    "dtype": "auto",
-                    "quantize": "int8",
-                    "warmup": {"tolerance": INT8_TOLERANCE},
-                    "compile": {"on_failure": "fail"},
-                }
-            },
-        ),
+        **{name: int8_config(ours, name.removeprefix("ours-")) for name in OPTIONAL},
         "groups-auto": build_mar.merge(groups, {"handler": {"dtype": "auto"}}),
         "groups-float32": build_mar.merge(groups, {"handler": {"dtype": "float32"}}),
         "eager-longest": build_mar.merge(longest, {"handler": {"dtype": "float32"}}),
@@ -136,6 +127,12 @@ def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, m
             build_mar.build(
                 model_dir, "embedding", name, store, configs[name], handler_file=handler, precompile=precompile
             )
+
+
+def int8_config(ours: dict, quantize: str) -> dict:
+    """`ours-auto` with `quantize`; refused by its gate, it fails to register: never bfloat16 in disguise."""
+    settings = {"quantize": quantize, "warmup": {"tolerance": INT8_TOLERANCE}, "compile": {"on_failure": "fail"}}
+    return build_mar.merge(ours, {"handler": {"dtype": "auto", **settings}})
 
 
 def build_stock(model_dir: Path, store: Path, max_length: int) -> None:
@@ -440,7 +437,7 @@ def parse_args(argv):
         choices=CONTENDERS + OPTIONAL + INFINITY,
         default=list(CONTENDERS),
         help="who serves; the infinity-* ones install Infinity into runs/infinity-venv the first time; "
-        "ours-int8 (dtype auto with `quantize: int8`) needs torchao",
+        "ours-int8 and ours-int8-all (dtype auto with `quantize: int8` or `int8-all`) need torchao",
     )
     parser.add_argument("--clients", type=int, default=16, help=f"concurrent clients (at most {MAX_CLIENTS})")
     parser.add_argument(

@@ -368,7 +368,9 @@ def main(argv=None) -> Path:
     parser.add_argument(
         "--handler", type=Path, help="your subclass of the task's handler (one class in its own file) to serve instead"
     )
-    parser.add_argument("--quantize", choices=("none", "int8", "auto"), help="handler.quantize (experimental int8)")
+    parser.add_argument(
+        "--quantize", choices=("none", "int8", "int8-all", "auto"), help="handler.quantize (experimental int8)"
+    )
     parser.add_argument(
         "--calibration",
         type=Path,

@@ -50,7 +50,9 @@ def parse_args(argv):
         action=argparse.BooleanOptionalAction,
         help="cut texts over the longest bucket (default), or refuse them with 413 (--no-auto-truncate)",
     )
-    parser.add_argument("--quantize", choices=("none", "int8", "auto"), help="handler.quantize (experimental int8)")
+    parser.add_argument(
+        "--quantize", choices=("none", "int8", "int8-all", "auto"), help="handler.quantize (experimental int8)"
+    )
     parser.add_argument("--config", type=Path, help="model-config.yaml keys for the rest, merged under these flags")
     return parser.parse_args(argv)
 

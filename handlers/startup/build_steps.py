@@ -85,7 +85,8 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
         rows = serving.tokenizer(texts, truncation=True, max_length=plan.max_seq_len)["input_ids"]
         tolerance = config.warmup.tolerance or quantizing.DEFAULT_TOLERANCE
         gate = quantizing.Int8Gate.over(engine, rows, task.NAME, tolerance)
-        return quantizing.int8_engine(engine, gate, example, plan.dynamic, dtype)
+        kept = () if config.quantize == "int8-all" else quantizing.KEPT_FLOAT
+        return quantizing.int8_engine(engine, gate, example, plan.dynamic, dtype, kept)
     except quantizing.QuantizationRefused as error:
         if config.quantize != "auto":
             on_failure(config.compile.on_failure, error)

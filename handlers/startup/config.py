@@ -310,11 +310,13 @@ class HandlerConfig:
         "4096-wide embedding take ~3 MB, of a SPLADE model ~6 MB in TEI's form",
     )
     quantize: str = _option(
-        values.choice("none", "int8", "auto"),
+        values.choice("none", "int8", "int8-all", "auto"),
         "none",
         meaning="`int8`: the encoder's linears in int8 through PT2E (dynamic activations, 8-bit per-channel "
         "weights, the residual projections kept in floating point; 7-bit weights where the CPU lacks VNNI), what "
-        "is not int8 at the model's `dtype` (bfloat16 under autocast where it is bfloat16), experimental: "
+        "is not int8 at the model's `dtype` (bfloat16 under autocast where it is bfloat16); `int8-all`: the residual "
+        "projections in int8 too (faster, further from float32: MiniLM's least cosine 0.986, refused at the default "
+        "tolerance); both experimental: "
         "refused (then `compile.on_failure`) where its answers on the calibration texts drift from float32's "
         "past its gate (per-text cosine `1 - warmup.tolerance`, 0.99 by default; 95% label or rank agreement for "
         "classifiers and rerankers); `auto`: int8 where the CPU has VNNI or AMX and the gate passes, else the "

@@ -77,8 +77,9 @@ def _without_dead_code(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModu
     return graph_module
 
 
-def int8_module(engine: Engine, example_rows: list[list[int]], dynamic: str) -> torch.nn.Module:
-    """The engine's eager module with its linears in int8 (a GraphModule taking the same inputs)."""
+def int8_module(engine: Engine, example_rows: list[list[int]], dynamic: str, kept: tuple[str, ...]) -> torch.nn.Module:
+    """The engine's eager module with its linears in int8 but those whose names contain one of
+    `kept` (a GraphModule taking the same inputs)."""
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # its CUDA kernels are not used
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
@@ -97,7 +98,7 @@ def int8_module(engine: Engine, example_rows: list[list[int]], dynamic: str) -> 
     reduce_range = not has_vnni()  # u8 x s8 without VNNI saturates at 8 bits (see above)
     quantizer.set_global(x86.get_default_x86_inductor_quantization_config(is_dynamic=True, reduce_range=reduce_range))
     for name, child in module.named_modules():
-        if isinstance(child, torch.nn.Linear) and any(part in name for part in KEPT_FLOAT):
+        if isinstance(child, torch.nn.Linear) and any(part in name for part in kept):
             quantizer.set_module_name_qconfig(name, None)
     prepared = prepare_pt2e(_without_dead_code(exported.module()), quantizer)
     with torch.no_grad():
@@ -209,19 +210,21 @@ def unquantized(engine: Engine, dtype: torch.dtype) -> Engine:
     return dataclasses.replace(engine, dtype=dtype)
 
 
-def int8_engine(engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dynamic: str, dtype) -> Engine:
-    """The float32 engine over its int8 module, the rest at `dtype`, once it passes the gate (kept
-    on the module for warm-up)."""
+def int8_engine(
+    engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dynamic: str, dtype, kept=KEPT_FLOAT
+) -> Engine:
+    """The float32 engine over its int8 module (the linears named in `kept` left out), the rest at
+    `dtype`, once it passes the gate (kept on the module for warm-up)."""
     if engine.device.type != "cpu":
         raise QuantizationRefused(f"quantize: int8 runs on the CPU, not {engine.device.type}")
     if dtype not in AROUND_INT8:
         raise QuantizationRefused(f"quantize: int8 runs beside float32 or bfloat16, not {dtype}")
-    module = int8_module(engine, example_rows, dynamic)
+    module = int8_module(engine, example_rows, dynamic, kept)
     if dtype != torch.float32:
         module = AroundInt8(module, dtype)
     module.__dict__["int8_gate"] = gate  # in __dict__: not a submodule the compiler would see
     quantized = dataclasses.replace(engine.on(EagerRunner(module)), dtype=dtype)
     found = gate.check(quantized)
-    kept = str(dtype).removeprefix("torch.")
-    logger.info("int8: linears quantized (%s kept %s), %s", ", ".join(KEPT_FLOAT), kept, found)
+    around = str(dtype).removeprefix("torch.")
+    logger.info("int8: linears quantized (%s kept %s), %s", ", ".join(kept) or "none", around, found)
     return quantized

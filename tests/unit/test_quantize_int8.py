@@ -181,3 +181,12 @@ def test_hfserve_build_quantize_and_calibration_carry_the_texts_into_the_archive
         build_mar.main([*common, "--name", "few", "--quantize", "int8", "--calibration", str(texts)])
     with pytest.raises(UserError, match="does not pack an int8 model yet"):
         build_mar.main([*common, "--name", "aot", "--quantize", "int8", "--precompile", "aot"])
+
+
+def test_int8_all_quantizes_the_residual_projections_too(tiny_bert):
+    loose = {**EAGER_INT8, "warmup": {"tolerance": 0.5}}
+    most = fakes.ready_handler(EmbeddingHandler, tiny_bert, **loose).engine.model.eager
+    every = fakes.ready_handler(EmbeddingHandler, tiny_bert, **{**loose, "quantize": "int8-all"}).engine.model.eager
+    assert quantized_linears(every) > quantized_linears(most) > 0
+    # six linears a BERT layer: four int8 under `int8` (Q, K, V, FFN up), all six under `int8-all`
+    assert quantized_linears(every) * 4 == quantized_linears(most) * 6
