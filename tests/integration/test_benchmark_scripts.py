@@ -7,7 +7,15 @@ import json
 
 import pytest
 
-from ts_compiled_handlers.benchmarks import benchmark, benchmark_aot, benchmark_chunking, benchmark_sparse, loadtest
+from ts_compiled_handlers.benchmarks import (
+    benchmark,
+    benchmark_aot,
+    benchmark_chunking,
+    benchmark_small_shapes,
+    benchmark_sparse,
+    loadtest,
+)
+from ts_compiled_handlers.benchmarks.anchor_runtimes import ANCHORS
 from ts_compiled_handlers.scripts import plan_buckets
 
 pytestmark = [pytest.mark.integration, pytest.mark.release]
@@ -37,6 +45,18 @@ def test_benchmark_aot_quick_times_every_bucket_of_the_three_contenders(tmp_path
         assert row["eager_ms"] > 0 and row["compiled_ms"] > 0 and row["aot_ms"] > 0
         assert row["aot_vs_eager"]["min_cosine"] > 0.9999
     assert result["recompiles_after_ready"] == 0 and result["built"]["package_megabytes"] > 0
+
+
+def test_benchmark_small_shapes_quick_times_ours_int8_and_every_anchor_and_profiles_ours(tmp_path):
+    out = tmp_path / "small_shapes.json"
+    names = ["compiled", "int8", *ANCHORS]
+    benchmark_small_shapes.main(["--quick", "--contenders", *names, "--profile", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["contenders"] == names and result["recompiles_after_ready"] == 0  # the anchors installed
+    for row in result["rows"]:
+        assert all(row[f"{name}_ms"] > 0 and row[f"{name}_min_cosine"] > 0.99 for name in names)
+        assert row["onnxruntime_vs_baseline"] == 1.0
+    assert list(result["profiles"]) == ["compiled", "int8"] and result["profiles"]["int8"][0]["ms_per_call"] > 0
 
 
 def test_benchmark_sparse_quick_serves_every_contender_and_measures_a_full_call(tmp_path):

@@ -1,5 +1,6 @@
 """benchmarks/anchor_runtimes.py: the runtimes the small-shapes benchmark holds ours against answer
-the model's own embedding, so that their times are for the same work as ours."""
+the model's own embedding, so that their times are for the same work as ours. A release check
+(scripts/release_check.sh installs the `[anchors]` extra they need; the test command does not)."""
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ def eager_answers(tiny_bert):
     return ids, vectors
 
 
+@pytest.mark.release
 @pytest.mark.parametrize("anchor", ANCHORS)
 def test_each_anchor_answers_the_models_own_embedding(anchor, tiny_bert, eager_answers, tmp_path):
     ids, expected = eager_answers
