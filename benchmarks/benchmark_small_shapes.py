@@ -1,6 +1,6 @@
 """In process, the model call at small shapes, where every runtime is overhead-bound: our engine
 compiled with inductor's default options, with `freezing`, as the AOT package (AOTInductor's C++
-runner), eager, and `quantize: int8`; against ONNX Runtime and OpenVINO, each in float and in int8
+runner), eager, and `quantize: int8` and `int8-all`; against ONNX Runtime and OpenVINO, each in float and in int8
 (benchmarks/anchor_runtimes.py says how each is built), per shape.
 
 Each contender runs in a fresh process, started as a worker starts it (compile and warm-up over
@@ -38,9 +38,11 @@ from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.anchor_runtimes import ANCHORS, NEEDS, anchor_call
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 
-OURS = ("compiled", "compiled-freezing", "compiled-freezing-unpacked", "aot", "eager", "int8")
+OURS = ("compiled", "compiled-freezing", "compiled-freezing-unpacked", "aot", "eager", "int8", "int8-all")
+INT8 = ("int8", "int8-all")  # `quantize` as each names it
 INT8_TOLERANCE = 0.05  # the gate's floor here (docs/performance.md, "int8": MiniLM's shortest texts drift most)
-FREEZING = {"compiled": False, "compiled-freezing": True, "compiled-freezing-unpacked": True, "int8": True}
+FREEZING = {"compiled": False, "compiled-freezing": True, "compiled-freezing-unpacked": True}
+FREEZING.update(dict.fromkeys(INT8, True))
 INDUCTOR_OPTIONS = {"compiled-freezing-unpacked": {"cpp.weight_prepack": False}}  # frozen, not packed for oneDNN
 
 
@@ -74,8 +76,8 @@ def our_handler(name: str, folder: Path, config: dict, scratch: Path):
     if name == "eager":
         handler = ready_handler(EmbeddingHandler, folder, **config, compile={"enable": False})
         return handler, handler.engine
-    if name == "int8":  # refused by its gate, it must fail the run, not time float32
-        config = {**config, "quantize": "int8", "warmup": {"tolerance": INT8_TOLERANCE}}
+    if name in INT8:  # refused by its gate, it must fail the run, not time the model unquantized
+        config = {**config, "quantize": name, "warmup": {"tolerance": INT8_TOLERANCE}}
     with torch._inductor.config.patch(INDUCTOR_OPTIONS.get(name, {})):
         compile_options = {"freezing": FREEZING[name], "on_failure": "fail"}
         handler = ready_handler(EmbeddingHandler, folder, **config, compile=compile_options)
@@ -166,7 +168,7 @@ def child(args, contender: str) -> dict:
 
 def contenders(args) -> list[str]:
     """The contenders asked for whose libraries are installed (the others named as left out)."""
-    needs = {**NEEDS, "int8": ("torchao",)}
+    needs = {**NEEDS, **{name: ("torchao",) for name in INT8}}
     names = []
     for name in args.contenders:
         missing = [module for module in needs.get(name, ()) if not importlib.util.find_spec(module)]
