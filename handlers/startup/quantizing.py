@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOLERANCE = 0.01  # 1 - the least cosine to float32 the gate passes
 AGREEMENT = 0.95  # the least share of labels (and of text pairs' order) the gate passes
 AROUND_INT8 = (torch.float32, torch.bfloat16)  # the dtypes the rest of an int8 model may run at
-KEPT_FLOAT = ("output.dense",)  # Linear names containing these stay float32 (the residual projections)
+KEPT_FLOAT = ("output.dense",)  # Linear names containing these stay in floating point (the residual projections)
 
 
 class QuantizationRefused(RuntimeError):
