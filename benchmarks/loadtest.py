@@ -15,9 +15,10 @@ built with `--precompile aot`: the worker serves the AOT package), `ours-float32
 (ours with compilation and packing off, each batch padded to its longest text:
 benchmarks/longest_handler.py, float32 and the dtype auto picks) and `stock` (TorchServe's
 generalized transformers handler: every request padded to max_length, pt2 compile, no warm-up:
-benchmarks/stock_handler.py). Optional, never by default: `ours-int8` and `ours-int8-all`
-(`ours-auto` with `quantize: int8` or `int8-all`, the gate at a least cosine of 0.95: refused, it
-fails to register rather than serve unquantized), and Infinity's torch engine, `infinity-float32`,
+benchmarks/stock_handler.py). Optional, never by default: the other outputs on the same encoder
+(`ours-binary`, `ours-multi-vector`, `ours-m3`: benchmarks/loadtest_kinds.py), `ours-int8` and
+`ours-int8-all` (`ours-auto` with `quantize: int8` or `int8-all`, the gate at a least cosine of 0.95:
+refused, it fails to register rather than serve unquantized), and Infinity's torch engine, `infinity-float32`,
 `infinity-bfloat16` and their `-compile` twins (its `--compile`), each started from the same model
 folder in a venv of its own (benchmarks/infinity_server.py, installed into runs/infinity-venv the
 first time) and sent the same texts; the run checks ours-auto against the best of them.
@@ -29,6 +30,7 @@ first time) and sent the same texts; the run checks ours-auto against the best o
     hfserve loadtest --contenders ours-auto ours-aot --rounds 3      # AOT package vs torch.compile
     hfserve loadtest --contenders ours-auto ours-int8 ours-int8-all --rounds 2   # int8 vs bfloat16 (VNNI CPUs)
     hfserve loadtest --contenders ours-float32 groups-float32 eager-longest --rounds 3   # packing
+    hfserve loadtest --contenders ours-auto ours-binary ours-multi-vector ours-m3   # other outputs, same encoder
     hfserve loadtest --contenders ours-auto infinity-float32 infinity-float32-compile infinity-bfloat16 \
                      infinity-bfloat16-compile --rounds 3   # against Infinity, median of 3 interleaved runs
 
@@ -54,7 +56,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks import loadtest_kinds, measure
 from ts_compiled_handlers.benchmarks.infinity_server import CONTENDERS as INFINITY
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
 from ts_compiled_handlers.runtime.process_settings import INDUCTOR_CACHE_ENV
@@ -84,9 +86,10 @@ TARGETS = [  # (contender, baseline, least ratio of median steady throughput ove
     ("ours-int8", "ours-auto", 1.5),  # issue 57: on a CPU with VNNI or AMX
     ("ours-int8-all", "ours-auto", 1.5),
 ]
-OPTIONAL = ("ours-int8", "ours-int8-all")  # never by default: needs torchao (`[int8]`), and VNNI to be worth it
+INT8 = ("ours-int8", "ours-int8-all")  # never by default: needs torchao (`[int8]`), and VNNI to be worth it
+OPTIONAL = (*INT8, *loadtest_kinds.KINDS)  # never by default
 INT8_TOLERANCE = 0.05  # the int8 gate: compiled beside bfloat16, MiniLM reached 0.977 (performance.md, "int8")
-PACKED = ("ours-auto", "ours-aot", "ours-float32", *OPTIONAL)
+PACKED = ("ours-auto", "ours-aot", "ours-float32", *OPTIONAL)  # every one of ours packs
 INFINITY_TARGET = 1.3  # ours-auto over Infinity's best configuration on the same machine and traffic
 MAX_PADDED_RATIO = 1.15  # computed tokens over real ones, packed contenders
 
@@ -110,7 +113,8 @@ def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, m
         "ours-auto": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-aot": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-float32": build_mar.merge(ours, {"handler": {"dtype": "float32"}}),
-        **{name: int8_config(ours, name.removeprefix("ours-")) for name in OPTIONAL},
+        **{name: int8_config(ours, name.removeprefix("ours-")) for name in INT8},
+        **{name: build_mar.merge(ours, {"handler": {"dtype": "auto"}}) for name in loadtest_kinds.KINDS},
         "groups-auto": build_mar.merge(groups, {"handler": {"dtype": "auto"}}),
         "groups-float32": build_mar.merge(groups, {"handler": {"dtype": "float32"}}),
         "eager-longest": build_mar.merge(longest, {"handler": {"dtype": "float32"}}),
@@ -121,6 +125,9 @@ def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, m
             continue
         if name == "stock":
             build_stock(model_dir, store, max_length)
+        elif name in loadtest_kinds.KINDS:
+            folder = loadtest_kinds.model_folder(name, model_dir, store.parent / "kinds")
+            build_mar.build(folder, loadtest_kinds.KINDS[name][0], name, store, configs[name])
         else:
             handler = Path(__file__).parent / "longest_handler.py" if name.startswith("eager-longest") else None
             precompile = "aot" if name == "ours-aot" else None
@@ -156,6 +163,9 @@ def drive(server: TorchServe, name: str, texts: list, clients: int, duration: fl
     """`clients` closed-loop clients sending the next text of the stream until `duration` is up;
     with `rate`, requests arriving at that rate instead (`arrivals`), `clients` of them at most in flight."""
     url = f"{server.inference_url}/predictions/{name}"
+    if name in loadtest_kinds.KINDS:  # asking for its output: a JSON body
+        headers = {**server.headers("inference"), "Content-Type": "application/json"}
+        return drive_url(url, headers, lambda text: loadtest_kinds.body(name, text), texts, clients, duration, rate)
     headers = {**server.headers("inference"), "Content-Type": "text/plain; charset=utf-8"}
     return drive_url(url, headers, str.encode, texts, clients, duration, rate)
 
@@ -233,10 +243,14 @@ def run_contender(server: TorchServe, name: str, texts, probe: list[str], args, 
     began = time.perf_counter()
     server.register(f"{name}.mar", batch_size=args.batch_size, max_batch_delay=args.max_batch_delay, workers=workers)
     registered = time.perf_counter() - began
-    first = server.predict(name, probe[0], content_type="text/plain")
+    kind = name in loadtest_kinds.KINDS
+    if kind:
+        first = server.predict(name, loadtest_kinds.body(name, probe[0]))
+    else:
+        first = server.predict(name, probe[0], content_type="text/plain")
     first_answer = time.perf_counter() - began
     outcomes = drive(server, name, texts, args.clients, args.duration, args.rate)
-    answers = [server.predict(name, text, content_type="text/plain").json()["embedding"] for text in probe]
+    answers = None if kind else [server.predict(name, t, content_type="text/plain").json()["embedding"] for t in probe]
     metrics = server.metrics()
     server.unregister(name)
     return {
@@ -304,12 +318,17 @@ def summarize_outcomes(outcomes: list[Outcome]) -> dict:
 
 
 def agreement(rows: list[dict]) -> None:
-    """Each contender's min cosine to ours-float32 (or the first contender) on the probe texts."""
-    reference = next((r for r in rows if r["contender"] == "ours-float32"), rows[0])
-    want = torch.tensor(reference["probe_answers"])
-    for row in rows:
-        got = torch.tensor(row.pop("probe_answers"))
-        row["min_cosine_vs_" + reference["contender"]] = torch.cosine_similarity(got, want, dim=1).min().item()
+    """Each contender's min cosine to ours-float32 (or the first contender) on the probe texts;
+    loadtest_kinds' answers are not dense vectors and are left out."""
+    answers = {id(row): row.pop("probe_answers") for row in rows}
+    dense = [row for row in rows if answers[id(row)] is not None]
+    if not dense:
+        return
+    reference = next((row for row in dense if row["contender"] == "ours-float32"), dense[0])
+    want = torch.tensor(answers[id(reference)])
+    for row in dense:
+        cosine = torch.cosine_similarity(torch.tensor(answers[id(row)]), want, dim=1)
+        row["min_cosine_vs_" + reference["contender"]] = cosine.min().item()
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -386,7 +405,7 @@ def print_report(rows: list[dict], checks: list[dict], machine: str, args) -> No
     )
     for row in rows:
         latency = row["latency"] or {"p50": 0, "p90": 0, "p99": 0}
-        cosine = next(value for key, value in row.items() if key.startswith("min_cosine"))
+        cosine = next((f"{value:.5f}" for key, value in row.items() if key.startswith("min_cosine")), "-")
         recompiles = "-" if row["recompiles_after_ready"] is None else f"{row['recompiles_after_ready']:.0f}"
         pad = "-" if row["padded_token_ratio"] is None else f"{row['padded_token_ratio']:.2f}"
         print(
@@ -394,7 +413,7 @@ def print_report(rows: list[dict], checks: list[dict], machine: str, args) -> No
             f"{row['steady_tokens_per_second']:>9.0f}"
             f"{latency['p50'] * 1e3:>9.1f}{latency['p90'] * 1e3:>9.1f}{latency['p99'] * 1e3:>9.1f}"
             f"{row['ok']:>7}{row['errors']:>5}{row['lost']:>5}{row['first_answer_seconds'] or 0:>9.1f}"
-            f"{recompiles:>7}{pad:>6}{cosine:>9.5f}"
+            f"{recompiles:>7}{pad:>6}{cosine:>9}"
         )
     print("steady = answers in the second half of the run / its duration; tok/s = real tokens, steady")
     for check in checks:
@@ -437,7 +456,8 @@ def parse_args(argv):
         choices=CONTENDERS + OPTIONAL + INFINITY,
         default=list(CONTENDERS),
         help="who serves; the infinity-* ones install Infinity into runs/infinity-venv the first time; "
-        "ours-int8 and ours-int8-all (dtype auto with `quantize: int8` or `int8-all`) need torchao",
+        "ours-int8 and ours-int8-all (dtype auto with `quantize: int8` or `int8-all`) need torchao; ours-binary, "
+        "ours-multi-vector and ours-m3 answer other outputs (benchmarks/loadtest_kinds.py)",
     )
     parser.add_argument("--clients", type=int, default=16, help=f"concurrent clients (at most {MAX_CLIENTS})")
     parser.add_argument(

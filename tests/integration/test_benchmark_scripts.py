@@ -16,6 +16,7 @@ from ts_compiled_handlers.benchmarks import (
     loadtest,
 )
 from ts_compiled_handlers.benchmarks.anchor_runtimes import ANCHORS
+from ts_compiled_handlers.benchmarks.loadtest_kinds import KINDS
 from ts_compiled_handlers.scripts import plan_buckets
 
 pytestmark = [pytest.mark.integration, pytest.mark.release]
@@ -57,6 +58,19 @@ def test_benchmark_small_shapes_quick_times_ours_int8_and_every_anchor_and_profi
         assert all(row[f"{name}_ms"] > 0 and row[f"{name}_min_cosine"] > 0.99 for name in names)
         assert row["onnxruntime_vs_baseline"] == 1.0
     assert list(result["profiles"]) == ["compiled", "int8"] and result["profiles"]["int8"][0]["ms_per_call"] > 0
+
+
+def test_loadtest_quick_serves_the_other_outputs_as_contenders_of_their_own(tmp_path, compile_cache):
+    out = tmp_path / "loadtest.json"
+    contenders = ["ours-float32", *KINDS]
+    loadtest.main(["--quick", "--contenders", *contenders, "--inductor-cache", compile_cache, "--out", str(out)])
+    rows = {row["contender"]: row for row in json.loads(out.read_text())["rows"]}
+    assert list(rows) == contenders
+    for name, row in rows.items():
+        assert row["ok"] == row["requests"] > 0 and row["errors"] == row["lost"] == 0, name
+        assert row["recompiles_after_ready"] == 0 and row["padded_token_ratio"] >= 1.0, name
+    # their answers are not dense vectors: held against ours-float32's, not one of them is
+    assert [name for name, row in rows.items() if "min_cosine_vs_ours-float32" in row] == ["ours-float32"]
 
 
 def test_benchmark_sparse_quick_serves_every_contender_and_measures_a_full_call(tmp_path):
