@@ -101,6 +101,13 @@ def colbert_score(query: np.ndarray, document: np.ndarray) -> float:
     return float((query @ document.T).max(axis=1).sum() / len(query))
 
 
+def always_normalized(value: Any, name: str) -> bool:
+    """`normalize` as TEI's clients may send it: true, what bge-m3's dense vector always is."""
+    if value is not True:
+        raise RequestError(400, f"parameter '{name}' must be true: the dense vector is always normalized", name)
+    return value
+
+
 class M3EmbeddingTask(EmbeddingTask):
     """`{"inputs": "text", "return_sparse": true}` -> `{"dense_vecs": [...], "lexical_weights": {...}}`."""
 
@@ -122,9 +129,9 @@ class M3EmbeddingTask(EmbeddingTask):
 
     def param_checks(self) -> dict:
         checks = {**super().param_checks(), **dict.fromkeys(OUTPUTS, boolean_param), "weights": weights_param}
-        for unserved in ("normalize", "dimensions", "precision", "prompt_name"):
+        for unserved in ("dimensions", "precision", "prompt_name"):
             del checks[unserved]
-        return checks
+        return {**checks, "normalize": always_normalized}
 
     def tei_model_type(self) -> dict:
         return {"embedding": {"pooling": "cls"}}

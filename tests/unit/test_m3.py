@@ -68,6 +68,8 @@ def test_rerank_scores_equal_compute_score_in_the_same_order(handler, mode):
 
 def test_tei_embed_and_embed_sparse_answer_one_output_each(handler):
     dense, sparse = ask(handler, [{"inputs": REFERENCE["texts"]}] * 2, ["embed", "embed_sparse"])
+    (normalized,) = ask(handler, [{"inputs": REFERENCE["texts"], "normalize": True}], ["embed"])  # TEI's default
+    assert normalized == dense
     for got, wanted in zip(dense, vectors(REFERENCE["dense_vecs"]), strict=True):
         assert_close_vectors([got], wanted[None])
     for entries, weights in zip(sparse, REFERENCE["lexical_weights"], strict=True):
@@ -87,7 +89,8 @@ def test_tei_embed_and_embed_sparse_answer_one_output_each(handler):
         ({"query": "a", "documents": ["b"], "weights": [1, 1]}, "", "weights"),
         ({"query": "a", "documents": ["b"], "weights": [0, 0, 0]}, "", "weights"),
         ({"query": "a", "documents": ["b"], "weights": [1, -1, 1]}, "", "weights"),
-        ({"inputs": "a", "normalize": False}, "", "allowed: "),  # names are not echoed
+        ({"inputs": "a", "normalize": False}, "embed", "must be true"),  # the dense vector is always normalized
+        ({"inputs": "a", "dimensions": 8}, "", "allowed: "),  # names are not echoed
         ({"inputs": "a", "precision": "int8"}, "", "allowed: "),
         ({"inputs": [[0, 5, 2]]}, "", "inputs"),
     ],
