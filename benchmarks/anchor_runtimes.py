@@ -74,9 +74,9 @@ def onnxruntime_call(path: Path, int8: bool):
 
     if int8:
         prepared, quantized = path.with_suffix(".pre.onnx"), path.with_suffix(".int8.onnx")
-        quant_pre_process(
-            str(path), str(prepared), skip_symbolic_shape=True
-        )  # shapes inferred, graph cleaned: what quantization expects
+        # shapes inferred, the graph cleaned, as quantization expects (the dynamo export's symbolic
+        # shapes defeat its symbolic pass, so that one is skipped)
+        quant_pre_process(str(path), str(prepared), skip_symbolic_shape=True)
         quantize_dynamic(str(prepared), str(quantized), weight_type=QuantType.QInt8)
         path = quantized
     options = onnxruntime.SessionOptions()
