@@ -135,13 +135,17 @@ class Run:
     def save(self) -> None:
         self.result["seconds"]["total"] = round(time.perf_counter() - self.began, 1)
         checks = self.result["checks"]
-        self.result["passed"] = bool(checks) and all(check["status"] != "failed" for check in checks)
+        finished = self.result["running"] is None and self.result["finished"]
+        self.result["passed"] = finished and bool(checks) and all(check["status"] != "failed" for check in checks)
         self.args.out.parent.mkdir(parents=True, exist_ok=True)
         self.args.out.write_text(json.dumps(self.result, indent=2, default=str))
 
     def stage(self, name: str, model: str | None, step, *args):
-        """Run one stage; an exception is a failed check (with its traceback), and the run goes on."""
+        """Run one stage; an exception is a failed check (with its traceback), and the run goes on.
+        The JSON names the stage while it runs: a crash (a segfault in native code) leaves it there."""
         began = time.perf_counter()
+        self.result["running"] = f"{name} {model or ''}".strip()
+        self.save()
         try:
             return step(self, *args)
         except Exception as error:
@@ -149,7 +153,8 @@ class Run:
             self.add(name, model, False, {"error": f"{type(error).__name__}: {error}", "traceback": tail})
             return None
         finally:
-            self.result["seconds"][f"{name} {model or ''}".strip()] = round(time.perf_counter() - began, 1)
+            self.result["seconds"][self.result["running"]] = round(time.perf_counter() - began, 1)
+            self.result["running"] = None
             self.save()
 
     def handler_config(self, mode: str) -> dict:
@@ -510,7 +515,7 @@ def main(argv=None) -> dict:
     profile = DRY if args.dry else GPU
     device = torch.device("cpu" if args.dry else f"cuda:{torch.cuda.current_device()}")
     result = {"dry": args.dry, "versions": versions(), "profile": dataclasses.asdict(profile), "checks": []}
-    result.update({"rows": [], "seconds": {}})
+    result.update({"rows": [], "seconds": {}, "running": None, "finished": False})
     with tempfile.TemporaryDirectory() as scratch:
         run = Run(args, profile, Path(scratch), device, result)
         check_tf32(run, lines, when)
@@ -520,6 +525,7 @@ def main(argv=None) -> dict:
             if model_dir is not None:
                 model_stages(run, name, model_dir)
         check_no_torchserve(run)
+        result["finished"] = True
         run.save()
     print_table(result["rows"])
     failed = [f"{check['check']} ({check['model']})" for check in result["checks"] if check["status"] == "failed"]

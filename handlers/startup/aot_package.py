@@ -68,7 +68,9 @@ def inductor_options(options) -> dict:
     }
 
 
-def _example_inputs(plan: buckets.BucketPlan, device: torch.device, layout: Layout) -> tuple[dict, dict]:
+def _example_inputs(
+    plan: buckets.BucketPlan, device: torch.device, layout: Layout, min_batch: int = 1
+) -> tuple[dict, dict]:
     """Inputs to trace with, and which of their dimensions are dynamic with what bounds.
 
     Example sizes differ from each other and from 1, which export would specialize on.
@@ -79,8 +81,8 @@ def _example_inputs(plan: buckets.BucketPlan, device: torch.device, layout: Layo
     batch = min(2, max_batch)
     seq_len = min(max(min_seq, 10), max_seq)  # packed rows: several text slots (packing.text_slots)
     dims = {}
-    if max_batch > 1:
-        dims[0] = Dim("batch", min=1, max=max_batch)
+    if max_batch > min_batch:
+        dims[0] = Dim("batch", min=min_batch, max=max_batch)
     if max_seq > min_seq:
         dims[1] = Dim("seq", min=min_seq, max=max_seq)
     input_ids = torch.full((batch, seq_len), 5, dtype=torch.long, device=device)
@@ -132,6 +134,7 @@ class Package:
     constants: dict[str, torch.Tensor]
     reference: Reference
     layout: Layout
+    min_batch: int = 1
 
 
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -255,6 +258,25 @@ def package_constants(program, module: torch.nn.Module, model_dir: Path, dtype: 
     return sources, missing | lifted
 
 
+def _export(module: torch.nn.Module, plan: buckets.BucketPlan, device: torch.device, layout: Layout):
+    """The exported program and the least batch it serves: 1, or 2 where the model's trace
+    specializes a batch of one (CUDA's attention does, on torch 2.11); a lone row is then run
+    beside a copy of itself (`AotModel`)."""
+    from torch._dynamo.exc import UserError
+
+    for min_batch in (1, 2):
+        inputs, dynamic_shapes = _example_inputs(plan, device, layout, min_batch)
+        try:
+            with torch.inference_mode():
+                return torch.export.export(module, (), inputs, dynamic_shapes=dynamic_shapes, strict=False), min_batch
+        except UserError as cause:
+            if min_batch > 1 or plan.max_batch < 2 or "size()[0] != 1" not in str(cause):
+                raise
+            why = " ".join(str(cause).split("\n")[:2])
+            logger.warning("The export specializes a batch of one: the package serves batches from 2 (%s)", why)
+    raise AssertionError("unreachable")
+
+
 def build(
     module: torch.nn.Module,
     plan: buckets.BucketPlan,
@@ -272,12 +294,10 @@ def build(
     if options.backend != "inductor":
         raise PackageError(f"compile.backend is {options.backend!r}; ahead-of-time packages need 'inductor'")
     device = next(module.parameters()).device
-    inputs, dynamic_shapes = _example_inputs(plan, device, layout)
     target = model_dir / PACKAGE_DIR
     target.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    with torch.inference_mode():
-        program = torch.export.export(module, (), inputs, dynamic_shapes=dynamic_shapes, strict=False)
+    program, min_batch = _export(module, plan, device, layout)
     exported = time.perf_counter()
     torch._inductor.aoti_compile_and_package(
         program, package_path=str(target / PACKAGE_FILE), inductor_configs=inductor_options(options)
@@ -292,6 +312,7 @@ def build(
         "constants_in_package": sorted(missing),
     }
     description = {
+        "min_batch": min_batch,
         "valid_for": valid_for,
         "files": _files(target),
         "weights": sources,
@@ -321,7 +342,7 @@ def load(packed: Path, valid_for: dict, model_dir: Path, device: torch.device) -
         reference = Reference.load(packed / REFERENCE_FILE)
     except Exception as cause:  # safetensors, the runtime and torch raise many kinds: all mean "does not load"
         raise PackageError(f"the package does not load ({type(cause).__name__}: {cause})") from cause
-    return Package(runner, constants, reference, layout)
+    return Package(runner, constants, reference, layout, description.get("min_batch", 1))
 
 
 class AotModel(ModelRunner):
@@ -337,6 +358,7 @@ class AotModel(ModelRunner):
         self.constants = package.constants
         self.load_eager = load_eager
         self.bounds = bounds(plan)
+        self.min_batch = package.min_batch
 
     @property
     def eager_loaded(self) -> bool:
@@ -366,4 +388,12 @@ class AotModel(ModelRunner):
         return len(shape) == 2 and min_batch <= shape[0] <= max_batch and min_seq <= shape[1] <= max_seq
 
     def _fast(self, inputs: dict) -> torch.Tensor | object:
-        return self.runner(**inputs) if self.fits(inputs) else NOT_SERVED
+        if not self.fits(inputs):
+            return NOT_SERVED
+        rows = inputs["input_ids"].shape[0]
+        if rows >= self.min_batch:
+            return self.runner(**inputs)
+        padded = {
+            name: value.repeat_interleave(self.min_batch, dim=0)[: self.min_batch] for name, value in inputs.items()
+        }
+        return pytree.tree_map(lambda answer: answer[:rows], self.runner(**padded))

@@ -86,6 +86,11 @@ def warm_up_package(engine: Engine, serving: Serving, reference: aot_package.Ref
 def build_package(task: Task, serving: Serving, eager: Engine) -> dict:
     """Export the eager engine's model into the archive's AOT package, with eager's answers on the
     probe rows that a worker checks the package against (returns the build's timings)."""
+    if serving.device.type == "cuda":
+        logger.warning(
+            "AOT packages built on a GPU segfaulted when loaded in the only GPU run so far (torch 2.11, "
+            "docs/gpu.md): if workers crash at start, build without --precompile aot"
+        )
     probe = serving.probes.package_rows()
     reference = aot_package.Reference(probe, eager.run(probe).rows)
     valid_for = package_manifest(serving, eager.dtype)

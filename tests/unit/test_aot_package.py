@@ -176,3 +176,37 @@ def test_a_package_that_does_not_fit_is_ignored_and_the_worker_compiles(packaged
         handler = ready_handler(EmbeddingHandler, model, **GRID)
     assert "AOT package IGNORED, compiling instead" in caplog.text and reason in caplog.text
     assert handler.model_source == "compiled" and compiled_graph_count() == 1
+
+
+def test_an_export_that_specializes_a_lone_row_serves_it_beside_a_copy(tiny_models, tmp_path, monkeypatch, caplog):
+    """CUDA's attention on torch 2.11 guards the batch against 1 (benchmarks/gpu_check.py on an H200):
+    export refuses a batch dimension from 1, so the package serves batches from 2 and pads a lone row."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    export = torch.export.export
+    grid = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 4]}}  # batches 2 to 4: a dynamic dimension
+
+    def specializing(module, args, kwargs, dynamic_shapes, strict):
+        if 0 in dynamic_shapes["input_ids"] and dynamic_shapes["input_ids"][0].min == 1:
+            raise UserError(UserErrorType.CONSTRAINT_VIOLATION, "batch: the guard L['input_ids'].size()[0] != 1.")
+        return export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+
+    monkeypatch.setattr(torch.export, "export", specializing)
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models["embedding"], model)
+    with caplog.at_level(logging.WARNING):
+        build_aot_package(EmbeddingHandler, model, {"handler": {"dtype": "float32", **grid}})
+    monkeypatch.undo()
+    assert "The export specializes a batch of one: the package serves batches from 2" in caplog.text
+    manifest = json.loads((model / aot_package.PACKAGE_DIR / compile_cache.MANIFEST_FILE).read_text())
+    assert manifest["min_batch"] == 2
+    handler = ready_handler(EmbeddingHandler, model, **grid)
+    engine = handler.engine
+    assert handler.model_source == "aot package" and engine.model.min_batch == 2
+    eager = engine.on(EagerRunner(engine.model.eager))
+    for token_ids in ([list(range(5, 9))], [list(range(5, 21))], [list(range(5, 15))] * 3):
+        served, reference = engine.run(token_ids).rows, eager.run(token_ids).rows
+        assert len(served) == len(token_ids)
+        for row, expected in zip(served, reference, strict=True):
+            torch.testing.assert_close(row, expected, atol=1e-5, rtol=1e-4)
+    assert engine.model.recompiles_after_ready == 0 and compiled_graph_count() == 0

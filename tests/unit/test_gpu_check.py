@@ -34,6 +34,7 @@ def test_the_dry_run_computes_every_check_and_passes_them_and_times_every_shape(
     found = json.loads(out.read_text())
     checks = {(check["check"], check["model"]): check for check in found["checks"]}
     assert found["passed"] and all(check["status"] != "failed" for check in checks.values())
+    assert found["finished"] and found["running"] is None  # a run cut short would say which stage
     assert [name for name in MUST_PASS if checks[(name, "tiny")]["status"] != "passed"] == []
     assert checks[("no torchserve", None)]["status"] == "passed"
     assert checks[("compile default", "tiny")]["recompiles_after_ready"] == 0
