@@ -80,6 +80,7 @@ MODEL_FILES = (
     "sentence_bert_config.json",
     "colbert_linear.pt",  # bge-m3's heads: PyTorch files, read with weights_only=True (handlers/tasks/m3.py)
     "sparse_linear.pt",
+    "preprocessor_config.json",  # an image processor's settings (CLIP: resize, crop, normalize)
 )
 # startupTimeout = MARGIN x (compile + warm-up) + what a worker spends before it (interpreter, imports,
 # model load), never under TorchServe's own default.

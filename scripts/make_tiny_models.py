@@ -519,8 +519,25 @@ def make_gpt2_generation(folder: Path) -> Path:
     return _save(GPT2LMHeadModel(config), folder)
 
 
+def make_clip(folder: Path) -> Path:
+    """A CLIP (image and text towers, projections) on the BERT vocabulary, with its image processor
+    at 32 x 32 pixels; [SEP] ends a text, where the text tower pools."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    tokenizer = _bert_tokenizer(folder)
+    tower = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    text = {**tower, "vocab_size": len(tokenizer), "max_position_embeddings": 64}
+    text.update(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id)
+    text["eos_token_id"] = tokenizer.sep_token_id
+    config = CLIPConfig(text_config=text, vision_config={**tower, "image_size": 32, "patch_size": 8}, projection_dim=16)
+    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor.save_pretrained(folder)
+    return _save(CLIPModel(config), folder)
+
+
 MAKERS = {
     "embedding": make_embedding,
+    "image-text-embedding": make_clip,
     "text-classification": make_text_classification,
     "text-classification-multi-label": lambda folder: make_text_classification(folder, multi_label=True),
     "token-classification": make_token_classification,

@@ -4,6 +4,7 @@
     a SparseEncoder's config_sentence_transformers.json            -> sparse-embedding
     PyLate's modules.json (a Dense module of PyLate's, no Pooling)  -> multi-vector
     bge-m3's heads, colbert_linear.pt and sparse_linear.pt         -> m3-embedding
+    config.json `model_type` clip, with preprocessor_config.json   -> image-text-embedding
     a CrossEncoder's config_sentence_transformers.json             -> text-classification
     config.json `architectures`: *ForSequenceClassification        -> text-classification
                                  *ForTokenClassification           -> token-classification
@@ -40,13 +41,19 @@ def read_json(path: Path) -> dict | list | None:
 def infer_task(model_dir: Path) -> str:
     """The task the model's files say; AmbiguousTask naming the choices otherwise."""
     model_dir = Path(model_dir)
-    found = sentence_transformers_task(model_dir) or head_task(model_dir)
+    found = image_text_task(model_dir) or sentence_transformers_task(model_dir) or head_task(model_dir)
     if found is None:
         raise AmbiguousTask(
             f"cannot tell which task serves {model_dir}: it has no sentence-transformers files and no task head "
             f"in config.json's architectures; pass --task, one of {', '.join(TASKS)}"
         )
     return found
+
+
+def image_text_task(model_dir: Path) -> str | None:
+    config = read_json(model_dir / "config.json") or {}
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    return "image-text-embedding" if kind == "clip" and (model_dir / "preprocessor_config.json").is_file() else None
 
 
 def sentence_transformers_task(model_dir: Path) -> str | None:

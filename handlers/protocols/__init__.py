@@ -141,6 +141,8 @@ def route_protocol(route: str, protocols) -> Protocol:
 def body_value(value: Any, content_type: str | None) -> Any:
     """The body as a server handed it over (bytes, or text or JSON its frontend already read), as
     text or a JSON value."""
+    if isinstance(value, (bytes, bytearray)) and value and (content_type or "").startswith("image/"):
+        return bytes(value)  # an image as the body: read by a protocol that takes images, refused by the others
     if isinstance(value, (bytes, bytearray)):
         value = _from_bytes(value, content_type) if value else ""
     if value is None or value == "":  # no body, or JSON's empty string (as TorchServe's backend reads it)

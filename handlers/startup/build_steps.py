@@ -54,7 +54,9 @@ def build_engine(task: Task, serving: Serving, progress=None) -> tuple[Engine, S
     load_seconds = time.perf_counter() - began
     graphs_needed = task.graphs_needed(serving.plan)
     engine = engine.on(CompiledModel(engine.model.eager, serving.compile_options, graphs_needed, task.FREEZES))
-    return engine, compile_and_warm_up(engine, serving, load_seconds, progress)
+    started = compile_and_warm_up(engine, serving, load_seconds, progress)
+    task.build_side_models(serving, engine.dtype, warmup.check_drift)
+    return engine, started
 
 
 def eager_engine(task: Task, serving: Serving) -> Engine:

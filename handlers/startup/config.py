@@ -21,6 +21,7 @@ TASKS = (
     "sparse-embedding",
     "multi-vector",
     "m3-embedding",
+    "image-text-embedding",
     "text-classification",
     "token-classification",
     "text-generation",

@@ -110,6 +110,14 @@ class Task:
         """The model's kind as TEI's `info` names it (None: not one of TEI's)."""
         return None
 
+    def build_side_models(self, serving, dtype: torch.dtype, check_drift) -> None:
+        """Build, warm and check (`check_drift(name, outputs, reference, tolerance)`, the startup
+        room's) what the task runs beside the engine (an image tower), before ready."""
+
+    def with_images(self, requests: list[Accepted], rows: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        """Each request's output rows with its images' rows in place (tasks that take images)."""
+        return rows
+
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         """One answer per text of the request, from its output rows (one per text, in order)."""
         raise NotImplementedError

@@ -5,6 +5,7 @@ from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.classification import ClassificationTask
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.tasks.generation import GenerationTask
+from ts_compiled_handlers.tasks.image_text import ImageTextTask
 from ts_compiled_handlers.tasks.m3 import M3EmbeddingTask
 from ts_compiled_handlers.tasks.multi_vector import MultiVectorTask
 from ts_compiled_handlers.tasks.sparse_embedding import SparseEmbeddingTask
@@ -17,6 +18,7 @@ TASK_CLASSES: dict[str, type[Task]] = {
         SparseEmbeddingTask,
         MultiVectorTask,
         M3EmbeddingTask,
+        ImageTextTask,
         ClassificationTask,
         TokenClassificationTask,
         GenerationTask,

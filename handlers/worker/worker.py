@@ -148,7 +148,7 @@ class Worker:
         for request in requests:
             rows.append(outputs.rows[position : position + len(request.token_ids)])
             position += len(request.token_ids)
-        return rows
+        return self.task.with_images(requests, rows)
 
     def run_each(self, requests: list[Accepted], on_split) -> list:
         """`run` over the requests, a failing call split until only a request that fails alone gets

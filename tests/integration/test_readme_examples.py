@@ -34,6 +34,7 @@ BROUGHT = {
     "long-embedder": ("embedding-long", "embedding"),
     "colbert": ("colbert", "multi-vector"),
     "m3": ("m3", "m3-embedding"),
+    "clip": ("image-text-embedding", "image-text-embedding"),
 }
 ANYTHING = "..."
 

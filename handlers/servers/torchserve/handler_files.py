@@ -10,6 +10,7 @@ HANDLER_FILES = {
     "sparse-embedding": "servers/torchserve/sparse_embedding_handler.py",
     "multi-vector": "servers/torchserve/multi_vector_handler.py",
     "m3-embedding": "servers/torchserve/m3_handler.py",
+    "image-text-embedding": "servers/torchserve/image_text_handler.py",
     "text-classification": "servers/torchserve/classification_handler.py",
     "token-classification": "servers/torchserve/token_classification_handler.py",
     "text-generation": "servers/torchserve/generation_handler.py",

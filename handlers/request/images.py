@@ -1,0 +1,101 @@
+"""Images from a request, decoded under limits set before any pixel is decoded.
+
+An image comes as a data URI (`data:image/png;base64,...`), as bare base64, or as raw bytes (a
+binary body). Its bytes are counted before they are decoded from base64; Pillow then reads only
+the header, and the format, the frame count, the colour mode and the width x height are checked
+before the pixels are decoded, so a few-KB PNG that claims 20,000 x 20,000 pixels is refused
+without its 1.2 GB being allocated. URLs are never fetched: an image must travel in the request.
+Every refusal is a RequestError naming the reason, for that image's request alone.
+"""
+
+import base64
+import binascii
+import dataclasses
+import io
+import re
+import warnings
+
+from ts_compiled_handlers.request.payload import RequestError
+
+# Formats a browser or camera sends; TIFF, ICO, PSD and the rest are refused by name.
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
+# Colour modes converted to RGB as the model's processor would; CMYK (print JPEGs) and others are
+# refused: their conversion to RGB depends on a colour profile the request does not carry.
+MODES = ("RGB", "RGBA", "L", "LA", "P", "I;16", "I")
+DATA_URI = re.compile(r"data:image/[a-z0-9.+-]+;base64,", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageLimits:
+    """The most bytes an image may take (as sent, before base64 is decoded: 4/3 of them) and the
+    most pixels it may decode to. 40 megapixels holds any camera's photo; the model sees 224 x 224."""
+
+    max_bytes: int = 20 * 1024 * 1024
+    max_pixels: int = 40_000_000
+
+
+def image_bytes(value, field: str, limits: ImageLimits) -> bytes:
+    """The image's bytes, from a data URI, bare base64 or raw bytes; URLs refused."""
+    if isinstance(value, (bytes, bytearray)):
+        data = bytes(value)
+    elif isinstance(value, str):
+        if value[:8].lower().startswith(("http://", "https://", "file:", "ftp:")):
+            raise RequestError(
+                400, f"'{field}' is a URL: images are not fetched; send its bytes as a data URI (base64)", field
+            )
+        text = value[value.index(",") + 1 :] if DATA_URI.match(value) else value
+        if len(text) > limits.max_bytes * 4 // 3 + 4:
+            raise RequestError(413, f"'{field}' is over {limits.max_bytes} bytes, the most an image may take", field)
+        try:
+            data = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError(400, f"'{field}' is neither a data URI nor base64", field) from None
+    else:
+        raise RequestError(400, f"'{field}' must be an image: a data URI or base64 text", field)
+    if len(data) > limits.max_bytes:
+        raise RequestError(413, f"'{field}' is over {limits.max_bytes} bytes, the most an image may take", field)
+    if not data:
+        raise RequestError(400, f"'{field}' is empty", field)
+    return data
+
+
+def decode_image(value, field: str, limits: ImageLimits = ImageLimits()):
+    """One RGB PIL image, or a RequestError naming why not."""
+    from PIL import Image, UnidentifiedImageError
+
+    data = image_bytes(value, field, limits)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=FORMATS)  # the header only
+    except UnidentifiedImageError:
+        raise RequestError(
+            415, f"'{field}' is not an image in a format served here ({', '.join(FORMATS)})", field
+        ) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise RequestError(413, f"'{field}' has more pixels than {limits.max_pixels}", field) from None
+    except (OSError, ValueError, SyntaxError) as error:  # a header that lies about itself
+        raise RequestError(400, f"'{field}' is a corrupt image ({type(error).__name__})", field) from None
+    _check_header(image, field, limits)
+    try:
+        image.load()
+    except (OSError, ValueError, SyntaxError, EOFError) as error:  # truncated or corrupt pixel data
+        reason = f"'{field}' is a truncated or corrupt {image.format} ({type(error).__name__})"
+        raise RequestError(400, reason, field) from None
+    return image.convert("RGB")
+
+
+def _check_header(image, field: str, limits: ImageLimits) -> None:
+    width, height = image.size
+    if width < 1 or height < 1 or width * height > limits.max_pixels:
+        raise RequestError(
+            413, f"'{field}' is {width} x {height} pixels; at most {limits.max_pixels} pixels are decoded", field
+        )
+    if getattr(image, "n_frames", 1) > 1:
+        raise RequestError(
+            400, f"'{field}' is an animated {image.format} ({image.n_frames} frames); send one frame", field
+        )
+    if image.mode not in MODES:
+        raise RequestError(
+            415, f"'{field}' is in colour mode {image.mode}; send it in RGB (or grey, or with alpha)", field
+        )

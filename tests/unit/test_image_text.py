@@ -1,0 +1,185 @@
+"""CLIP archives (`image-text-embedding`): image and text vectors equal to transformers'
+`get_image_features` / `get_text_features` with the model's own processor, both towers compiled
+and warmed, nothing compiled after ready for any mix; hostile images refused by name, alone."""
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import torch
+from fakes import answered, ready_handler, status
+from PIL import Image
+from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+
+from ts_compiled_handlers.scripts.task_inference import infer_task
+from ts_compiled_handlers.servers.torchserve.image_text_handler import ImageTextHandler
+from ts_compiled_handlers.startup.compiling import compiled_graph_count
+
+GRID = {"seq_lens": [8, 16], "batch_sizes": [1, 2, 4]}
+TEXTS = ["a cat sat on the mat", "hello world", "the red house by the blue river in berlin"]
+
+
+def picture(seed: int, size=(40, 30), mode="RGB", image_format="PNG", **save) -> bytes:
+    pixels = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
+    image = Image.fromarray(pixels, "RGB").convert(mode)
+    out = io.BytesIO()
+    image.save(out, image_format, **save)
+    return out.getvalue()
+
+
+def data_uri(data: bytes, kind: str = "png") -> str:
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tiny_models):
+    return tiny_models["image-text-embedding"]
+
+
+@pytest.fixture(scope="module")
+def reference(clip_dir):
+    model = CLIPModel.from_pretrained(clip_dir).eval()
+    processor, tokenizer = AutoImageProcessor.from_pretrained(clip_dir), AutoTokenizer.from_pretrained(clip_dir)
+
+    def images(datas: list[bytes]) -> torch.Tensor:
+        pixels = processor(images=[Image.open(io.BytesIO(d)).convert("RGB") for d in datas], return_tensors="pt")
+        with torch.inference_mode():
+            return model.get_image_features(**pixels).pooler_output
+
+    def texts(strings: list[str]) -> torch.Tensor:
+        with torch.inference_mode():
+            return model.get_text_features(**tokenizer(strings, padding=True, return_tensors="pt")).pooler_output
+
+    return images, texts
+
+
+@pytest.fixture(scope="module")
+def handler(clip_dir):
+    return ready_handler(ImageTextHandler, clip_dir, buckets=GRID)
+
+
+def cosines(got: list, want: torch.Tensor) -> list[float]:
+    got = torch.tensor(np.array(got), dtype=torch.float32)
+    return torch.nn.functional.cosine_similarity(got, want.float(), dim=-1).tolist()
+
+
+def test_the_task_is_inferred_from_a_clip_folder_with_its_image_processor(clip_dir):
+    assert infer_task(clip_dir) == "image-text-embedding"
+
+
+def test_images_and_texts_in_one_request_equal_transformers_in_their_order(handler, reference):
+    images, texts = reference
+    pictures = [picture(seed) for seed in range(3)]
+    inputs = [{"image": data_uri(pictures[0])}, TEXTS[0], {"image": data_uri(pictures[1])}, {"text": TEXTS[1]}]
+    inputs.append({"image": base64.b64encode(pictures[2]).decode()})  # bare base64 too
+    [answer] = answered(handler, [{"inputs": inputs}])
+    vectors = [item["embedding"] for item in answer]
+    assert min(cosines([vectors[i] for i in (0, 2, 4)], images(pictures))) >= 0.9999
+    assert min(cosines([vectors[i] for i in (1, 3)], texts(TEXTS[:2]))) >= 0.9999
+    normalized = answered(handler, [{"inputs": [{"image": data_uri(pictures[0])}], "normalize": True}])
+    assert np.linalg.norm(normalized[0][0]["embedding"]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_text_only_and_a_binary_image_body_are_answered(handler, reference):
+    images, texts = reference
+    data = picture(7)
+    answers = answered(handler, [{"inputs": TEXTS}, data], ["application/json", "image/png"])
+    assert min(cosines([item["embedding"] for item in answers[0]], texts(TEXTS))) >= 0.9999
+    assert min(cosines([answers[1]["embedding"]], images([data]))) >= 0.9999
+
+
+def test_no_mix_of_image_counts_and_text_lengths_compiles_after_ready(handler):
+    graphs = compiled_graph_count()
+    for count in (1, 3, 4, 5, 9):  # 5 and 9: more than the largest batch, run in calls of it
+        inputs = [{"image": data_uri(picture(seed))} for seed in range(count)] + TEXTS[: count % 3 + 1]
+        [answer] = answered(handler, [{"inputs": inputs}])
+        assert len(answer) == len(inputs)
+    assert compiled_graph_count() == graphs
+    assert handler.engine.model.recompiles_after_ready == 0
+    assert handler.worker.task.vision.recompiles_after_ready == 0 and handler.worker.task.vision.compiled is not None
+
+
+def animated_gif() -> bytes:
+    frames = [Image.fromarray(np.full((16, 16, 3), shade, np.uint8), "RGB") for shade in (0, 120, 250)]
+    out = io.BytesIO()
+    frames[0].save(out, "GIF", save_all=True, append_images=frames[1:], duration=50)
+    return out.getvalue()
+
+
+def huge_png() -> bytes:
+    """20,000 x 20,000 black pixels in a few KB (zlib compresses zeros ~1000:1)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 20000, 20000, 1, 0, 0, 0, 0)  # 1-bit grey
+    rows = zlib.compress(b"\0" * (1 + 20000 // 8) * 20000, 9)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+
+
+HOSTILE = {
+    "truncated": (data_uri(picture(1)[:200]), 400, "truncated or corrupt PNG"),
+    "bomb": (data_uri(huge_png()), 413, "has more pixels than 40000000"),
+    "animated": (data_uri(animated_gif(), "gif"), 400, "animated GIF (3 frames)"),
+    "cmyk": (data_uri(picture(2, mode="CMYK", image_format="JPEG"), "jpeg"), 415, "colour mode CMYK"),
+    "not an image": (data_uri(b"%PDF-1.4 not a picture at all"), 415, "not an image in a format served here"),
+    "url": ("https://example.com/cat.png", 400, "images are not fetched"),
+    "not base64": ("data:image/png;base64,@@@", 400, "neither a data URI nor base64"),
+}
+
+
+def test_hostile_images_are_refused_by_name_and_their_batch_mates_answered(handler, reference):
+    images, _ = reference
+    good = picture(3)
+    bodies = [{"inputs": [{"image": value}, "a cat"]} for value, _, _ in HOSTILE.values()]
+    bodies.append({"inputs": [{"image": data_uri(good)}]})
+    answers = answered(handler, bodies)
+    for position, (name, (_, code, reason)) in enumerate(HOSTILE.items()):
+        assert status(handler.context, position) == code, name
+        assert reason in answers[position]["error"], (name, answers[position])
+    assert status(handler.context, len(HOSTILE)) == 200
+    assert min(cosines([answers[-1][0]["embedding"]], images([good]))) >= 0.9999
+
+
+def test_malformed_inputs_are_refused(handler):
+    bodies = [
+        {"inputs": [{"image": "x", "text": "y"}]},
+        {"inputs": [{"video": "x"}]},
+        {"inputs": [{"image": data_uri(picture(1))}], "unknown": 1},
+        {"inputs": [{"text": ""}]},
+    ]
+    answered(handler, bodies)
+    assert [status(handler.context, index) for index in range(len(bodies))] == [400] * len(bodies)
+
+
+def mangled(rng, data: bytes) -> bytes:
+    """A real image cut short, with bytes flipped, or bytes of noise."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        return data[: rng.randrange(len(data))]
+    if kind == 1:
+        flipped = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            flipped[rng.randrange(len(flipped))] = rng.randrange(256)
+        return bytes(flipped)
+    return rng.randbytes(rng.randint(1, 300))
+
+
+def test_mangled_images_never_fail_the_worker_or_their_batch_mates(handler):
+    """Seeded: whatever the bytes, a 200 or a 4xx naming the image, never a 500; the ordinary
+    request beside them is answered."""
+    import random
+
+    rng = random.Random(59)
+    sources = [picture(seed, image_format=kind) for seed, kind in enumerate(("PNG", "JPEG", "GIF", "WEBP", "BMP"))]
+    for _ in range(4):
+        cases = [mangled(rng, rng.choice(sources)) for _ in range(8)]
+        bodies = [{"inputs": [{"image": data_uri(case)}]} if i % 2 else case for i, case in enumerate(cases)]
+        kinds = ["application/json" if i % 2 else "image/png" for i in range(len(cases))]
+        answers = answered(handler, [*bodies, {"inputs": ["a cat"]}], [*kinds, "application/json"])
+        codes = [status(handler.context, index) for index in range(len(bodies))]
+        assert all(code == 200 or 400 <= code < 500 for code in codes), codes
+        assert status(handler.context, len(bodies)) == 200 and len(answers[-1]) == 1
