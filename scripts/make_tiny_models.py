@@ -519,18 +519,36 @@ def make_gpt2_generation(folder: Path) -> Path:
     return _save(GPT2LMHeadModel(config), folder)
 
 
-def make_clip(folder: Path) -> Path:
-    """A CLIP (image and text towers, projections) on the BERT vocabulary, with its image processor
-    at 32 x 32 pixels; [SEP] ends a text, where the text tower pools."""
+# CLIP shapes: the tests' tiny one and ViT-B/32's (benchmarks/benchmark_images.py): text tower,
+# vision tower, pixels, patch, projection.
+CLIP_SIZES = {
+    "test": ((32, 64, 2, 2), (32, 64, 2, 2), 32, 8, 16),
+    "b32": ((512, 2048, 12, 8), (768, 3072, 12, 12), 224, 32, 512),
+}
+
+
+def _tower(hidden: int, intermediate: int, layers: int, heads: int) -> dict:
+    return {
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+    }
+
+
+def make_clip(folder: Path, size: str = "test") -> Path:
+    """A CLIP (image and text towers, projections) on the BERT vocabulary, with its image processor;
+    [SEP] ends a text, where the text tower pools."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
+    text_tower, vision_tower, pixels, patch, projection = CLIP_SIZES[size]
     tokenizer = _bert_tokenizer(folder)
-    tower = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
-    text = {**tower, "vocab_size": len(tokenizer), "max_position_embeddings": 64}
+    text = {**_tower(*text_tower), "vocab_size": len(tokenizer), "max_position_embeddings": 64}
     text.update(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id)
     text["eos_token_id"] = tokenizer.sep_token_id
-    config = CLIPConfig(text_config=text, vision_config={**tower, "image_size": 32, "patch_size": 8}, projection_dim=16)
-    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    vision = {**_tower(*vision_tower), "image_size": pixels, "patch_size": patch}
+    config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=projection)
+    processor = CLIPImageProcessor(size={"shortest_edge": pixels}, crop_size={"height": pixels, "width": pixels})
     processor.save_pretrained(folder)
     return _save(CLIPModel(config), folder)
 

@@ -45,7 +45,9 @@ class Request:
     `scoring`: `rerank` scores each pair as a cross-encoder ranks it, `labels` as a classifier,
     `maxsim` the query (the first text) against the documents (the others) by late interaction.
     `token_states`: each token's vector, not one per text (TEI's `embed_all`).
-    `form`: the protocol's own fields, a dataclass of its module that only that protocol reads."""
+    `form`: the protocol's own fields, a dataclass of its module that only that protocol reads.
+    `images`: the request's images, decoded and preprocessed, and where each stands among its
+    inputs (tasks that take images: handlers/tasks/image_bodies.py)."""
 
     texts: list[str] | list[tuple[str, str]]
     params: dict[str, Any]
@@ -55,6 +57,7 @@ class Request:
     scoring: Literal["labels", "rerank", "maxsim"] = "labels"
     token_states: bool = False
     form: Any = None
+    images: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

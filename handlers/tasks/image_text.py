@@ -10,21 +10,30 @@ in its order. Images are decoded under limits (handlers/request/images.py) and p
 model's own image processor when the request is read, so a bad image fails its request alone.
 """
 
-import dataclasses
 import logging
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
+from ts_compiled_handlers.protocols.openai import ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.request.images import ImageLimits, decode_image
-from ts_compiled_handlers.request.payload import RequestError, boolean_param, check_params, check_texts
+from ts_compiled_handlers.request.payload import boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.runtime import process_settings
 from ts_compiled_handlers.tasks import Task
+from ts_compiled_handlers.tasks.image_bodies import (
+    ImageEmbeddingsProtocol,
+    ImageInputs,
+    ImageKServeProtocol,
+    MixedInputsProtocol,
+    ZeroShotForm,
+    ZeroShotProtocol,
+)
 
 if TYPE_CHECKING:
     from ts_compiled_handlers.startup.config import HandlerConfig
@@ -57,21 +66,14 @@ class ImageFeatures(torch.nn.Module):
         return self.visual_projection(self.vision_model(pixel_values=pixel_values).pooler_output)
 
 
-@dataclasses.dataclass(frozen=True)
-class ImageInputs:
-    """The images of a request: where each stands among its inputs, and their pixels, preprocessed."""
-
-    positions: list[int]
-    pixels: torch.Tensor  # (images, 3, H, W) float32
-
-
 class VisionRunner:
-    """The vision module, compiled once per batch size of the plan; eager answers anything else
-    after ready, counted in `recompiles_after_ready` (none does: calls are padded to a size)."""
+    """The vision module, compiled once per batch size of the plan (`compiled` None: eager). Every
+    call is padded to a batch size warmed before ready, so none compiles after it (dynamo's graph
+    count, which the tests hold, covers both towers). `logit_scale`: the model's, for zero-shot."""
 
-    def __init__(self, eager: torch.nn.Module, compiled, batch_sizes: tuple[int, ...], device: torch.device):
+    def __init__(self, eager, compiled, batch_sizes: tuple[int, ...], device: torch.device, logit_scale: float):
         self.eager, self.compiled, self.batch_sizes, self.device = eager, compiled, batch_sizes, device
-        self.recompiles_after_ready = 0
+        self.logit_scale = logit_scale
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         """(n, 3, H, W) -> (n, dim) float32, in calls of the plan's batch sizes."""
@@ -103,8 +105,9 @@ def build_vision(model_dir: Path, serving, dtype: torch.dtype, pixels_of, check_
     options = serving.compile_options
     compiled = None
     if options.enable:
+        process_settings.allow_graphs(len(batch_sizes))  # past dynamo's limit a size would run eagerly, silently
         compiled = torch.compile(module, backend=options.backend, mode=options.mode, dynamic=False)
-    runner = VisionRunner(module, compiled, batch_sizes, serving.device)
+    runner = VisionRunner(module, compiled, batch_sizes, serving.device, model.logit_scale.item())
     for size in batch_sizes:  # every shape live traffic will meet
         runner(probe[:1].expand(size, *probe.shape[1:]))
     tolerance = serving.tolerance(dtype)
@@ -121,57 +124,6 @@ def probe_image(seed: int):
     return Image.fromarray(pixels, "RGB")
 
 
-class ImageTextProtocol(Protocol):
-    """The plain body with images: `{"inputs": [{"image": ...} | {"text": ...} | "text", ...]}`,
-    or one image as a binary body with an image content type. Answered as the plain protocol."""
-
-    routes = ("",)
-
-    def __init__(self, task: "ImageTextTask"):
-        self.task = task
-
-    def accepts(self, value: Any) -> bool:
-        if isinstance(value, bytes):
-            return True
-        inputs = value.get("inputs") if isinstance(value, dict) else None
-        items = inputs if isinstance(inputs, list) else [inputs]
-        return any(isinstance(item, dict) and item.keys() & {"image", "text"} for item in items)  # not KServe v2's
-
-    def read(self, value: Any, spec: RequestSpec) -> Request:
-        if isinstance(value, bytes):
-            return self.task.request([], [value], [0], {}, self, is_list=False)
-        inputs = value["inputs"]
-        items = inputs if isinstance(inputs, list) else [inputs]
-        if not items:
-            raise RequestError(400, "'inputs' is an empty list: send at least one text or image", "inputs")
-        if len(items) > spec.max_inputs:
-            raise RequestError(413, f"'inputs' has {len(items)} items; at most {spec.max_inputs} per request", "inputs")
-        texts, images, positions = [], [], []
-        for position, item in enumerate(items):
-            kind, content = _item(item, position)
-            if kind == "image":
-                images.append(content)
-                positions.append(position)
-            else:
-                texts.append(content)
-        if texts:
-            check_texts(texts, spec.max_inputs)
-        params = check_params({name: param for name, param in value.items() if name != "inputs"}, spec.params)
-        return self.task.request(texts, images, positions, params, self, isinstance(inputs, list))
-
-    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        return answers if request.is_list else answers[0]
-
-
-def _item(item: Any, position: int) -> tuple[str, Any]:
-    if isinstance(item, str):
-        return "text", item
-    if isinstance(item, dict) and len(item) == 1 and ("text" in item or "image" in item):
-        kind = next(iter(item))
-        return kind, item[kind]
-    raise RequestError(400, f"'inputs'[{position}] must be a string, {{'text': ...}} or {{'image': ...}}", "inputs")
-
-
 class ImageTextTask(Task):
     """Texts and images in, one embedding each out (`{"embedding": [...]}`), in the request's order."""
 
@@ -180,7 +132,13 @@ class ImageTextTask(Task):
 
     def __init__(self, config: "HandlerConfig", continuous: bool = False):
         super().__init__(config, continuous)
-        self.protocols = (ImageTextProtocol(self), KServeV2Protocol(), PlainProtocol())
+        bodies = (MixedInputsProtocol, ImageKServeProtocol, ImageEmbeddingsProtocol, ZeroShotProtocol)
+        self.protocols = (
+            *(body(self.read_images) for body in bodies),
+            ModelsProtocol(),
+            KServeV2Protocol(),
+            PlainProtocol(),
+        )
         self.limits = ImageLimits()
         self.vision: VisionRunner | None = None
 
@@ -203,19 +161,16 @@ class ImageTextTask(Task):
 
     def build_side_models(self, serving, dtype: torch.dtype, check_drift) -> None:
         self.vision = build_vision(serving.model_dir, serving, dtype, self.pixels, check_drift)
+        self.logit_scale = math.exp(self.vision.logit_scale)
 
     def pixels(self, images: list) -> torch.Tensor:
         """Images preprocessed exactly as the model's image processor does (resize, crop, normalize)."""
         return self.processor(images=images, return_tensors="pt")["pixel_values"].float()
 
-    def request(self, texts: list, images: list, positions: list, params: dict, protocol, is_list: bool) -> Request:
-        """A request whose images are decoded and preprocessed: a bad one is refused by name."""
-        if not images:
-            return Request(texts, params, protocol, is_list)
-        decoded = [
-            decode_image(image, f"inputs[{at}].image", self.limits) for image, at in zip(images, positions, strict=True)
-        ]
-        return Request(texts, params, protocol, is_list, form=ImageInputs(positions, self.pixels(decoded)))
+    def read_images(self, images: list, fields: list[str], positions: list[int]) -> ImageInputs:
+        """Images decoded and preprocessed when the request is read: a bad one is refused by name."""
+        decoded = [decode_image(image, field, self.limits) for image, field in zip(images, fields, strict=True)]
+        return ImageInputs(positions, self.pixels(decoded))
 
     def param_checks(self) -> dict:
         return {**super().param_checks(), "normalize": boolean_param}
@@ -223,7 +178,7 @@ class ImageTextTask(Task):
     def with_images(self, requests: list[Accepted], rows: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
         """Each request's rows in its inputs' order: its texts' rows, and its images' from one
         vision pass over every image of the call."""
-        forms = [request.request.form for request in requests]
+        forms = [request.request.images for request in requests]
         batches = [form.pixels for form in forms if isinstance(form, ImageInputs)]
         if not batches:
             return rows
@@ -240,8 +195,19 @@ class ImageTextTask(Task):
         return merged
 
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
+        if isinstance(accepted.request.form, ZeroShotForm):
+            return self.zero_shot(accepted.request.form.labels, rows)
         embeddings = np.stack([row.numpy() for row in rows])
         if accepted.request.params.get("normalize", False):
             embeddings = embeddings / np.maximum(np.linalg.norm(embeddings, axis=-1, keepdims=True), NORM_EPS)
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         return [{"embedding": vector} for vector in embeddings]
+
+    def zero_shot(self, labels: list[str], rows: list[torch.Tensor]) -> list:
+        """The image (the first row) against each label's text, as CLIP's pipeline: softmax over the
+        labels of the logit scale times each cosine; best first."""
+        image, texts = rows[0], torch.stack(rows[1:])
+        cosines = torch.nn.functional.normalize(texts, dim=-1) @ torch.nn.functional.normalize(image, dim=0)
+        scores = torch.softmax(self.logit_scale * cosines, dim=0).tolist()
+        ranked = sorted(zip(scores, labels, strict=True), key=lambda pair: -pair[0])
+        return [{"score": score, "label": label} for score, label in ranked]

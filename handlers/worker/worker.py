@@ -148,7 +148,9 @@ class Worker:
         for request in requests:
             rows.append(outputs.rows[position : position + len(request.token_ids)])
             position += len(request.token_ids)
-        return self.task.with_images(requests, rows)
+        if any(request.request.images is not None for request in requests):  # a task that takes images
+            return self.task.with_images(requests, rows)
+        return rows
 
     def run_each(self, requests: list[Accepted], on_split) -> list:
         """`run` over the requests, a failing call split until only a request that fails alone gets

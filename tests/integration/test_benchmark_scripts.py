@@ -11,6 +11,7 @@ from ts_compiled_handlers.benchmarks import (
     benchmark,
     benchmark_aot,
     benchmark_chunking,
+    benchmark_images,
     benchmark_small_shapes,
     benchmark_sparse,
     loadtest,
@@ -83,6 +84,15 @@ def test_benchmark_sparse_quick_serves_every_contender_and_measures_a_full_call(
     memory = result["memory"]
     assert memory["shape"] == "4x64" and memory["slices"] >= 1
     assert memory["sparse_sliced_mib"] >= 0 and memory["sparse_unsliced_eager_mib"] >= 0
+
+
+def test_benchmark_images_quick_times_the_vision_tower_at_every_batch(tmp_path):
+    out = tmp_path / "benchmark_images.json"
+    benchmark_images.main(["--quick", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert [row["batch"] for row in result["rows"]] == [1, 4]
+    assert all(row["eager"] > 0 and row["compiled"] > 0 for row in result["rows"])
+    assert result["read_one_image_ms"] > 0
 
 
 def test_benchmark_chunking_quick_cuts_every_document_and_sizes_every_precision(tmp_path):

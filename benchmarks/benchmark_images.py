@@ -1,0 +1,104 @@
+"""Images/s of a CLIP archive's vision tower, compiled against eager at the same dtype, in one process.
+
+A random-weight CLIP of ViT-B/32's shape (scripts/make_tiny_models.py's `make_clip` at "b32":
+vision tower hidden 768, 12 layers, 224 pixels in 32-pixel patches; text tower 512 wide, 12 layers)
+is built as a worker builds it (`Worker.build`, `dtype: auto`, compiled, warmed, checked). Then
+its vision module runs compiled and eagerly, timed in turns, at each batch size of the grid (the
+pixels given: the model call alone). The read of one image is timed apart: a 640 x 480 JPEG
+decoded and preprocessed by the model's processor (resize, crop, normalize), the other part of an
+image's cost on a CPU. Weights are random: speed does not depend on them.
+
+    python benchmarks/benchmark_images.py               # ViT-B/32 size, batches 1, 8, 32
+    python benchmarks/benchmark_images.py --quick       # the tests' tiny CLIP, a smoke run
+"""
+
+import argparse
+import base64
+import io
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.scripts.cli import HelpFormatter
+from ts_compiled_handlers.scripts.make_tiny_models import make_clip
+from ts_compiled_handlers.startup.placement import Placement
+from ts_compiled_handlers.tasks.image_text import ImageTextTask
+from ts_compiled_handlers.worker.worker import Worker
+
+
+def photo_uri(width: int = 640, height: int = 480) -> str:
+    """A JPEG data URI of a camera-sized picture with texture (noise compresses as a photo would not)."""
+    from PIL import Image
+
+    pixels = (np.random.default_rng(0).random((height, width, 3)) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(out, "JPEG", quality=90)
+    return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def run(args) -> dict:
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = make_clip(Path(scratch) / "clip", "test" if args.quick else "b32")
+        config = {"dtype": args.dtype, "buckets": {"seq_lens": [16, 64], "batch_sizes": args.batches}}
+        worker = Worker.build(Placement(model_dir, "clip", {"handler": config}), ImageTextTask)
+    vision = worker.task.vision
+    size = worker.task.processor.crop_size["height"]
+    rows = []
+    for batch in args.batches:
+        pixels = torch.randn(batch, 3, size, size).to(next(vision.eager.parameters()).dtype)
+        calls = {"eager": lambda p=pixels: vision.eager(p), "compiled": lambda p=pixels: vision.compiled(p)}
+        with torch.inference_mode():
+            samples = measure.time_interleaved(calls, args.warmup, args.iterations, vision.device)
+        found = {name: measure.summarize(values) for name, values in samples.items()}
+        per_second = {name: batch / found[name]["median"] for name in calls}
+        noisy = any(summary["noisy"] for summary in found.values())
+        rows.append({"batch": batch, **per_second, "x": per_second["compiled"] / per_second["eager"], "noisy": noisy})
+    uri = photo_uri()
+    read = measure.summarize(
+        measure.time_calls(lambda: worker.task.read_images([uri], ["image"], [0]), 2, 20, vision.device)
+    )
+    return {
+        "machine": measure.machine_summary(),
+        "model": "tiny CLIP" if args.quick else "CLIP ViT-B/32 shape, random weights",
+        "dtype": str(worker.engine.dtype).removeprefix("torch."),
+        "rows": rows,
+        "read_one_image_ms": round(read["median"] * 1000, 2),
+    }
+
+
+def print_table(result: dict) -> None:
+    print(f"{result['model']}, {result['dtype']}; {result['machine']}")
+    print("images/s of the vision tower (pixels given), compiled and eager timed in turns")
+    print(f"{'batch':>5} {'eager':>10} {'compiled':>10} {'x':>6}")
+    for row in result["rows"]:
+        line = f"{row['batch']:>5} {row['eager']:>10.1f} {row['compiled']:>10.1f} {row['x']:>6.2f}"
+        print(line + (" noisy" if row["noisy"] else ""))
+    print(f"reading one 640 x 480 JPEG (decode, resize, crop, normalize): {result['read_one_image_ms']} ms")
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the tests' tiny CLIP, few iterations (a smoke run)")
+    parser.add_argument("--dtype", default="auto", help="the archive's dtype (default auto)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="the grid's batch sizes")
+    parser.add_argument("--iterations", type=int, default=10, help="timed calls per contender and batch")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls first")
+    parser.add_argument("--out", type=Path, default=Path("runs/benchmark_images.json"), help="where the JSON goes")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batches, args.iterations = [1, 4], 3
+    result = run(args)
+    print_table(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

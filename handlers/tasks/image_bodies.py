@@ -1,0 +1,170 @@
+"""The request bodies that carry images (handlers/tasks/image_text.py serves them).
+
+    ""               {"inputs": [{"image": ...} | {"text": ...} | "text", ...]}, or an image as the body
+    v1/embeddings    OpenAI's body with Infinity's `modality`: "image" (`input` holds images) or "text"
+    zero-shot        {"image": ..., "candidate_labels": [...], "hypothesis_template": "This is a photo of {}."}
+                     -> [{"score", "label"}] best first, as transformers' zero-shot-image-classification
+    KServe v2        one BYTES input tensor named "image", its data the images
+
+An image is a data URI or bare base64 text (or the whole body, with an image content type). Each
+body's images are handed to `read_images`, the task's decoder, which refuses a bad one by name.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol, V2Form, is_v2, parse
+from ts_compiled_handlers.protocols.openai import EMBEDDING_FIELDS, ENCODINGS, EmbeddingsForm, EmbeddingsProtocol
+from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
+
+MODALITIES = ("text", "image")
+PIPELINE_TEMPLATE = "This is a photo of {}."  # transformers' zero-shot-image-classification default
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInputs:
+    """A request's images: where each stands among its inputs, and their pixels, preprocessed."""
+
+    positions: list[int]
+    pixels: Any  # (images, 3, H, W) float32 tensor
+
+
+# (images, their fields' names for errors, their positions among the inputs) -> ImageInputs
+ReadImages = Callable[[list, list[str], list[int]], ImageInputs]
+
+
+def count_checked(items: list, spec: RequestSpec, field: str) -> list:
+    if not items:
+        raise RequestError(400, f"'{field}' is an empty list: send at least one input", field)
+    if len(items) > spec.max_inputs:
+        raise RequestError(413, f"'{field}' has {len(items)} items; at most {spec.max_inputs} per request", field)
+    return items
+
+
+class MixedInputsProtocol(Protocol):
+    """This package's plain body with images among the inputs; answered as the plain protocol."""
+
+    routes = ("",)
+
+    def __init__(self, read_images: ReadImages):
+        self.read_images = read_images
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, bytes):
+            return True
+        inputs = value.get("inputs") if isinstance(value, dict) else None
+        items = inputs if isinstance(inputs, list) else [inputs]
+        return any(isinstance(item, dict) and item.keys() & {"image", "text"} for item in items)  # not KServe v2's
+
+    def read(self, value: Any, spec: RequestSpec) -> Request:
+        if isinstance(value, bytes):
+            return Request([], {}, self, is_list=False, images=self.read_images([value], ["body"], [0]))
+        inputs = value["inputs"]
+        items = count_checked(inputs if isinstance(inputs, list) else [inputs], spec, "inputs")
+        texts, images, positions = [], [], []
+        for position, item in enumerate(items):
+            kind, content = _item(item, position)
+            if kind == "image":
+                images.append(content)
+                positions.append(position)
+            else:
+                texts.append(content)
+        if texts:
+            check_texts(texts, spec.max_inputs)
+        params = check_params({name: param for name, param in value.items() if name != "inputs"}, spec.params)
+        fields = [f"inputs[{position}].image" for position in positions]
+        decoded = self.read_images(images, fields, positions) if images else None
+        return Request(texts, params, self, isinstance(inputs, list), images=decoded)
+
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
+        return answers if request.is_list else answers[0]
+
+
+def _item(item: Any, position: int) -> tuple[str, Any]:
+    if isinstance(item, str):
+        return "text", item
+    if isinstance(item, dict) and len(item) == 1 and ("text" in item or "image" in item):
+        kind = next(iter(item))
+        return kind, item[kind]
+    raise RequestError(400, f"'inputs'[{position}] must be a string, {{'text': ...}} or {{'image': ...}}", "inputs")
+
+
+class ImageEmbeddingsProtocol(EmbeddingsProtocol):
+    """OpenAI's `v1/embeddings` with Infinity's `modality`: "image" reads `input` as images, "text"
+    (the default) as the text body it is everywhere else."""
+
+    def __init__(self, read_images: ReadImages):
+        self.read_images = read_images
+
+    def read(self, value: Any, spec: RequestSpec) -> Request:
+        body = self.body_object(value, spec)
+        modality = body.get("modality", "text")
+        if modality not in MODALITIES:
+            raise RequestError(400, f"'modality' must be one of: {', '.join(MODALITIES)}", "modality")
+        body = {name: item for name, item in body.items() if name != "modality"}
+        if modality == "text":
+            return super().read(body, spec)
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ENCODINGS:
+            raise RequestError(400, f"'encoding_format' must be one of {', '.join(ENCODINGS)}", "encoding_format")
+        inputs = body.get("input")
+        images = count_checked(inputs if isinstance(inputs, list) else [inputs], spec, "input")
+        params = check_params({key: item for key, item in body.items() if key not in EMBEDDING_FIELDS}, spec.params)
+        positions = list(range(len(images)))
+        decoded = self.read_images(images, [f"input[{position}]" for position in positions], positions)
+        return Request([], params, self, form=EmbeddingsForm(encoding), images=decoded)
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroShotForm:
+    labels: list[str]
+
+
+class ZeroShotProtocol(Protocol):
+    """An image scored against labels: each label put in the template, embedded with the image in
+    one call, and scored as CLIP's pipeline scores (softmax over the labels of the model's logit
+    scale times each cosine)."""
+
+    routes = ("zero-shot",)
+    texts_field = "candidate_labels"
+
+    def __init__(self, read_images: ReadImages):
+        self.read_images = read_images
+
+    def read(self, value: Any, spec: RequestSpec) -> Request:
+        if not isinstance(value, dict) or "image" not in value or "candidate_labels" not in value:
+            raise RequestError(400, "the body must be a JSON object with 'image' and 'candidate_labels'", "image")
+        unknown = set(value) - {"image", "candidate_labels", "hypothesis_template"}
+        if unknown:
+            raise RequestError(400, "unknown field; allowed: image, candidate_labels, hypothesis_template")
+        labels = value["candidate_labels"]
+        labels = check_texts(labels if isinstance(labels, list) else [labels], spec.max_inputs - 1, "candidate_labels")
+        template = value.get("hypothesis_template", PIPELINE_TEMPLATE)
+        if not isinstance(template, str) or "{}" not in template:
+            raise RequestError(
+                400, "'hypothesis_template' must be text with '{}' where a label goes", "hypothesis_template"
+            )
+        texts = [template.replace("{}", label) for label in labels]
+        images = self.read_images([value["image"]], ["image"], [0])
+        return Request(texts, {}, self, form=ZeroShotForm(labels), images=images)
+
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
+        return answers
+
+
+class ImageKServeProtocol(KServeV2Protocol):
+    """KServe v2 with images: one BYTES input tensor named `image`, each item an image's base64 (or
+    data URI); answered as every v2 request, an `embedding` tensor."""
+
+    def __init__(self, read_images: ReadImages):
+        self.read_images = read_images
+
+    def accepts(self, value: Any) -> bool:
+        return is_v2(value) and value["inputs"][0].get("name") == "image"
+
+    def read(self, value: Any, spec: RequestSpec) -> Request:
+        images, params, request_id = parse(value, spec.params, spec.max_inputs)
+        positions = list(range(len(images)))
+        decoded = self.read_images(images, [f"inputs[0].data[{position}]" for position in positions], positions)
+        return Request([], params, self, form=V2Form(request_id), images=decoded)
