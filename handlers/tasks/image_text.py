@@ -168,9 +168,13 @@ class ImageTextTask(Task):
         return self.processor(images=images, return_tensors="pt")["pixel_values"].float()
 
     def read_images(self, images: list, fields: list[str], positions: list[int]) -> ImageInputs:
-        """Images decoded and preprocessed when the request is read: a bad one is refused by name."""
-        decoded = [decode_image(image, field, self.limits) for image, field in zip(images, fields, strict=True)]
-        return ImageInputs(positions, self.pixels(decoded))
+        """Images decoded and preprocessed when the request is read, one at a time, so that at most
+        one is held at full size (up to `limits.max_pixels`) besides the model's small pixels; a bad
+        one is refused by name."""
+        pixels = [
+            self.pixels([decode_image(image, field, self.limits)]) for image, field in zip(images, fields, strict=True)
+        ]
+        return ImageInputs(positions, torch.cat(pixels))
 
     def param_checks(self) -> dict:
         return {**super().param_checks(), "normalize": boolean_param}

@@ -535,3 +535,86 @@ def test_embed_corpus_chunks_documents_of_10_to_5000_tokens_and_pools_them_per_d
     assert [row["id"] for row in pooled] == list(range(len(documents)))
     means = [vectors[[row["id"] == index for row in chunks]].mean(axis=0) for index in range(len(documents))]
     assert min(cosines([row["embedding"] for row in pooled], np.stack(means))) >= 0.9999
+
+
+@pytest.fixture(scope="module")
+def clip_archive(tmp_path_factory, tiny_models):
+    """Eager, as the ColBERT one."""
+    grid = {"dtype": "float32", "compile": {"enable": False}, "buckets": {"seq_lens": [16, 64], "batch_sizes": [1, 4]}}
+    model = tiny_models["image-text-embedding"]
+    return build(model, "image-text-embedding", "clip", tmp_path_factory.mktemp("ray_clip"), {"handler": grid})
+
+
+def test_ray_data_embeds_an_image_column_of_bytes_or_paths_as_transformers(
+    cluster, clip_archive, tiny_models, tmp_path
+):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+    from transformers import AutoImageProcessor, CLIPModel
+
+    from ts_compiled_handlers.servers.ray.data import ImageEmbedder
+
+    pictures = []
+    for seed in range(5):
+        pixels = (np.random.default_rng(seed).random((30 + seed, 40, 3)) * 255).astype(np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels, "RGB").save(out, "PNG")
+        pictures.append(out.getvalue())
+    model_dir = tiny_models["image-text-embedding"]
+    processor, model = AutoImageProcessor.from_pretrained(model_dir), CLIPModel.from_pretrained(model_dir).eval()
+    with torch.inference_mode():
+        inputs = processor(
+            images=[Image.open(io.BytesIO(data)).convert("RGB") for data in pictures], return_tensors="pt"
+        )
+        wanted = model.get_image_features(**inputs).pooler_output
+    paths = []
+    for index, data in enumerate(pictures):
+        paths.append(str(tmp_path / f"{index}.png"))
+        (tmp_path / f"{index}.png").write_bytes(data)
+    pq.write_table(
+        pa.table({"row": list(range(5)), "image": pictures, "path": paths}), str(tmp_path / "images.parquet")
+    )
+    dataset = ray.data.read_parquet(str(tmp_path / "images.parquet"))
+    for column in ("image", "path"):
+        kwargs = {"archive": str(clip_archive), "image_column": column}
+        embedded = dataset.map_batches(
+            ImageEmbedder, fn_constructor_kwargs=kwargs, compute=ray.data.ActorPoolStrategy(size=1), batch_size=2
+        )
+        rows = sorted(embedded.take_all(), key=lambda row: row["row"])
+        got = torch.tensor(np.stack([row["embedding"] for row in rows]))
+        assert torch.nn.functional.cosine_similarity(got, wanted, dim=-1).min().item() >= 0.9999, column
+
+
+def test_ray_serve_answers_images_and_texts_and_refuses_a_bad_image_alone(cluster, clip_archive, tiny_models):
+    import base64
+    import io
+
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+
+    pixels = (np.random.default_rng(3).random((30, 40, 3)) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(out, "PNG")
+    picture = out.getvalue()
+    model_dir = tiny_models["image-text-embedding"]
+    model = CLIPModel.from_pretrained(model_dir).eval()
+    processor, tokenizer = AutoImageProcessor.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    with torch.inference_mode():
+        image = model.get_image_features(**processor(images=[Image.open(io.BytesIO(picture))], return_tensors="pt"))
+        text = model.get_text_features(**tokenizer(["a cat"], return_tensors="pt"))
+    serve.run_many([target(clip_archive, "clip", ray_actor_options={"num_cpus": 0.125})])
+    try:
+        url = f"{cluster.url}/predictions/clip"
+        uri = "data:image/png;base64," + base64.b64encode(picture).decode()
+        mixed = requests.post(url, json={"inputs": [{"image": uri}, "a cat"]}, headers=AUTH, timeout=60)
+        binary = requests.post(url, data=picture, headers={**AUTH, "Content-Type": "image/png"}, timeout=60)
+        truncated = requests.post(url, data=picture[:100], headers={**AUTH, "Content-Type": "image/png"}, timeout=60)
+        got = torch.tensor([mixed.json()[0]["embedding"], mixed.json()[1]["embedding"], binary.json()["embedding"]])
+        wanted = torch.cat([image.pooler_output, text.pooler_output, image.pooler_output])
+        assert torch.nn.functional.cosine_similarity(got, wanted, dim=-1).min().item() >= 0.9999
+        assert truncated.status_code == 400 and "truncated or corrupt PNG" in truncated.json()["error"]
+    finally:
+        serve.delete("clip")

@@ -9,6 +9,8 @@ through the engine in one go, so they are packed or grouped by length exactly as
 is. Texts longer than the model's limit are truncated as the archive says (`buckets.overflow`).
 """
 
+from pathlib import Path
+
 import numpy as np
 import ray
 
@@ -207,3 +209,46 @@ class M3Embedder(ArchiveBatches):
         if self.params["return_colbert_vecs"]:
             columns["colbert_vecs"] = ragged([answer["colbert_vecs"] for answer in answers])
         return {**batch, **columns}
+
+
+class ImageEmbedder(ArchiveBatches):
+    """Column `image` in, for a CLIP archive (handlers/tasks/image_text.py): each row an image's
+    bytes (a Parquet binary column) or the path of its file; `embedding` out (names configurable).
+    Images are decoded under the archive's limits, one at a time; a bad one fails the job, naming
+    its row."""
+
+    task = "image-text-embedding"
+
+    def __init__(self, archive: str, image_column: str = "image", output_column: str = "embedding", normalize=False):
+        super().__init__(archive, image_column)
+        self.output_column = output_column
+        self.params = self.checked({"normalize": normalize})
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        task, column = self.worker.task, self.text_column
+        fields = [f"{column}[{row}]" for row in range(len(batch[column]))]
+        try:
+            images = [
+                image_bytes(value, field, task.limits.max_bytes)
+                for value, field in zip(batch[column], fields, strict=True)
+            ]
+            inputs = task.read_images(images, fields, list(range(len(images))))
+        except RequestError as error:
+            raise ValueError(error.message) from None
+        request = Request([], self.params, protocol=None, images=inputs)
+        accepted = Accepted(0, request, self.worker.reader.tokenized(request))
+        (rows,) = self.worker.run([accepted])
+        vectors = np.stack([answer["embedding"] for answer in task.answer(accepted, rows)])
+        return {**batch, self.output_column: vectors}
+
+
+def image_bytes(value, field: str, max_bytes: int) -> bytes:
+    """A row's image: its bytes, or the bytes of the file its path names (its size checked first)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if isinstance(value, str):
+        path = Path(value)
+        if path.stat().st_size > max_bytes:
+            raise RequestError(413, f"'{field}': {value} is over {max_bytes} bytes, the most an image may take", field)
+        return path.read_bytes()
+    raise RequestError(400, f"'{field}' must be an image's bytes or its file's path", field)
