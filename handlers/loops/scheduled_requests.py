@@ -62,7 +62,7 @@ class ScheduledRequests:
             if isinstance(accepted, Reply):  # answered without the model
                 return accepted
             stage = "inference"
-            rows = await self.scheduler.submit(accepted, accepted.tokens)
+            rows = await self.scheduler.submit(accepted, accepted.work)
             stage = "postprocess"
             return self.worker.reply(accepted, rows)
         except Exception as error:  # its own failure (the scheduler isolates a failing call)

@@ -64,6 +64,13 @@ class Accepted:
         """The request's tokens, special ones included, after truncation: its usage."""
         return sum(len(ids) for ids in self.tokenized.token_ids)
 
+    @property
+    def work(self) -> int:
+        """What the request weighs in a call's token budget: its tokens, and its images' patches
+        (handlers/tasks/image_bodies.py), so that a call of images and texts keeps to the budget."""
+        images = getattr(self.request, "images", None)
+        return self.tokens + (images.tokens if images is not None else 0)
+
 
 class TextTokenizer:
     """Tokenizes texts at most `limit` tokens long: longer ones are truncated (on the tokenizer's

@@ -28,6 +28,7 @@ class ImageInputs:
 
     positions: list[int]
     pixels: Any  # (images, 3, H, W) float32 tensor
+    tokens: int = 0  # what the vision tower reads of them: each image's patches and its class token
 
 
 # (images, their fields' names for errors, their positions among the inputs) -> ImageInputs

@@ -147,6 +147,8 @@ class ImageTextTask(Task):
 
         self.processor = AutoImageProcessor.from_pretrained(serving.model_dir)
         self.size = serving.model_config.projection_dim
+        vision = serving.model_config.vision_config
+        self.image_tokens = (vision.image_size // vision.patch_size) ** 2 + 1  # patches and the class token
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         from transformers import AutoModel
@@ -174,7 +176,7 @@ class ImageTextTask(Task):
         pixels = [
             self.pixels([decode_image(image, field, self.limits)]) for image, field in zip(images, fields, strict=True)
         ]
-        return ImageInputs(positions, torch.cat(pixels))
+        return ImageInputs(positions, torch.cat(pixels), len(pixels) * self.image_tokens)
 
     def param_checks(self) -> dict:
         return {**super().param_checks(), "normalize": boolean_param}

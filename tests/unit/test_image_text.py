@@ -228,3 +228,12 @@ def test_kserve_v2_takes_images_as_a_bytes_tensor_named_image(handler, reference
     assert answers[0]["id"] == "7" and output["name"] == "embedding" and output["shape"] == [2, 16]
     assert min(cosines(np.array(output["data"]).reshape(2, 16), images(pictures))) >= 0.9999
     assert min(cosines(np.array(answers[1]["outputs"][0]["data"]).reshape(1, 16), texts(TEXTS[:1]))) >= 0.9999
+
+
+def test_an_image_weighs_its_patches_in_the_call_budget(handler):
+    """The token scheduler takes `work`: the tiny model reads 32 x 32 pixels in 8-pixel patches."""
+    from ts_compiled_handlers.worker.messages import Incoming
+
+    body = {"inputs": [{"image": data_uri(picture(1))}, "a cat", {"image": data_uri(picture(2))}]}
+    accepted = handler.worker.reader.accept(Incoming(body, "application/json"))
+    assert accepted.tokens == len(accepted.token_ids[0]) and accepted.work == accepted.tokens + 2 * (16 + 1)
