@@ -5,17 +5,27 @@
     zero-shot        {"image": ..., "candidate_labels": [...], "hypothesis_template": "This is a photo of {}."}
                      -> [{"score", "label"}] best first, as transformers' zero-shot-image-classification
     KServe v2        one BYTES input tensor named "image", its data the images
+    v2/embed         Cohere's v2 embed with `images` or `texts`, embedding types float and base64
 
 An image is a data URI or bare base64 text (or the whole body, with an image content type). Each
 body's images are handed to `read_images`, the task's decoder, which refuses a bad one by name.
 """
 
 import dataclasses
+import uuid
 from typing import Any, Callable
 
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.protocols.cohere import INPUT_TYPES, CohereForm, truncation
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol, V2Form, is_v2, parse
-from ts_compiled_handlers.protocols.openai import EMBEDDING_FIELDS, ENCODINGS, EmbeddingsForm, EmbeddingsProtocol
+from ts_compiled_handlers.protocols.openai import (
+    EMBEDDING_FIELDS,
+    ENCODINGS,
+    EmbeddingsForm,
+    EmbeddingsProtocol,
+    OpenAIProtocol,
+    as_base64,
+)
 from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
 
 MODALITIES = ("text", "image")
@@ -169,3 +179,63 @@ class ImageKServeProtocol(KServeV2Protocol):
         positions = list(range(len(images)))
         decoded = self.read_images(images, [f"inputs[0].data[{position}]" for position in positions], positions)
         return Request([], params, self, form=V2Form(request_id), images=decoded)
+
+
+COHERE_FIELDS = {"texts", "images", "model", "input_type", "embedding_types", "truncate"}
+COHERE_TYPES = ("float", "base64")  # float32 answers only: no int8 or binary ranges for images
+
+
+class ImageCohereProtocol(Protocol):
+    """Cohere's `v2/embed` on an image archive: `images` (data URIs) or `texts`, one of them;
+    `embedding_types` float and base64; `input_type` any of Cohere's (CLIP has no prompts)."""
+
+    routes = ("v2/embed",)
+    texts_field = "texts"
+
+    def __init__(self, read_images: ReadImages):
+        self.read_images = read_images
+
+    def read(self, value: Any, spec: RequestSpec) -> Request:
+        body = {key: item for key, item in OpenAIProtocol.body_object(value, spec).items() if item is not None}
+        unknown = sorted(set(body) - COHERE_FIELDS)
+        if unknown:
+            raise RequestError(400, f"'{unknown[0]}' is not served on an image model", unknown[0])
+        if ("texts" in body) == ("images" in body):
+            raise RequestError(400, "send 'texts' or 'images', one of them", "images")
+        kinds = body.get("embedding_types", ["float"])
+        if not isinstance(kinds, list) or not kinds or not set(kinds) <= set(COHERE_TYPES):
+            raise RequestError(
+                400, f"'embedding_types' must be a list of: {', '.join(COHERE_TYPES)}", "embedding_types"
+            )
+        if body.get("input_type", "image") not in (*INPUT_TYPES, "image"):
+            raise RequestError(400, f"'input_type' must be one of: {', '.join((*INPUT_TYPES, 'image'))}", "input_type")
+        params = check_params(truncation(body.get("truncate", "END")), spec.params)
+        form = CohereForm(tuple(dict.fromkeys(kinds)))
+        if "texts" in body:
+            texts = body["texts"] if isinstance(body["texts"], list) else None
+            if texts is None:
+                raise RequestError(400, "'texts' must be a list of strings", "texts")
+            return Request(check_texts(texts, spec.max_inputs, "texts"), params, self, form=form)
+        images = count_checked(body["images"] if isinstance(body["images"], list) else [None], spec, "images")
+        positions = list(range(len(images)))
+        decoded = self.read_images(images, [f"images[{position}]" for position in positions], positions)
+        return Request([], params, self, form=form, images=decoded)
+
+    def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
+        vectors = [answer["embedding"] for answer in answers]
+        columns = {
+            kind: [as_base64(vector.tolist()) for vector in vectors] if kind == "base64" else vectors
+            for kind in request.form.embedding_types
+        }
+        images = 0 if request.images is None else len(request.images.positions)
+        billed = {"input_tokens": prompt_tokens, "images": images}
+        return {
+            "id": str(uuid.uuid4()),
+            "embeddings": columns,
+            "texts": request.texts,
+            "meta": {"api_version": {"version": "2"}, "billed_units": billed},
+            "response_type": "embeddings_by_type",
+        }
+
+    def error(self, error: RequestError) -> Any:
+        return {"message": error.message}

@@ -27,6 +27,7 @@ from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.runtime import process_settings
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.image_bodies import (
+    ImageCohereProtocol,
     ImageEmbeddingsProtocol,
     ImageInputs,
     ImageKServeProtocol,
@@ -132,7 +133,13 @@ class ImageTextTask(Task):
 
     def __init__(self, config: "HandlerConfig", continuous: bool = False):
         super().__init__(config, continuous)
-        bodies = (MixedInputsProtocol, ImageKServeProtocol, ImageEmbeddingsProtocol, ZeroShotProtocol)
+        bodies = (
+            MixedInputsProtocol,
+            ImageKServeProtocol,
+            ImageEmbeddingsProtocol,
+            ImageCohereProtocol,
+            ZeroShotProtocol,
+        )
         self.protocols = (
             *(body(self.read_images) for body in bodies),
             ModelsProtocol(),

@@ -237,3 +237,28 @@ def test_an_image_weighs_its_patches_in_the_call_budget(handler):
     body = {"inputs": [{"image": data_uri(picture(1))}, "a cat", {"image": data_uri(picture(2))}]}
     accepted = handler.worker.reader.accept(Incoming(body, "application/json"))
     assert accepted.tokens == len(accepted.token_ids[0]) and accepted.work == accepted.tokens + 2 * (16 + 1)
+
+
+def test_cohere_v2_embed_takes_images_or_texts(handler, reference):
+    images, texts = reference
+    pictures = [picture(seed) for seed in (9, 10)]
+    bodies = [
+        {
+            "images": [data_uri(data) for data in pictures],
+            "input_type": "image",
+            "embedding_types": ["float", "base64"],
+        },
+        {"texts": TEXTS[:2], "input_type": "search_query"},
+        {"texts": TEXTS[:1], "images": [data_uri(pictures[0])]},
+        {"images": [data_uri(pictures[0])], "embedding_types": ["int8"]},
+        {"images": ["https://example.com/cat.png"]},
+    ]
+    answers = ask(handler, bodies, ["v2/embed"] * len(bodies))
+    floats = answers[0]["embeddings"]["float"]
+    assert min(cosines(floats, images(pictures))) >= 0.9999
+    packed = [np.frombuffer(base64.b64decode(text), "<f4") for text in answers[0]["embeddings"]["base64"]]
+    np.testing.assert_array_equal(np.array(packed), np.array(floats, dtype=np.float32))
+    assert answers[0]["meta"]["billed_units"]["images"] == 2 and answers[0]["texts"] == []
+    assert min(cosines(answers[1]["embeddings"]["float"], texts(TEXTS[:2]))) >= 0.9999
+    assert [status(handler.context, index) for index in range(2, 5)] == [400, 400, 400]
+    assert "one of them" in answers[2]["message"] and "images are not fetched" in answers[4]["message"]
