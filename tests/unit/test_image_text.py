@@ -17,7 +17,7 @@ from ts_compiled_handlers.scripts.task_inference import infer_task
 from ts_compiled_handlers.servers.torchserve.image_text_handler import ImageTextHandler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
-GRID = {"seq_lens": [8, 64], "batch_sizes": [1, 2, 4]}  # 64: the model's limit, as a template with labels reaches it
+GRID = {"seq_lens": [8, 64], "batch_sizes": [1, 4]}  # 64: the model's limit, as a template with labels reaches it
 TEXTS = ["a cat sat on the mat", "hello world", "the red house by the blue river in berlin"]
 
 
@@ -262,3 +262,26 @@ def test_cohere_v2_embed_takes_images_or_texts(handler, reference):
     assert min(cosines(answers[1]["embeddings"]["float"], texts(TEXTS[:2]))) >= 0.9999
     assert [status(handler.context, index) for index in range(2, 5)] == [400, 400, 400]
     assert "one of them" in answers[2]["message"] and "images are not fetched" in answers[4]["message"]
+
+
+@pytest.mark.parametrize("policy", ["eager", "fail"])
+def test_a_vision_check_that_fails_follows_on_failure(clip_dir, monkeypatch, caplog, policy):
+    from ts_compiled_handlers.startup import warmup
+
+    check = warmup.check_drift
+
+    def drifting(name, outputs, reference, tolerance):
+        if name.startswith("images, served"):
+            raise warmup.WarmupError(f"{name}: outputs drift 1.0e+00 from the reference")
+        return check(name, outputs, reference, tolerance)
+
+    monkeypatch.setattr(warmup, "check_drift", drifting)
+    config = {"buckets": {"seq_lens": [64], "batch_sizes": [1]}, "compile": {"on_failure": policy}}  # one graph each
+    if policy == "fail":
+        with pytest.raises(warmup.WarmupError):
+            ready_handler(ImageTextHandler, clip_dir, **config)
+        return
+    handler = ready_handler(ImageTextHandler, clip_dir, **config)
+    assert "Images served EAGERLY" in caplog.text and handler.worker.task.vision.compiled is None
+    [answer] = answered(handler, [{"inputs": [{"image": data_uri(picture(1))}]}])
+    assert len(answer) == 1 and status(handler.context, 0) == 200
