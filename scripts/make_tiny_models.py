@@ -553,9 +553,34 @@ def make_clip(folder: Path, size: str = "test") -> Path:
     return _save(CLIPModel(config), folder)
 
 
+def make_siglip(folder: Path) -> Path:
+    """A SigLIP (no class token, attention-pooled images, the text's last token pooled, sigmoid
+    labels) on the BERT vocabulary. Like SigLIP's own tokenizer, it returns no attention mask: texts
+    are padded to 64 tokens and the padding is read."""
+    import math
+
+    import torch
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+
+    tokenizer = _bert_tokenizer(folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "model_input_names": ["input_ids"]}))
+    text = {**_tower(32, 64, 2, 2), "vocab_size": len(tokenizer), "max_position_embeddings": 64}
+    text.update(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id, projection_size=32)
+    text["eos_token_id"] = tokenizer.sep_token_id
+    vision = {**_tower(32, 64, 2, 2), "image_size": 32, "patch_size": 8}
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    model = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
+    with torch.no_grad():  # SigLIP's trained scale and bias are near these (not 1 and 0): labels told apart
+        model.logit_scale.fill_(math.log(10.0))
+        model.logit_bias.fill_(-2.0)
+    return _save(model, folder)
+
+
 MAKERS = {
     "embedding": make_embedding,
     "image-text-embedding": make_clip,
+    "image-text-embedding-siglip": make_siglip,
     "text-classification": make_text_classification,
     "text-classification-multi-label": lambda folder: make_text_classification(folder, multi_label=True),
     "token-classification": make_token_classification,

@@ -4,7 +4,7 @@
     a SparseEncoder's config_sentence_transformers.json            -> sparse-embedding
     PyLate's modules.json (a Dense module of PyLate's, no Pooling)  -> multi-vector
     bge-m3's heads, colbert_linear.pt and sparse_linear.pt         -> m3-embedding
-    config.json `model_type` clip, with preprocessor_config.json   -> image-text-embedding
+    config.json `model_type` clip or siglip, with preprocessor_config.json -> image-text-embedding
     a CrossEncoder's config_sentence_transformers.json             -> text-classification
     config.json `architectures`: *ForSequenceClassification        -> text-classification
                                  *ForTokenClassification           -> token-classification
@@ -50,10 +50,14 @@ def infer_task(model_dir: Path) -> str:
     return found
 
 
+IMAGE_TEXT_TYPES = ("clip", "siglip")  # SigLIP 2 (naflex: its images at their own sizes) is not served
+
+
 def image_text_task(model_dir: Path) -> str | None:
     config = read_json(model_dir / "config.json") or {}
     kind = config.get("model_type") if isinstance(config, dict) else None
-    return "image-text-embedding" if kind == "clip" and (model_dir / "preprocessor_config.json").is_file() else None
+    paired = kind in IMAGE_TEXT_TYPES and (model_dir / "preprocessor_config.json").is_file()
+    return "image-text-embedding" if paired else None
 
 
 def sentence_transformers_task(model_dir: Path) -> str | None:

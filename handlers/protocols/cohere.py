@@ -65,21 +65,29 @@ class CohereEmbedProtocol(Protocol):
         return Request(check_texts(texts, spec.max_inputs, "texts"), params, self, form=CohereForm(kinds))
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        columns = {}
-        for kind in request.form.embedding_types:
-            values = [answer["embeddings"][TYPES.get(kind, "float32")] for answer in answers]
-            columns[kind] = [as_base64(row.tolist()) for row in values] if kind == "base64" else values
-        meta = {"api_version": {"version": "2"}, "billed_units": {"input_tokens": prompt_tokens}}
-        return {
-            "id": str(uuid.uuid4()),
-            "embeddings": columns,
-            "texts": request.texts,
-            "meta": meta,
-            "response_type": "embeddings_by_type",
+        columns = {
+            kind: [answer["embeddings"][TYPES.get(kind, "float32")] for answer in answers]
+            for kind in request.form.embedding_types
         }
+        return embed_answer(request.texts, columns, {"input_tokens": prompt_tokens})
 
     def error(self, error: RequestError) -> Any:
         return {"message": error.message}
+
+
+def embed_answer(texts: list[str], columns: dict[str, list], billed: dict) -> dict:
+    """Cohere v2's answer: a column of vectors per embedding type (`base64`'s packed from float32's)."""
+    columns = {
+        kind: [as_base64(row.tolist()) for row in rows] if kind == "base64" else rows for kind, rows in columns.items()
+    }
+    meta = {"api_version": {"version": "2"}, "billed_units": billed}
+    return {
+        "id": str(uuid.uuid4()),
+        "embeddings": columns,
+        "texts": texts,
+        "meta": meta,
+        "response_type": "embeddings_by_type",
+    }
 
 
 def embedding_types(value: Any) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ def task_plan(task: "Task", config: HandlerConfig, model_dir: Path, tokenizer=No
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     model_config = model_config or AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     limit = length_limit(task.max_seq_len(model_dir, config), tokenizer, model_config)
-    return task.adapt_plan(bucket_plan(config, limit), config)
+    return task.adapt_plan(bucket_plan(config, limit), config, model_config)
 
 
 def length_limit(own: int | None, tokenizer, model_config) -> int:

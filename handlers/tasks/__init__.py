@@ -80,7 +80,7 @@ class Task:
         """What the task reads from the model's files besides the module (labels, pooling): a
         worker serving an AOT package never builds the module."""
 
-    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig") -> buckets.BucketPlan:
+    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig", model_config) -> buckets.BucketPlan:
         return plan
 
     def graphs_needed(self, plan: buckets.BucketPlan) -> int:

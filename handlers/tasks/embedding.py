@@ -26,14 +26,20 @@ from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.model_files import named_prompts, read_json
-from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, TokenStates, normalizes, pooled_rows, pooling_modes
+from ts_compiled_handlers.tasks.pooling import (
+    SentenceEmbedder,
+    TokenStates,
+    normalizes,
+    pooled_rows,
+    pooling_modes,
+    unit_rows,
+)
 from ts_compiled_handlers.tasks.precisions import INTEGER_BYTES, PRECISIONS, quantized, read_ranges, values_per_text
 
 if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
     from ts_compiled_handlers.startup.config import HandlerConfig
 
 
-NORM_EPS = 1e-12  # torch.nn.functional.normalize's floor on a vector's norm
 FLOAT_BYTES = 5  # the fewest bytes a value takes in an answer: base64's 16/3 (JSON's shortest float32s: ~12)
 
 
@@ -188,7 +194,7 @@ class EmbeddingTask(Task):
         if "dimensions" in params:
             embeddings = embeddings[:, : params["dimensions"]]
         if params.get("normalize", self.normalize_default):  # as torch.nn.functional.normalize
-            embeddings = embeddings / np.maximum(np.linalg.norm(embeddings, axis=-1, keepdims=True), NORM_EPS)
+            embeddings = unit_rows(embeddings)
         # float32 rows, C-contiguous, as runtime/json_text.py's `as_json` writes them shortest
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         if not isinstance(precisions, tuple):

@@ -97,7 +97,7 @@ class GenerationTask(Task):
         positions = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).max_position_embeddings
         return positions - config.generation.max_new_tokens
 
-    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig") -> buckets.BucketPlan:
+    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig", model_config) -> buckets.BucketPlan:
         """Static shapes always: the decode step's shapes are fixed by its cache, one graph per batch
         bucket. `seq_lens: auto` stops at 256 prompt tokens: every decode step reads the whole cache."""
         seq_lens = plan.seq_lens

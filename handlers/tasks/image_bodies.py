@@ -12,11 +12,10 @@ body's images are handed to `read_images`, the task's decoder, which refuses a b
 """
 
 import dataclasses
-import uuid
 from typing import Any, Callable
 
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
-from ts_compiled_handlers.protocols.cohere import INPUT_TYPES, CohereForm, truncation
+from ts_compiled_handlers.protocols.cohere import INPUT_TYPES, CohereForm, embed_answer, truncation
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol, V2Form, is_v2, parse
 from ts_compiled_handlers.protocols.openai import (
     EMBEDDING_FIELDS,
@@ -24,7 +23,6 @@ from ts_compiled_handlers.protocols.openai import (
     EmbeddingsForm,
     EmbeddingsProtocol,
     OpenAIProtocol,
-    as_base64,
 )
 from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
 
@@ -223,19 +221,9 @@ class ImageCohereProtocol(Protocol):
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         vectors = [answer["embedding"] for answer in answers]
-        columns = {
-            kind: [as_base64(vector.tolist()) for vector in vectors] if kind == "base64" else vectors
-            for kind in request.form.embedding_types
-        }
         images = 0 if request.images is None else len(request.images.positions)
-        billed = {"input_tokens": prompt_tokens, "images": images}
-        return {
-            "id": str(uuid.uuid4()),
-            "embeddings": columns,
-            "texts": request.texts,
-            "meta": {"api_version": {"version": "2"}, "billed_units": billed},
-            "response_type": "embeddings_by_type",
-        }
+        columns = dict.fromkeys(request.form.embedding_types, vectors)
+        return embed_answer(request.texts, columns, {"input_tokens": prompt_tokens, "images": images})
 
     def error(self, error: RequestError) -> Any:
         return {"message": error.message}

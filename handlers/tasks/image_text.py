@@ -1,4 +1,4 @@
-"""Image and text embeddings in one space (CLIP), each tower compiled and warmed before ready.
+"""Image and text embeddings in one space (CLIP, SigLIP), each tower compiled and warmed before ready.
 
 Texts run through the engine like any embedder's (token buckets, compiled, checked): the module
 is the text tower and its projection, `get_text_features`. Images run through a second compiled
@@ -8,8 +8,13 @@ holds them, so live traffic meets only warmed shapes. A request mixes both
 (`{"inputs": [{"image": "data:image/png;base64,..."}, {"text": "a cat"}]}`); its answers come back
 in its order. Images are decoded under limits (handlers/request/images.py) and preprocessed by the
 model's own image processor when the request is read, so a bad image fails its request alone.
+
+SigLIP differs from CLIP in three places, each named where it is handled: its texts are padded to
+the position table (64 tokens) and the padding is read (no mask), as it was trained; its images have
+no class token; its zero-shot scores each label alone (a sigmoid, not a softmax over the labels).
 """
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
@@ -35,33 +41,42 @@ from ts_compiled_handlers.tasks.image_bodies import (
     ZeroShotForm,
     ZeroShotProtocol,
 )
+from ts_compiled_handlers.tasks.pooling import unit_rows
 
 if TYPE_CHECKING:
     from ts_compiled_handlers.startup.config import HandlerConfig
 
 logger = logging.getLogger(__name__)
 
-NORM_EPS = 1e-12
+
+def is_siglip(model_config) -> bool:
+    return model_config.model_type == "siglip"
 
 
 class TextFeatures(torch.nn.Module):
-    """The text tower and its projection: forward(input_ids, attention_mask) -> (batch, dim)."""
+    """The text tower and its projection (SigLIP's is inside its tower, as its head):
+    forward(input_ids, attention_mask) -> (batch, dim). `reads_padding` (SigLIP): the mask is not
+    passed, as SigLIP's tokenizer gives none and its last token, a padding one, is pooled."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, reads_padding: bool = False):
         super().__init__()
-        self.text_model, self.text_projection = model.text_model, model.text_projection
+        self.text_model = model.text_model
+        self.text_projection = getattr(model, "text_projection", torch.nn.Identity())
+        self.reads_padding = reads_padding
 
     def forward(self, input_ids, attention_mask):
-        states = self.text_model(input_ids=input_ids, attention_mask=attention_mask)
-        return self.text_projection(states.pooler_output)
+        mask = None if self.reads_padding else attention_mask
+        return self.text_projection(self.text_model(input_ids=input_ids, attention_mask=mask).pooler_output)
 
 
 class ImageFeatures(torch.nn.Module):
-    """The vision tower and its projection: forward(pixel_values) -> (batch, dim)."""
+    """The vision tower and its projection (SigLIP's: its attention-pooling head, inside the tower):
+    forward(pixel_values) -> (batch, dim)."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
-        self.vision_model, self.visual_projection = model.vision_model, model.visual_projection
+        self.vision_model = model.vision_model
+        self.visual_projection = getattr(model, "visual_projection", torch.nn.Identity())
 
     def forward(self, pixel_values):
         return self.visual_projection(self.vision_model(pixel_values=pixel_values).pooler_output)
@@ -70,11 +85,10 @@ class ImageFeatures(torch.nn.Module):
 class VisionRunner:
     """The vision module, compiled once per batch size of the plan (`compiled` None: eager). Every
     call is padded to a batch size warmed before ready, so none compiles after it (dynamo's graph
-    count, which the tests hold, covers both towers). `logit_scale`: the model's, for zero-shot."""
+    count, which the tests hold, covers both towers)."""
 
-    def __init__(self, eager, compiled, batch_sizes: tuple[int, ...], device: torch.device, logit_scale: float):
+    def __init__(self, eager, compiled, batch_sizes: tuple[int, ...], device: torch.device):
         self.eager, self.compiled, self.batch_sizes, self.device = eager, compiled, batch_sizes, device
-        self.logit_scale = logit_scale
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         """(n, 3, H, W) -> (n, dim) float32, in calls of the plan's batch sizes."""
@@ -91,26 +105,23 @@ class VisionRunner:
         return torch.cat(rows)
 
 
-def build_vision(model_dir: Path, serving, dtype: torch.dtype, pixels_of, check_drift) -> VisionRunner:
-    """The vision module at `dtype`, compiled and warmed at every batch size, checked against
-    float32 eager on probe images before ready (the text tower's checks are the engine's). A
-    compile or check that fails follows `compile.on_failure`: `eager` serves images eagerly (still
-    checked at the dtype), `fail` fails the worker."""
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
-    reference = ImageFeatures(model).eval().to(serving.device)
+def build_vision(module: ImageFeatures, serving, dtype: torch.dtype, pixels_of, check_drift) -> VisionRunner:
+    """The float32 vision module cast to `dtype`, compiled and warmed at every batch size, checked
+    against its float32 self on probe images before ready (the text tower's checks are the
+    engine's). A compile or check that fails follows `compile.on_failure`: `eager` serves images
+    eagerly (still checked at the dtype), `fail` fails the worker."""
+    module = module.eval().to(serving.device)
     probe = pixels_of([probe_image(seed) for seed in range(2)])
     with torch.inference_mode():
-        expected = list(reference(probe.to(serving.device)).float().cpu())
-    module = ImageFeatures(model).eval().to(serving.device, dtype)
+        expected = list(module(probe.to(serving.device)).float().cpu())
+    module = module.to(dtype)
     batch_sizes = tuple(sorted(serving.plan.batch_sizes))
     options = serving.compile_options
     compiled = None
     if options.enable:
         process_settings.allow_graphs(len(batch_sizes))  # past dynamo's limit a size would run eagerly, silently
         compiled = torch.compile(module, backend=options.backend, mode=options.mode, dynamic=False)
-    runner = VisionRunner(module, compiled, batch_sizes, serving.device, model.logit_scale.item())
+    runner = VisionRunner(module, compiled, batch_sizes, serving.device)
     tolerance = serving.tolerance(dtype)
     try:
         for size in batch_sizes:  # every shape live traffic will meet
@@ -122,6 +133,8 @@ def build_vision(model_dir: Path, serving, dtype: torch.dtype, pixels_of, check_
         logger.error("Images served EAGERLY: the vision tower's compile or check failed", exc_info=error)
         runner.compiled = None
         check_drift("images, eager vs float32 eager", list(runner(probe)), expected, tolerance)
+    how = "compiled" if runner.compiled is not None else "EAGER"
+    logger.info("Vision tower %s at batch sizes %s, checked against float32 eager", how, list(batch_sizes))
     return runner
 
 
@@ -132,6 +145,26 @@ def probe_image(seed: int):
     generator = np.random.default_rng(seed)
     pixels = (generator.random((48, 64, 3)) * 255).astype(np.uint8)
     return Image.fromarray(pixels, "RGB")
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelScores:
+    """Zero-shot as the model was trained: CLIP a softmax over the labels of scale x cosine;
+    SigLIP each label alone, sigmoid(scale x cosine + bias)."""
+
+    scale: float
+    bias: float | None  # SigLIP's; None: CLIP's softmax
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "LabelScores":
+        bias = model.logit_bias.item() if is_siglip(model.config) else None
+        return cls(math.exp(model.logit_scale.item()), bias)
+
+    def __call__(self, cosines: torch.Tensor) -> list[float]:
+        logits = self.scale * cosines
+        if self.bias is None:
+            return torch.softmax(logits, dim=0).tolist()
+        return torch.sigmoid(logits + self.bias).tolist()
 
 
 class ImageTextTask(Task):
@@ -155,31 +188,36 @@ class ImageTextTask(Task):
             KServeV2Protocol(),
             PlainProtocol(),
         )
-        self.limits = ImageLimits()
+        self.limits = ImageLimits(fetch_from=config.images.fetch_from, fetch_seconds=config.images.fetch_seconds)
         self.vision: VisionRunner | None = None
+        self.vision_float32: ImageFeatures | None = None  # from build_model's checkpoint, until compiled
 
     def read_settings(self, serving) -> None:
         from transformers import AutoImageProcessor
 
         self.processor = AutoImageProcessor.from_pretrained(serving.model_dir)
-        self.size = serving.model_config.projection_dim
         vision = serving.model_config.vision_config
-        self.image_tokens = (vision.image_size // vision.patch_size) ** 2 + 1  # patches and the class token
+        class_token = 0 if is_siglip(serving.model_config) else 1
+        self.image_tokens = (vision.image_size // vision.patch_size) ** 2 + class_token
+
+    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig", model_config) -> buckets.BucketPlan:
+        """SigLIP reads texts as it was trained: all padded to its position table, so one length."""
+        if not is_siglip(model_config):
+            return plan
+        return dataclasses.replace(plan, seq_lens=(model_config.text_config.max_position_embeddings,), pack_tokens=None)
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:
+        """The text tower; the vision tower, still float32, is kept for `build_side_models`, so the
+        checkpoint is read once."""
         from transformers import AutoModel
 
         model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
-        return TextFeatures(model)
-
-    def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(model_dir).text_config.max_position_embeddings
+        self.vision_float32, self.label_scores = ImageFeatures(model), LabelScores.of(model)
+        return TextFeatures(model, reads_padding=is_siglip(model.config))
 
     def build_side_models(self, serving, dtype: torch.dtype, check_drift) -> None:
-        self.vision = build_vision(serving.model_dir, serving, dtype, self.pixels, check_drift)
-        self.logit_scale = math.exp(self.vision.logit_scale)
+        module, self.vision_float32 = self.vision_float32, None
+        self.vision = build_vision(module, serving, dtype, self.pixels, check_drift)
 
     def pixels(self, images: list) -> torch.Tensor:
         """Images preprocessed exactly as the model's image processor does (resize, crop, normalize)."""
@@ -221,15 +259,15 @@ class ImageTextTask(Task):
             return self.zero_shot(accepted.request.form.labels, rows)
         embeddings = np.stack([row.numpy() for row in rows])
         if accepted.request.params.get("normalize", False):
-            embeddings = embeddings / np.maximum(np.linalg.norm(embeddings, axis=-1, keepdims=True), NORM_EPS)
+            embeddings = unit_rows(embeddings)
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         return [{"embedding": vector} for vector in embeddings]
 
     def zero_shot(self, labels: list[str], rows: list[torch.Tensor]) -> list:
-        """The image (the first row) against each label's text, as CLIP's pipeline: softmax over the
-        labels of the logit scale times each cosine; best first."""
+        """The image (the first row) against each label's text, as transformers' pipeline scores
+        them (`LabelScores`); best first."""
         image, texts = rows[0], torch.stack(rows[1:])
         cosines = torch.nn.functional.normalize(texts, dim=-1) @ torch.nn.functional.normalize(image, dim=0)
-        scores = torch.softmax(self.logit_scale * cosines, dim=0).tolist()
+        scores = self.label_scores(cosines)
         ranked = sorted(zip(scores, labels, strict=True), key=lambda pair: -pair[0])
         return [{"score": score, "label": label} for score, label in ranked]

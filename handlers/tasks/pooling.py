@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ts_compiled_handlers.engine.packing import pool_per_text
@@ -18,6 +19,14 @@ LEGACY_FLAGS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
+
+
+NORM_EPS = 1e-12  # torch.nn.functional.normalize's floor on a vector's norm
+
+
+def unit_rows(embeddings: np.ndarray) -> np.ndarray:
+    """Each row over its L2 norm, as torch.nn.functional.normalize, in numpy (answers are built there)."""
+    return embeddings / np.maximum(np.linalg.norm(embeddings, axis=-1, keepdims=True), NORM_EPS)
 
 
 def pooling_modes(model_dir: Path) -> tuple[str, ...]:

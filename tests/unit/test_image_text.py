@@ -3,6 +3,7 @@
 and warmed, nothing compiled after ready for any mix; hostile images refused by name, alone."""
 
 import base64
+import dataclasses
 import io
 
 import numpy as np
@@ -145,6 +146,21 @@ def test_hostile_images_are_refused_by_name_and_their_batch_mates_answered(handl
     assert min(cosines([answers[-1][0]["embedding"]], images([good]))) >= 0.9999
 
 
+def test_an_image_url_is_fetched_from_an_allowed_origin_only(handler, reference, monkeypatch):
+    """`images.fetch_from` names the origin (the task reads it from the archive's config; here set
+    on the running task): its URL is answered as the image sent would be, another host's refused."""
+    from image_server import png, serving_pictures
+
+    images, _ = reference
+    task = handler.worker.task
+    with serving_pictures() as origin:
+        monkeypatch.setattr(task, "limits", dataclasses.replace(task.limits, fetch_from=(origin,)))
+        bodies = [{"inputs": [{"image": f"{origin}/cat.png"}]}, {"inputs": [{"image": "http://127.0.0.2/cat.png"}]}]
+        answers = answered(handler, bodies)
+    assert min(cosines([answers[0][0]["embedding"]], images([png()]))) >= 0.9999
+    assert status(handler.context, 1) == 400 and "its host is not one" in answers[1]["error"]
+
+
 def test_malformed_inputs_are_refused(handler):
     bodies = [
         {"inputs": [{"image": "x", "text": "y"}]},
@@ -285,3 +301,56 @@ def test_a_vision_check_that_fails_follows_on_failure(clip_dir, monkeypatch, cap
     assert "Images served EAGERLY" in caplog.text and handler.worker.task.vision.compiled is None
     [answer] = answered(handler, [{"inputs": [{"image": data_uri(picture(1))}]}])
     assert len(answer) == 1 and status(handler.context, 0) == 200
+
+
+# SigLIP: texts padded to 64 and read without a mask, the last token pooled; images with no class
+# token; zero-shot a sigmoid per label. One batch size: one graph per tower.
+SIGLIP_GRID = {"batch_sizes": [4]}
+
+
+@pytest.fixture(scope="module")
+def siglip_dir(tiny_models):
+    return tiny_models["image-text-embedding-siglip"]
+
+
+@pytest.fixture(scope="module")
+def siglip_handler(siglip_dir):
+    return ready_handler(ImageTextHandler, siglip_dir, buckets=SIGLIP_GRID)
+
+
+def test_siglip_vectors_equal_transformers_with_max_length_padding(siglip_dir, siglip_handler):
+    from transformers import SiglipModel
+
+    assert infer_task(siglip_dir) == "image-text-embedding"
+    assert siglip_handler.engine.plan.seq_lens == (64,)
+    model = SiglipModel.from_pretrained(siglip_dir).eval()
+    processor, tokenizer = AutoImageProcessor.from_pretrained(siglip_dir), AutoTokenizer.from_pretrained(siglip_dir)
+    pictures = [picture(seed) for seed in (1, 2)]
+    graphs = compiled_graph_count()
+    [answer] = answered(
+        siglip_handler, [{"inputs": [{"image": data_uri(pictures[0])}, *TEXTS, {"image": data_uri(pictures[1])}]}]
+    )
+    assert compiled_graph_count() == graphs
+    tokens = tokenizer(TEXTS, padding="max_length", max_length=64, truncation=True, return_tensors="pt")
+    assert list(tokens) == ["input_ids"]  # as SigLIP's own tokenizer: no mask, the padding is read
+    with torch.inference_mode():
+        texts = model.get_text_features(**tokens).pooler_output
+        images = model.get_image_features(
+            **processor(images=[Image.open(io.BytesIO(d)) for d in pictures], return_tensors="pt")
+        ).pooler_output
+    vectors = [item["embedding"] for item in answer]
+    assert min(cosines(vectors[1:4], texts)) >= 0.9999
+    assert min(cosines([vectors[0], vectors[4]], images)) >= 0.9999
+
+
+def test_siglip_zero_shot_scores_each_label_alone_as_transformers_pipeline(siglip_dir, siglip_handler):
+    from transformers import pipeline
+
+    classify = pipeline("zero-shot-image-classification", model=str(siglip_dir))
+    labels = ["cat", "dog", "red house", "blue river", "berlin"]
+    data = picture(13)
+    expected = classify(Image.open(io.BytesIO(data)).convert("RGB"), candidate_labels=labels)
+    [answer] = ask(siglip_handler, [{"image": data_uri(data), "candidate_labels": labels}], ["zero-shot"])
+    assert [item["label"] for item in answer] == [item["label"] for item in expected]
+    assert max(abs(got["score"] - want["score"]) for got, want in zip(answer, expected, strict=True)) <= 1e-4
+    assert sum(item["score"] for item in answer) != pytest.approx(1.0, abs=1e-3)  # sigmoids, not a softmax

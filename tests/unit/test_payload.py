@@ -45,6 +45,12 @@ def test_bad_requests_get_their_own_4xx(body, code, fragment):
     assert error.value.body() == {"error": error.value.message, "code": code}
 
 
+def test_an_image_body_on_a_text_model_is_refused_as_a_media_type():
+    with pytest.raises(RequestError) as error:
+        parse_one(b"\x89PNG\r\n\x1a\n", "image/png")
+    assert error.value.status == 415 and "this model takes text" in error.value.message
+
+
 def test_errors_never_echo_the_input():
     secret = "CANARY-7f3a"
     for body in (

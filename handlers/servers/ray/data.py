@@ -20,8 +20,8 @@ from ts_compiled_handlers.request.payload import RequestError, check_params
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
 from ts_compiled_handlers.startup.config import parse
-from ts_compiled_handlers.tasks.embedding import NORM_EPS
 from ts_compiled_handlers.tasks.m3 import index_order
+from ts_compiled_handlers.tasks.pooling import unit_rows
 
 
 class ArchiveBatches:
@@ -131,7 +131,7 @@ class ChunkEmbedder(Embedder):
     def pooled(self, vectors: np.ndarray, counts: list[int]) -> np.ndarray:
         means = np.stack([part.mean(axis=0) for part in np.split(vectors, np.cumsum(counts)[:-1])])
         if self.worker.task.normalize_default:
-            means /= np.maximum(np.linalg.norm(means, axis=-1, keepdims=True), NORM_EPS)
+            means = unit_rows(means)
         return means.astype(np.float32)
 
 
