@@ -47,6 +47,8 @@ setup(
         "ray": [RAY],
         # `quantize: int8` (experimental): PT2E's X86InductorQuantizer, which left torch in 2.13
         "int8": [TORCHAO],
+        # image-text-embedding: Pillow decodes the images, sentencepiece is SigLIP's tokenizer
+        "images": ["pillow", "sentencepiece"],
         # benchmarks/benchmark_small_shapes.py's anchors: ONNX Runtime and OpenVINO, float and int8
         "anchors": ANCHORS,
         "test": [

@@ -4,7 +4,8 @@ An image comes as a data URI (`data:image/png;base64,...`), as bare base64, or a
 binary body). Its bytes are counted before they are decoded from base64; Pillow then reads only
 the header, and the format, the frame count, the colour mode and the width x height are checked
 before the pixels are decoded, so a few-KB PNG that claims 20,000 x 20,000 pixels is refused
-without its 1.2 GB being allocated. URLs are never fetched: an image must travel in the request.
+without its 1.2 GB being allocated. A URL is fetched only from an origin the archive's config
+names (handlers/request/image_urls.py); by default none, and an image must travel in the request.
 Every refusal is a RequestError naming the reason, for that image's request alone.
 """
 
@@ -15,6 +16,7 @@ import io
 import re
 import warnings
 
+from ts_compiled_handlers.request.image_urls import fetch_image
 from ts_compiled_handlers.request.payload import RequestError
 
 # Formats a browser or camera sends; TIFF, ICO, PSD and the rest are refused by name.
@@ -32,24 +34,18 @@ class ImageLimits:
 
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000
+    fetch_from: tuple[str, ...] = ()  # origins whose URLs are fetched (`images.fetch_from`)
+    fetch_seconds: int = 5
 
 
 def image_bytes(value, field: str, limits: ImageLimits) -> bytes:
-    """The image's bytes, from a data URI, bare base64 or raw bytes; URLs refused."""
+    """The image's bytes, from a data URI, bare base64, raw bytes or an allowed origin's URL."""
     if isinstance(value, (bytes, bytearray)):
         data = bytes(value)
+    elif isinstance(value, str) and value[:8].lower().startswith(("http://", "https://")):
+        data = fetch_image(value, field, limits.fetch_from, limits.fetch_seconds, limits.max_bytes)
     elif isinstance(value, str):
-        if value[:8].lower().startswith(("http://", "https://", "file:", "ftp:")):
-            raise RequestError(
-                400, f"'{field}' is a URL: images are not fetched; send its bytes as a data URI (base64)", field
-            )
-        text = value[value.index(",") + 1 :] if DATA_URI.match(value) else value
-        if len(text) > limits.max_bytes * 4 // 3 + 4:
-            raise RequestError(413, f"'{field}' is over {limits.max_bytes} bytes, the most an image may take", field)
-        try:
-            data = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
-            raise RequestError(400, f"'{field}' is neither a data URI nor base64", field) from None
+        data = _base64_bytes(value, field, limits)
     else:
         raise RequestError(400, f"'{field}' must be an image: a data URI or base64 text", field)
     if len(data) > limits.max_bytes:
@@ -57,6 +53,18 @@ def image_bytes(value, field: str, limits: ImageLimits) -> bytes:
     if not data:
         raise RequestError(400, f"'{field}' is empty", field)
     return data
+
+
+def _base64_bytes(value: str, field: str, limits: ImageLimits) -> bytes:
+    if value[:5].lower().startswith(("file:", "ftp:")):
+        raise RequestError(400, f"'{field}' is a URL: images are not fetched from {value[:4]}; send its bytes", field)
+    text = value[value.index(",") + 1 :] if DATA_URI.match(value) else value
+    if len(text) > limits.max_bytes * 4 // 3 + 4:
+        raise RequestError(413, f"'{field}' is over {limits.max_bytes} bytes, the most an image may take", field)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(400, f"'{field}' is neither a data URI nor base64", field) from None
 
 
 def decode_image(value, field: str, limits: ImageLimits = ImageLimits()):

@@ -272,6 +272,27 @@ class SchedulerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ImagesConfig:
+    """image-text-embedding only."""
+
+    fetch_from: tuple[str, ...] = _option(
+        values.origins,
+        (),
+        shown="`[]`",
+        meaning="image-text-embedding: the origins (`https://host[:port]`) whose image URLs a request may name; "
+        "the worker fetches them with no redirect followed, within `fetch_seconds` and the 20 MiB image limit; "
+        "empty: a URL is refused and images travel in the request",
+        why="a worker that fetches any URL a request names can be made to reach inside its network (SSRF)",
+    )
+    fetch_seconds: int = _option(
+        values.positive_int,
+        5,
+        meaning="image-text-embedding: the longest one image fetch may take (the batch waits for it)",
+        why="a slow origin must not hold the worker's batch for long",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class HandlerConfig:
     task: str = _option(
         values.choice(*TASKS),
@@ -339,6 +360,7 @@ class HandlerConfig:
     embedding: EmbeddingConfig = _section(EmbeddingConfig)
     generation: GenerationConfig = _section(GenerationConfig)
     scheduler: SchedulerConfig = _section(SchedulerConfig)
+    images: ImagesConfig = _section(ImagesConfig)
 
 
 def _parse_section(cls, raw: Any, key: str):

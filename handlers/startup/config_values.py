@@ -3,6 +3,9 @@ and the error that names the key, the value and what is allowed."""
 
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from ts_compiled_handlers.request.image_urls import origin_of
 
 
 class ConfigError(ValueError):
@@ -100,3 +103,15 @@ def archive_file(value, key) -> str:
     ):
         return value
     raise ConfigError(key, value, "default | a file's path inside the archive")
+
+
+def origins(value, key) -> tuple[str, ...]:
+    """`scheme://host[:port]` each, http or https, nothing after the host: kept as `origin_of` writes them."""
+    allowed = "a list of origins, each http(s)://host[:port] with no path"
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(key, value, allowed)
+    written = tuple(origin_of(item) for item in value)
+    parts = [urlsplit(item.strip()) for item in value]
+    if None in written or any(part.path not in ("", "/") or part.query or part.fragment for part in parts):
+        raise ConfigError(key, value, allowed)
+    return written

@@ -1,0 +1,64 @@
+"""A real HTTP server of pictures on a free loopback port, for the image URL tests."""
+
+import contextlib
+import http.server
+import io
+import threading
+import time
+
+import numpy as np
+from PIL import Image
+
+
+def png(seed: int = 0) -> bytes:
+    pixels = (np.random.default_rng(seed).random((30, 40, 3)) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(out, "PNG")
+    return out.getvalue()
+
+
+class Pictures(http.server.BaseHTTPRequestHandler):
+    """/cat.png an image; /moved a redirect to it; /huge a Content-Length over the limit; /endless
+    a body with no length that runs past it; /slow an answer after 3 s; anything else 404."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path == "/moved":
+            self.send_response(302)
+            self.send_header("Location", "/cat.png")
+            self.end_headers()
+        elif self.path in ("/cat.png", "/slow"):
+            if self.path == "/slow":
+                time.sleep(3)
+            self.answer(png(), len(png()))
+        elif self.path == "/huge":
+            self.answer(b"x" * 10, 10**9)
+        elif self.path == "/endless":
+            self.send_response(200)
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                self.wfile.write(b"\0" * 5000)
+        else:
+            self.send_error(404)
+
+    def answer(self, data: bytes, length: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+        with contextlib.suppress(OSError):  # the client may stop reading at its limit
+            self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def serving_pictures():
+    """The server's origin, `http://127.0.0.1:PORT`, while the block runs."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pictures)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
