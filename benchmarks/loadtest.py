@@ -16,7 +16,8 @@ built with `--precompile aot`: the worker serves the AOT package), `ours-float32
 benchmarks/longest_handler.py, float32 and the dtype auto picks) and `stock` (TorchServe's
 generalized transformers handler: every request padded to max_length, pt2 compile, no warm-up:
 benchmarks/stock_handler.py). Optional, never by default: the other outputs on the same encoder
-(`ours-binary`, `ours-multi-vector`, `ours-m3`: benchmarks/loadtest_kinds.py), `ours-int8` and
+(`ours-binary`, `ours-multi-vector`, `ours-m3`: benchmarks/loadtest_kinds.py), the image mix on a
+CLIP (`ours-images` against `stock-images`, TorchServe's stock way: benchmarks/loadtest_images.py), `ours-int8` and
 `ours-int8-all` (`ours-auto` with `quantize: int8` or `int8-all`, the gate at a least cosine of 0.95:
 refused, it fails to register rather than serve unquantized), and Infinity's torch engine, `infinity-float32`,
 `infinity-bfloat16` and their `-compile` twins (its `--compile`), each started from the same model
@@ -31,6 +32,7 @@ first time) and sent the same texts; the run checks ours-auto against the best o
     hfserve loadtest --contenders ours-auto ours-int8 ours-int8-all --rounds 2   # int8 vs bfloat16 (VNNI CPUs)
     hfserve loadtest --contenders ours-float32 groups-float32 eager-longest --rounds 3   # packing
     hfserve loadtest --contenders ours-auto ours-binary ours-multi-vector ours-m3   # other outputs, same encoder
+    hfserve loadtest --contenders ours-images stock-images   # images and texts, a random ViT-B/32 CLIP
     hfserve loadtest --contenders ours-auto infinity-float32 infinity-float32-compile infinity-bfloat16 \
                      infinity-bfloat16-compile --rounds 3   # against Infinity, median of 3 interleaved runs
 
@@ -56,7 +58,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ts_compiled_handlers.benchmarks import loadtest_kinds, measure
+from ts_compiled_handlers.benchmarks import loadtest_images, loadtest_kinds, measure
 from ts_compiled_handlers.benchmarks.infinity_server import CONTENDERS as INFINITY
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
 from ts_compiled_handlers.runtime.process_settings import INDUCTOR_CACHE_ENV
@@ -85,11 +87,13 @@ TARGETS = [  # (contender, baseline, least ratio of median steady throughput ove
     ("ours-float32", "eager-longest", 1.6),
     ("ours-int8", "ours-auto", 1.5),  # issue 57: on a CPU with VNNI or AMX
     ("ours-int8-all", "ours-auto", 1.5),
+    ("ours-images", "stock-images", 1.5),  # issue 59's goal in process, held through TorchServe too
 ]
 INT8 = ("ours-int8", "ours-int8-all")  # never by default: needs torchao (`[int8]`), and VNNI to be worth it
-OPTIONAL = (*INT8, *loadtest_kinds.KINDS)  # never by default
+IMAGES = loadtest_images.IMAGE_CONTENDERS
+OPTIONAL = (*INT8, *loadtest_kinds.KINDS, *IMAGES)  # never by default
 INT8_TOLERANCE = 0.05  # the int8 gate: compiled beside bfloat16, MiniLM reached 0.977 (performance.md, "int8")
-PACKED = ("ours-auto", "ours-aot", "ours-float32", *OPTIONAL)  # every one of ours packs
+PACKED = ("ours-auto", "ours-aot", "ours-float32", *INT8, *loadtest_kinds.KINDS)  # ours that pack texts
 INFINITY_TARGET = 1.3  # ours-auto over Infinity's best configuration on the same machine and traffic
 MAX_PADDED_RATIO = 1.15  # computed tokens over real ones, packed contenders
 
@@ -104,8 +108,10 @@ class Outcome:
     tokens: int
 
 
-def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, max_length: int) -> None:
-    """One .mar per contender, all of the same model folder."""
+def build_archives(
+    model_dir: Path, store: Path, names: list[str], grid: dict, max_length: int, image_dir: Path | None = None
+) -> None:
+    """One .mar per contender, all of the same model folder (the image mix's of `image_dir`, a CLIP)."""
     ours = {"handler": {"buckets": grid}}
     groups = build_mar.merge(ours, {"handler": {"buckets": {"pack_tokens": "off"}}})
     longest = build_mar.merge(groups, {"handler": {"compile": {"enable": False}}})
@@ -125,6 +131,9 @@ def build_archives(model_dir: Path, store: Path, names: list[str], grid: dict, m
             continue
         if name == "stock":
             build_stock(model_dir, store, max_length)
+        elif name in IMAGES:  # the CLIP's own length limit: no seq_lens past it
+            image_grid = {"handler": {"buckets": {key: value for key, value in grid.items() if key != "seq_lens"}}}
+            loadtest_images.build(name, image_dir, store, image_grid, max_length=64)
         elif name in loadtest_kinds.KINDS:
             folder = loadtest_kinds.model_folder(name, model_dir, store.parent / "kinds")
             build_mar.build(folder, loadtest_kinds.KINDS[name][0], name, store, configs[name])
@@ -166,6 +175,8 @@ def drive(server: TorchServe, name: str, texts: list, clients: int, duration: fl
     if name in loadtest_kinds.KINDS:  # asking for its output: a JSON body
         headers = {**server.headers("inference"), "Content-Type": "application/json"}
         return drive_url(url, headers, lambda text: loadtest_kinds.body(name, text), texts, clients, duration, rate)
+    if name in IMAGES:  # a picture or a text, each with its content type
+        return drive_url(url, server.headers("inference"), loadtest_images.body, texts, clients, duration, rate)
     headers = {**server.headers("inference"), "Content-Type": "text/plain; charset=utf-8"}
     return drive_url(url, headers, str.encode, texts, clients, duration, rate)
 
@@ -181,7 +192,8 @@ def arrivals(rate: float, start: float, seed: int = 0):
 
 
 def drive_url(url: str, headers: dict, body, texts, clients: int, duration: float, rate: float | None = None) -> list:
-    """`drive` against any server: each text sent as `body(text)` to `url`. Each client is one
+    """`drive` against any server: each text sent as `body(text)` to `url` (bytes, or bytes and
+    their content type). Each client is one
     keep-alive connection of the standard library's `http.client`: the clients share the cores with
     the server under test, and `requests` took 0.9-1.1 CPU ms per request of them, `http.client`
     0.14-0.17 (docs/performance.md, "Scheduling by tokens"). With `rate`, a client sends the next
@@ -211,7 +223,12 @@ def drive_url(url: str, headers: dict, body, texts, clients: int, duration: floa
             text, tokens, began = request
             try:
                 connection = connection or http.client.HTTPConnection(target.hostname, target.port, timeout=300)
-                connection.request("POST", path, body=body(text), headers=headers)
+                payload = body(text)
+                if isinstance(payload, tuple):
+                    payload, kind = payload
+                    connection.request("POST", path, body=payload, headers={**headers, "Content-Type": kind})
+                else:
+                    connection.request("POST", path, body=payload, headers=headers)
                 with connection.getresponse() as response:
                     response.read()
                     status = response.status
@@ -250,7 +267,11 @@ def run_contender(server: TorchServe, name: str, texts, probe: list[str], args, 
         first = server.predict(name, probe[0], content_type="text/plain")
     first_answer = time.perf_counter() - began
     outcomes = drive(server, name, texts, args.clients, args.duration, args.rate)
-    answers = None if kind else [server.predict(name, t, content_type="text/plain").json()["embedding"] for t in probe]
+    answers = None
+    if name in IMAGES:
+        answers = loadtest_images.probe_answers(server, name, probe[0])
+    elif not kind:
+        answers = [server.predict(name, text, content_type="text/plain").json()["embedding"] for text in probe]
     metrics = server.metrics()
     server.unregister(name)
     return {
@@ -318,17 +339,20 @@ def summarize_outcomes(outcomes: list[Outcome]) -> dict:
 
 
 def agreement(rows: list[dict]) -> None:
-    """Each contender's min cosine to ours-float32 (or the first contender) on the probe texts;
-    loadtest_kinds' answers are not dense vectors and are left out."""
+    """Each contender's min cosine to ours-float32 (or the first contender) on the probe texts, the
+    image mix's to its first contender on its probe picture and text; loadtest_kinds' answers are
+    not dense vectors and are left out."""
     answers = {id(row): row.pop("probe_answers") for row in rows}
     dense = [row for row in rows if answers[id(row)] is not None]
-    if not dense:
-        return
-    reference = next((row for row in dense if row["contender"] == "ours-float32"), dense[0])
-    want = torch.tensor(answers[id(reference)])
-    for row in dense:
-        cosine = torch.cosine_similarity(torch.tensor(answers[id(row)]), want, dim=1)
-        row["min_cosine_vs_" + reference["contender"]] = cosine.min().item()
+    texts_only = [row for row in dense if row["archive"] not in IMAGES]
+    for family in (texts_only, [row for row in dense if row["archive"] in IMAGES]):
+        if not family:
+            continue
+        reference = next((row for row in family if row["contender"] == "ours-float32"), family[0])
+        want = torch.tensor(answers[id(reference)])
+        for row in family:
+            cosine = torch.cosine_similarity(torch.tensor(answers[id(row)]), want, dim=1)
+            row["min_cosine_vs_" + reference["contender"]] = cosine.min().item()
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -457,7 +481,8 @@ def parse_args(argv):
         default=list(CONTENDERS),
         help="who serves; the infinity-* ones install Infinity into runs/infinity-venv the first time; "
         "ours-int8 and ours-int8-all (dtype auto with `quantize: int8` or `int8-all`) need torchao; ours-binary, "
-        "ours-multi-vector and ours-m3 answer other outputs (benchmarks/loadtest_kinds.py)",
+        "ours-multi-vector and ours-m3 answer other outputs (benchmarks/loadtest_kinds.py); ours-images and "
+        "stock-images serve the image mix on a CLIP (benchmarks/loadtest_images.py)",
     )
     parser.add_argument("--clients", type=int, default=16, help=f"concurrent clients (at most {MAX_CLIENTS})")
     parser.add_argument(
@@ -498,7 +523,9 @@ def main(argv=None) -> dict:
         grid = {"seq_lens": [16, 64], "batch_sizes": [1, 8], "histogram_every": 100} if args.quick else {}
         grid["seq_lens"] = [n for n in grid.get("seq_lens", [16, 32, 64, 128, 256]) if n < args.max_length]
         grid["seq_lens"].append(args.max_length)
-        build_archives(model_dir, temp / "store", args.contenders, grid, args.max_length)
+        images = any(name in IMAGES for name in args.contenders)
+        image_dir = loadtest_images.model_folder(temp / "images", args.quick) if images else None
+        build_archives(model_dir, temp / "store", args.contenders, grid, args.max_length, image_dir)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -74,6 +74,17 @@ def test_loadtest_quick_serves_the_other_outputs_as_contenders_of_their_own(tmp_
     assert [name for name, row in rows.items() if "min_cosine_vs_ours-float32" in row] == ["ours-float32"]
 
 
+def test_loadtest_quick_serves_the_image_mix_to_ours_and_the_stock_clip_handler(tmp_path, compile_cache):
+    out = tmp_path / "loadtest.json"
+    contenders = ["ours-images", "stock-images"]
+    loadtest.main(["--quick", "--contenders", *contenders, "--inductor-cache", compile_cache, "--out", str(out)])
+    rows = {row["contender"]: row for row in json.loads(out.read_text())["rows"]}
+    for name, row in rows.items():
+        assert row["ok"] == row["requests"] > 0 and row["errors"] == row["lost"] == 0, name
+    assert rows["ours-images"]["recompiles_after_ready"] == 0
+    assert rows["stock-images"]["min_cosine_vs_ours-images"] > 0.999  # the same vectors, picture and text
+
+
 def test_benchmark_sparse_quick_serves_every_contender_and_measures_a_full_call(tmp_path):
     out = tmp_path / "benchmark_sparse.json"
     benchmark_sparse.main(["--quick", "--runs", "1", "--out", str(out)])

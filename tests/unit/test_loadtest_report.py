@@ -171,3 +171,18 @@ def test_open_loop_sends_every_arrival_of_the_run_and_counts_latency_from_the_ar
     assert max(outcome.seconds for outcome in outcomes) >= least - 1e-6 > 10 * SlowAnswer.SECONDS
     closed = drive_url(slow_server, {}, str.encode, [("text", 3)], 2, 0.3)  # closed loop: no queue of its own
     assert closed and all(outcome.status == 200 for outcome in closed)
+
+
+def test_the_image_mix_sends_a_quarter_pictures_the_same_for_every_contender():
+    import io
+
+    from PIL import Image
+
+    from ts_compiled_handlers.benchmarks.loadtest_images import body
+
+    texts = [f"text number {index}" for index in range(400)]
+    bodies = [body(text) for text in texts]
+    pictures = [data for data, kind in bodies if kind == "image/jpeg"]
+    assert 70 <= len(pictures) <= 130 and bodies == [body(text) for text in texts]
+    assert len(set(pictures)) == 8 and Image.open(io.BytesIO(pictures[0])).size == (320, 240)
+    assert all(data == text.encode() for (data, kind), text in zip(bodies, texts, strict=True) if kind != "image/jpeg")
