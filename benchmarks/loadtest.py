@@ -56,7 +56,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-import yaml
 
 from ts_compiled_handlers.benchmarks import loadtest_images, loadtest_kinds, measure
 from ts_compiled_handlers.benchmarks.infinity_server import CONTENDERS as INFINITY
@@ -153,19 +152,8 @@ def int8_config(ours: dict, quantize: str) -> dict:
 
 def build_stock(model_dir: Path, store: Path, max_length: int) -> None:
     """The stock handler's archive: model files, its handler, and the pt2 compile section."""
-    config = {
-        **build_mar.DEFAULT_MODEL_CONFIG,
-        "handler": {"max_length": max_length, "do_lower_case": True},
-        "pt2": {"compile": {"enable": True, "backend": "inductor", "mode": "default"}},
-    }
-    with tempfile.TemporaryDirectory() as temp:
-        staging = Path(temp)
-        for item in model_dir.iterdir():
-            if item.is_file():
-                shutil.copy2(item, staging / item.name)
-        shutil.copy2(Path(__file__).parent / "stock_handler.py", staging / "stock_handler.py")
-        (staging / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        build_mar.archive(staging, "stock", staging / "stock_handler.py", store)
+    settings = {"max_length": max_length, "do_lower_case": True}
+    loadtest_images.stock_archive(model_dir, store, "stock", Path(__file__).parent / "stock_handler.py", settings)
 
 
 def drive(server: TorchServe, name: str, texts: list, clients: int, duration: float, rate: float | None = None) -> list:

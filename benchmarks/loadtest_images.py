@@ -70,9 +70,17 @@ def build(name: str, folder: Path, store: Path, ours: dict, max_length: int) -> 
         config = build_mar.merge(ours, {"handler": {"dtype": "auto"}})
         build_mar.build(folder, "image-text-embedding", name, store, config)
         return
+    stock_archive(folder, store, name, Path(__file__).parent / "stock_image_handler.py", {"max_length": max_length})
+
+
+def stock_archive(folder: Path, store: Path, name: str, handler: Path, settings: dict) -> None:
+    """A stock handler's archive (the load test's `stock` and `stock-images`): the model's files,
+    the handler, its `handler:` settings and TorchServe's pt2 compile section."""
+    from ts_compiled_handlers.scripts import build_mar
+
     config = {
         **build_mar.DEFAULT_MODEL_CONFIG,
-        "handler": {"max_length": max_length},
+        "handler": settings,
         "pt2": {"compile": {"enable": True, "backend": "inductor", "mode": "default"}},
     }
     with tempfile.TemporaryDirectory() as temp:
@@ -80,9 +88,9 @@ def build(name: str, folder: Path, store: Path, ours: dict, max_length: int) -> 
         for item in folder.iterdir():
             if item.is_file():
                 shutil.copy2(item, staging / item.name)
-        shutil.copy2(Path(__file__).parent / "stock_image_handler.py", staging / "stock_image_handler.py")
+        shutil.copy2(handler, staging / handler.name)
         (staging / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        build_mar.archive(staging, name, staging / "stock_image_handler.py", store)
+        build_mar.archive(staging, name, staging / handler.name, store)
 
 
 def probe_answers(server, name: str, text: str) -> list[list[float]]:
