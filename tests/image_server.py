@@ -19,7 +19,8 @@ def png(seed: int = 0) -> bytes:
 
 class Pictures(http.server.BaseHTTPRequestHandler):
     """/cat.png an image; /moved a redirect to it; /huge a Content-Length over the limit; /endless
-    a body with no length that runs past it; /slow an answer after 3 s; anything else 404."""
+    a body with no length that runs past it; /slow an answer after 3 s; /drip a body sent a byte at
+    a time; anything else 404."""
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         if self.path == "/moved":
@@ -30,6 +31,15 @@ class Pictures(http.server.BaseHTTPRequestHandler):
             if self.path == "/slow":
                 time.sleep(3)
             self.answer(png(), len(png()))
+        elif self.path == "/drip":  # a byte every 0.3 s: each read in time, the whole fetch not
+            self.send_response(200)
+            self.send_header("Content-Length", "20")
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                for _ in range(20):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.3)
         elif self.path == "/huge":
             self.answer(b"x" * 10, 10**9)
         elif self.path == "/endless":

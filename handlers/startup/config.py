@@ -287,7 +287,8 @@ class ImagesConfig:
     fetch_seconds: int = _option(
         values.positive_int,
         5,
-        meaning="image-text-embedding: the longest one image fetch may take (the batch waits for it)",
+        meaning="image-text-embedding: the deadline of one image fetch, checked between its reads (a server that "
+        "drips its bytes holds it twice that at most); the batch waits for it",
         why="a slow origin must not hold the worker's batch for long",
     )
 
