@@ -81,6 +81,7 @@ MODEL_FILES = (
     "colbert_linear.pt",  # bge-m3's heads: PyTorch files, read with weights_only=True (handlers/tasks/m3.py)
     "sparse_linear.pt",
     "preprocessor_config.json",  # an image processor's settings (CLIP: resize, crop, normalize)
+    "processor_config.json",  # the same, inside the processor's, as sentence-transformers saves a CLIP
 )
 # startupTimeout = MARGIN x (compile + warm-up) + what a worker spends before it (interpreter, imports,
 # model load), never under TorchServe's own default.

@@ -4,7 +4,8 @@
     a SparseEncoder's config_sentence_transformers.json            -> sparse-embedding
     PyLate's modules.json (a Dense module of PyLate's, no Pooling)  -> multi-vector
     bge-m3's heads, colbert_linear.pt and sparse_linear.pt         -> m3-embedding
-    config.json `model_type` clip or siglip, with preprocessor_config.json -> image-text-embedding
+    config.json `model_type` clip or siglip, with an image processor's    -> image-text-embedding
+    preprocessor_config.json (or processor_config.json's, as sentence-transformers saves it)
     a CrossEncoder's config_sentence_transformers.json             -> text-classification
     config.json `architectures`: *ForSequenceClassification        -> text-classification
                                  *ForTokenClassification           -> token-classification
@@ -56,8 +57,10 @@ IMAGE_TEXT_TYPES = ("clip", "siglip")  # SigLIP 2 (naflex: its images at their o
 def image_text_task(model_dir: Path) -> str | None:
     config = read_json(model_dir / "config.json") or {}
     kind = config.get("model_type") if isinstance(config, dict) else None
-    paired = kind in IMAGE_TEXT_TYPES and (model_dir / "preprocessor_config.json").is_file()
-    return "image-text-embedding" if paired else None
+    processor = (model_dir / "preprocessor_config.json").is_file() or "image_processor" in (
+        read_json(model_dir / "processor_config.json") or {}
+    )
+    return "image-text-embedding" if kind in IMAGE_TEXT_TYPES and processor else None
 
 
 def sentence_transformers_task(model_dir: Path) -> str | None:

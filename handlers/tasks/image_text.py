@@ -41,7 +41,7 @@ from ts_compiled_handlers.tasks.image_bodies import (
     ZeroShotForm,
     ZeroShotProtocol,
 )
-from ts_compiled_handlers.tasks.pooling import unit_rows
+from ts_compiled_handlers.tasks.pooling import normalizes, unit_rows
 
 if TYPE_CHECKING:
     from ts_compiled_handlers.startup.config import HandlerConfig
@@ -196,6 +196,7 @@ class ImageTextTask(Task):
         from transformers import AutoImageProcessor
 
         self.processor = AutoImageProcessor.from_pretrained(serving.model_dir)
+        self.normalize_default = normalizes(serving.model_dir)  # a sentence-transformers folder's Normalize
         vision = serving.model_config.vision_config
         class_token = 0 if is_siglip(serving.model_config) else 1
         self.image_tokens = (vision.image_size // vision.patch_size) ** 2 + class_token
@@ -212,6 +213,8 @@ class ImageTextTask(Task):
         from transformers import AutoModel
 
         model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
+        if getattr(model.config.vision_config, "vision_use_head", True) is False:
+            raise ValueError("this SigLIP has no vision head (vision_use_head: false): no image embedding to serve")
         self.vision_float32, self.label_scores = ImageFeatures(model), LabelScores.of(model)
         return TextFeatures(model, reads_padding=is_siglip(model.config))
 
@@ -258,7 +261,7 @@ class ImageTextTask(Task):
         if isinstance(accepted.request.form, ZeroShotForm):
             return self.zero_shot(accepted.request.form.labels, rows)
         embeddings = np.stack([row.numpy() for row in rows])
-        if accepted.request.params.get("normalize", False):
+        if accepted.request.params.get("normalize", self.normalize_default):
             embeddings = unit_rows(embeddings)
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         return [{"embedding": vector} for vector in embeddings]

@@ -14,6 +14,7 @@ from PIL import Image
 from test_adapters import ask
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
+from ts_compiled_handlers.scripts.build_mar import serving_files
 from ts_compiled_handlers.scripts.task_inference import infer_task
 from ts_compiled_handlers.servers.torchserve.image_text_handler import ImageTextHandler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
@@ -57,8 +58,19 @@ def reference(clip_dir):
 
 
 @pytest.fixture(scope="module")
-def handler(clip_dir):
-    return ready_handler(ImageTextHandler, clip_dir, buckets=GRID)
+def st_clip_dir(clip_dir, tmp_path_factory):
+    """The tiny CLIP as sentence-transformers saves it: its image processor inside processor_config.json."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path_factory.mktemp("st-clip")
+    SentenceTransformer(str(clip_dir), device="cpu").save(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def handler(st_clip_dir):
+    """Served from sentence-transformers' folder of the tiny CLIP: the same weights as `clip_dir`'s."""
+    return ready_handler(ImageTextHandler, st_clip_dir, buckets=GRID)
 
 
 def cosines(got: list, want: torch.Tensor) -> list[float]:
@@ -66,8 +78,23 @@ def cosines(got: list, want: torch.Tensor) -> list[float]:
     return torch.nn.functional.cosine_similarity(got, want.float(), dim=-1).tolist()
 
 
-def test_the_task_is_inferred_from_a_clip_folder_with_its_image_processor(clip_dir):
+def test_the_task_is_inferred_from_a_clip_folder_with_its_image_processor(clip_dir, st_clip_dir):
     assert infer_task(clip_dir) == "image-text-embedding"
+    assert not (st_clip_dir / "preprocessor_config.json").exists()
+    assert infer_task(st_clip_dir) == "image-text-embedding"
+    assert st_clip_dir / "processor_config.json" in serving_files(st_clip_dir)  # the build packs it
+
+
+def test_a_sentence_transformers_clip_answers_as_its_encode(st_clip_dir, handler):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(st_clip_dir), device="cpu")
+    pictures = [picture(seed) for seed in (20, 21)]
+    [answer] = answered(handler, [{"inputs": [*[{"image": data_uri(data)} for data in pictures], *TEXTS]}])
+    vectors = [item["embedding"] for item in answer]
+    images = model.encode([Image.open(io.BytesIO(data)).convert("RGB") for data in pictures], convert_to_tensor=True)
+    assert min(cosines(vectors[:2], images)) >= 0.9999
+    assert min(cosines(vectors[2:], model.encode(TEXTS, convert_to_tensor=True))) >= 0.9999
 
 
 def test_images_and_texts_in_one_request_equal_transformers_in_their_order(handler, reference):
