@@ -31,7 +31,7 @@ RUN --mount=type=secret,id=pip.conf --mount=type=secret,id=ca-certificates \
     export PIP_CONFIG_FILE=/run/secrets/pip.conf PIP_NO_CACHE_DIR=1 \
     && python3 -m venv /tmp/venv \
     && /tmp/venv/bin/pip wheel -q --no-deps --wheel-dir /dist /src \
-    && python3 /src/requirements.py /dist/*.whl > /dist/requirements.txt
+    && python3 /src/requirements.py /dist/*.whl images > /dist/requirements.txt
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title=ts-compiled-handlers

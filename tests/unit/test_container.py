@@ -129,3 +129,22 @@ def test_a_sigterm_to_the_container_stops_torchserve_through_its_own_stop(tmp_pa
     finally:
         container.kill()
     assert (tmp_path / "stop").read_text() == "stopped\n"
+
+
+def test_the_image_installs_the_plain_requirements_and_the_images_extra(tmp_path):
+    """deploy/docker/requirements.py on a wheel's METADATA: every plain requirement, those of the
+    extras named (the Dockerfile names `images`), none of the others."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.spec_from_file_location("requirements", ROOT / "deploy" / "docker" / "requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = ["numpy", 'ray[serve]==2.60.0; extra == "ray"', 'pillow; extra == "images"']
+    lines.append("sentencepiece ; extra == 'images'")
+    wheel = tmp_path / "x-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("x-1.0.dist-info/METADATA", "".join(f"Requires-Dist: {line}\n" for line in lines))
+    assert module.requirements(str(wheel)) == ["numpy"]
+    assert module.requirements(str(wheel), ("images",)) == ["numpy", "pillow", "sentencepiece"]
+    assert "requirements.py /dist/*.whl images >" in (ROOT / "Dockerfile").read_text()
