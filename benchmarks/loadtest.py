@@ -56,6 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+import yaml
 
 from ts_compiled_handlers.benchmarks import loadtest_images, loadtest_kinds, measure
 from ts_compiled_handlers.benchmarks.infinity_server import CONTENDERS as INFINITY
@@ -129,10 +130,14 @@ def build_archives(
         if name.startswith("infinity-"):  # served by Infinity itself, from the model folder
             continue
         if name == "stock":
-            build_stock(model_dir, store, max_length)
-        elif name in IMAGES:  # the CLIP's own length limit: no seq_lens past it
-            image_grid = {"handler": {"buckets": {key: value for key, value in grid.items() if key != "seq_lens"}}}
-            loadtest_images.build(name, image_dir, store, image_grid, max_length=64)
+            settings = {"max_length": max_length, "do_lower_case": True}
+            build_stock(model_dir, store, name, Path(__file__).parent / "stock_handler.py", settings)
+        elif name == "stock-images":  # texts up to the CLIP's own limit, 64
+            build_stock(image_dir, store, name, loadtest_images.STOCK_HANDLER, {"max_length": 64})
+        elif name == "ours-images":  # the CLIP's own length limit: no seq_lens past it
+            image_grid = {key: value for key, value in grid.items() if key != "seq_lens"}
+            config = {"handler": {"dtype": "auto", "buckets": image_grid}}
+            build_mar.build(image_dir, "image-text-embedding", name, store, config)
         elif name in loadtest_kinds.KINDS:
             folder = loadtest_kinds.model_folder(name, model_dir, store.parent / "kinds")
             build_mar.build(folder, loadtest_kinds.KINDS[name][0], name, store, configs[name])
@@ -150,10 +155,22 @@ def int8_config(ours: dict, quantize: str) -> dict:
     return build_mar.merge(ours, {"handler": {"dtype": "auto", **settings}})
 
 
-def build_stock(model_dir: Path, store: Path, max_length: int) -> None:
-    """The stock handler's archive: model files, its handler, and the pt2 compile section."""
-    settings = {"max_length": max_length, "do_lower_case": True}
-    loadtest_images.stock_archive(model_dir, store, "stock", Path(__file__).parent / "stock_handler.py", settings)
+def build_stock(folder: Path, store: Path, name: str, handler: Path, settings: dict) -> None:
+    """A stock handler's archive (`stock`, `stock-images`): the model's files, the handler, its
+    `handler:` settings and TorchServe's pt2 compile section."""
+    config = {
+        **build_mar.DEFAULT_MODEL_CONFIG,
+        "handler": settings,
+        "pt2": {"compile": {"enable": True, "backend": "inductor", "mode": "default"}},
+    }
+    with tempfile.TemporaryDirectory() as temp:
+        staging = Path(temp)
+        for item in folder.iterdir():
+            if item.is_file():
+                shutil.copy2(item, staging / item.name)
+        shutil.copy2(handler, staging / handler.name)
+        (staging / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        build_mar.archive(staging, name, staging / handler.name, store)
 
 
 def drive(server: TorchServe, name: str, texts: list, clients: int, duration: float, rate: float | None = None) -> list:

@@ -15,14 +15,11 @@ with the other's.
 """
 
 import io
-import shutil
-import tempfile
 import zlib
 from functools import cache
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 IMAGE_CONTENDERS = ("ours-images", "stock-images")
 IMAGE_EVERY = 4  # one request in this many carries an image
@@ -62,35 +59,7 @@ def body(text: str) -> tuple[bytes, str]:
     return text.encode(), "text/plain; charset=utf-8"
 
 
-def build(name: str, folder: Path, store: Path, ours: dict, max_length: int) -> None:
-    """The contender's archive, of the CLIP folder."""
-    from ts_compiled_handlers.scripts import build_mar
-
-    if name == "ours-images":
-        config = build_mar.merge(ours, {"handler": {"dtype": "auto"}})
-        build_mar.build(folder, "image-text-embedding", name, store, config)
-        return
-    stock_archive(folder, store, name, Path(__file__).parent / "stock_image_handler.py", {"max_length": max_length})
-
-
-def stock_archive(folder: Path, store: Path, name: str, handler: Path, settings: dict) -> None:
-    """A stock handler's archive (the load test's `stock` and `stock-images`): the model's files,
-    the handler, its `handler:` settings and TorchServe's pt2 compile section."""
-    from ts_compiled_handlers.scripts import build_mar
-
-    config = {
-        **build_mar.DEFAULT_MODEL_CONFIG,
-        "handler": settings,
-        "pt2": {"compile": {"enable": True, "backend": "inductor", "mode": "default"}},
-    }
-    with tempfile.TemporaryDirectory() as temp:
-        staging = Path(temp)
-        for item in folder.iterdir():
-            if item.is_file():
-                shutil.copy2(item, staging / item.name)
-        shutil.copy2(handler, staging / handler.name)
-        (staging / "model-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        build_mar.archive(staging, name, staging / handler.name, store)
+STOCK_HANDLER = Path(__file__).parent / "stock_image_handler.py"
 
 
 def probe_answers(server, name: str, text: str) -> list[list[float]]:

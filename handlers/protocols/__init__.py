@@ -84,6 +84,7 @@ class Protocol:
     texts_field = "inputs"  # the body's field of texts, named when an answer would be too large
     content_type = "application/json"
     reads_body = True  # False: answered whatever the body (a GET without one)
+    takes_image_body = False  # True: reads an image/* body, handed over as bytes (`body_value`)
 
     def accepts(self, value: Any) -> bool:
         """Whether a body read from JSON or text (`body_value`) is this protocol's."""
@@ -127,6 +128,10 @@ def read_request(body: Any, content_type: str | None, route: str, protocols, spe
     if not served[0].reads_body:
         return served[0].read(None, spec)
     value = body_value(body, content_type)
+    if isinstance(value, bytes) and not any(protocol.takes_image_body for protocol in served):
+        raise RequestError(
+            415, "an image body is not read here: image-text-embedding archives take one on their predictions path"
+        )
     return next((protocol for protocol in served if protocol.accepts(value)), served[-1]).read(value, spec)
 
 

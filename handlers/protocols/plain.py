@@ -19,8 +19,6 @@ class PlainProtocol(Protocol):
         value = spec.adapt(value)
         if isinstance(value, str):
             return Request(check_texts([value], spec.max_inputs), {}, self, is_list=False)
-        if isinstance(value, bytes):  # an image/* body (protocols/__init__.py's body_value), here unread
-            raise RequestError(415, "this model takes text: an image body is served by image-text-embedding archives")
         if not isinstance(value, dict) or "inputs" not in value:
             raise RequestError(400, "JSON body must be an object with an 'inputs' key", "inputs")
         texts, is_list = _texts(value["inputs"], spec.max_inputs, spec.pairs)

@@ -55,6 +55,7 @@ class MixedInputsProtocol(Protocol):
     """This package's plain body with images among the inputs; answered as the plain protocol."""
 
     routes = ("",)
+    takes_image_body = True
 
     def __init__(self, read_images: ReadImages):
         self.read_images = read_images

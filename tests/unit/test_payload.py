@@ -46,9 +46,14 @@ def test_bad_requests_get_their_own_4xx(body, code, fragment):
 
 
 def test_an_image_body_on_a_text_model_is_refused_as_a_media_type():
-    with pytest.raises(RequestError) as error:
-        parse_one(b"\x89PNG\r\n\x1a\n", "image/png")
-    assert error.value.status == 415 and "this model takes text" in error.value.message
+    from ts_compiled_handlers.protocols import read_request
+    from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol
+
+    protocols = [EmbeddingsProtocol(), PlainProtocol()]
+    for route in ("", "v1/embeddings"):
+        with pytest.raises(RequestError) as error:
+            read_request(b"\x89PNG\r\n\x1a\n", "image/png", route, protocols, RequestSpec(PARAMS, 4))
+        assert error.value.status == 415 and "an image body is not read here" in error.value.message
 
 
 def test_errors_never_echo_the_input():
