@@ -2,6 +2,8 @@
 handlers/log4j2.xml), so a run that crosses midnight finds its earlier lines in the rolled files."""
 
 import gzip
+import re
+import time
 from pathlib import Path
 
 
@@ -12,3 +14,15 @@ def log_text(workdir: Path, name: str = "model_log.log") -> str:
     current = logs / name
     text = "".join(gzip.decompress(path.read_bytes()).decode(errors="replace") for path in rolled)
     return text + (current.read_text(errors="replace") if current.is_file() else "")
+
+
+def logged_lines(workdir: Path, pattern: str, at_least: int = 1, seconds: float = 30) -> list[str]:
+    """The lines of model_log.log that match `pattern`, once there are `at_least` of them (or the
+    deadline passes): TorchServe marks a worker ready when its reply arrives, and the worker's last
+    log lines, relayed from its stdout by another thread, may reach the file a moment later."""
+    deadline = time.monotonic() + seconds
+    while True:
+        lines = [line for line in log_text(workdir).splitlines() if re.search(pattern, line)]
+        if len(lines) >= at_least or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)

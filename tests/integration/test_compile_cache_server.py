@@ -9,7 +9,7 @@ import zipfile
 import pytest
 import requests
 import yaml
-from server_logs import log_text
+from server_logs import logged_lines
 
 from ts_compiled_handlers.runtime import hardware
 from ts_compiled_handlers.scripts.build_mar import STARTUP_FLOOR_SECONDS, build
@@ -50,9 +50,9 @@ def server(store, tmp_path_factory):
         torchserve.stop()
 
 
-def worker_lines(server, model: str, text: str) -> list[str]:
-    log = log_text(server.workdir)
-    return [line for line in log.splitlines() if f"-{model}_1.0" in line and text in line]
+def worker_lines(server, model: str, text: str, at_least: int = 0) -> list[str]:
+    """The lines of `model`'s workers that contain `text`, once there are `at_least` of them."""
+    return logged_lines(server.workdir, f"-{re.escape(model)}_1\\.0.*{re.escape(text)}", at_least)
 
 
 def test_a_precompiled_archive_carries_its_cache_and_a_measured_startup_timeout(store):
@@ -74,7 +74,7 @@ def test_a_worker_loads_the_packed_cache_and_says_so(server):
     server.register("packed.mar", workers=1)
     response = server.predict("packed", {"inputs": "hello world"})
     assert response.status_code == 200 and len(response.json()["embedding"]) == 32
-    assert len(worker_lines(server, "packed", "compile cache: hit, unpacked from the archive")) == 1
+    assert len(worker_lines(server, "packed", "compile cache: hit, unpacked from the archive", 1)) == 1
     metric = re.search(r'^CompileCacheHit\{ModelName="packed".*\} ([0-9.]+)$', server.metrics(), re.MULTILINE)
     assert metric is not None and float(metric.group(1)) == 1.0
 
@@ -85,8 +85,8 @@ def test_four_workers_started_at_once_compile_once_and_share_it(server, attempt)
     server.register(f"{name}.mar", workers=4)
     described = requests.get(f"{server.management_url}/models/{name}", headers=server.headers("management"), timeout=30)
     assert [worker["status"] for worker in described.json()[0]["workers"]] == ["READY"] * 4
-    assert len(worker_lines(server, name, "compile cache: miss, compiled here")) == 1
-    assert len(worker_lines(server, name, "compile cache: hit, this host's cache from an earlier worker")) == 3
+    assert len(worker_lines(server, name, "compile cache: miss, compiled here", 1)) == 1
+    assert len(worker_lines(server, name, "compile cache: hit, this host's cache from an earlier worker", 3)) == 3
     assert worker_lines(server, name, "check failed") == worker_lines(server, name, "EAGERLY") == []
     assert server.predict(name, {"inputs": ["a", "b c"]}).status_code == 200
 
@@ -116,7 +116,7 @@ def test_the_management_cli_scales_up_warm_versions_and_unregisters(server, caps
     assert [worker["status"] for worker in described["workers"]] == ["READY"] * 2
     # The new worker came up warm: it loaded compiled kernels instead of compiling.
     assert worker_lines(server, "packed", "compile cache: miss") == []
-    assert len(worker_lines(server, "packed", "compile cache: hit")) == 2
+    assert len(worker_lines(server, "packed", "compile cache: hit", 2)) == 2
     # Two workers on this host's cores: the new one starts with its share, the first one re-shares.
     cores = hardware.usable_cores()
     assert (

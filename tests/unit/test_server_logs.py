@@ -3,7 +3,7 @@
 import gzip
 import os
 
-from server_logs import log_text
+from server_logs import log_text, logged_lines
 
 
 def test_rolled_files_come_first_oldest_first_then_the_current_one(tmp_path):
@@ -17,3 +17,11 @@ def test_rolled_files_come_first_oldest_first_then_the_current_one(tmp_path):
     (logs / "model_log.log").write_text("third\n")
     assert log_text(tmp_path) == "first\nsecond\nthird\n"
     assert log_text(tmp_path, "ts_log.log") == "another file\n"
+
+
+def test_logged_lines_waits_for_the_count_then_gives_what_is_there(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "model_log.log").write_text("w1 Ready in 3s\nother\nw2 Ready in 2s\n")
+    assert logged_lines(tmp_path, "Ready in", at_least=2) == ["w1 Ready in 3s", "w2 Ready in 2s"]
+    assert logged_lines(tmp_path, "Ready in", at_least=3, seconds=0.2) == ["w1 Ready in 3s", "w2 Ready in 2s"]
