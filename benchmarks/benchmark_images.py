@@ -1,14 +1,15 @@
-"""Images/s of a CLIP archive's vision tower, compiled against eager at the same dtype, in one process.
+"""Images/s of a CLIP archive's vision tower, compiled and AOT-packaged against eager at the same dtype, in one process.
 
 A random-weight CLIP of ViT-B/32's shape (scripts/make_tiny_models.py's `make_clip` at "b32":
 vision tower hidden 768, 12 layers, 224 pixels in 32-pixel patches; text tower 512 wide, 12 layers)
-is built as a worker builds it (`Worker.build`, `dtype: auto`, compiled, warmed, checked). Then
-its vision module runs compiled and eagerly, timed in turns, at each batch size of the grid (the
-pixels given: the model call alone). The read of one image is timed apart: a 640 x 480 JPEG
+is built as a worker builds it (`Worker.build`, `dtype: auto`, compiled, warmed, checked); then its
+AOT packages are built (`hfserve build --precompile aot`'s step) and a second worker starts from
+them. The vision module runs eagerly, compiled and from its package, timed in turns, at each batch
+size of the grid (the pixels given: the model call alone). The read of one image is timed apart: a 640 x 480 JPEG
 decoded and preprocessed by the model's processor (resize, crop, normalize), the other part of an
 image's cost on a CPU. Weights are random: speed does not depend on them. Parity is measured too:
-the least cosine of the served vectors (the archive's dtype, compiled) to transformers'
-`get_image_features` / `get_text_features` in float32 eager, on 8 pictures and 8 texts.
+the least cosine of the served vectors (the archive's dtype; compiled, and from the AOT packages)
+to transformers' `get_image_features` / `get_text_features` in float32 eager, on 8 pictures and 8 texts.
 
     python benchmarks/benchmark_images.py               # ViT-B/32 size, batches 1, 8, 32
     python benchmarks/benchmark_images.py --quick       # the tests' tiny CLIP, a smoke run
@@ -25,8 +26,10 @@ import numpy as np
 import torch
 
 from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.benchmarks.in_process import build_aot_package
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make_clip
+from ts_compiled_handlers.servers.torchserve.image_text_handler import ImageTextHandler
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks.image_text import ImageTextTask, probe_image
 from ts_compiled_handlers.worker.worker import Worker
@@ -48,19 +51,15 @@ def run(args) -> dict:
         model_dir = make_clip(Path(scratch) / "clip", "test" if args.quick else "b32")
         config = {"dtype": args.dtype, "buckets": {"seq_lens": [16, 64], "batch_sizes": args.batches}}
         worker = Worker.build(Placement(model_dir, "clip", {"handler": config}), ImageTextTask)
-        least_cosines = parity(worker, model_dir)
+        least_cosines = {"compiled": parity(worker, model_dir)}
+        build_aot_package(ImageTextHandler, model_dir, {"handler": config})
+        packaged = Worker.build(Placement(model_dir, "clip", {"handler": config}), ImageTextTask)
+        sources = {"texts": packaged.started.cache_source, **packaged.task.side_sources()}
+        if sources != {"texts": "aot", "vision": "aot package"}:
+            raise RuntimeError(f"the worker did not serve its AOT packages: {sources}, see the log")
+        least_cosines["aot"] = parity(packaged, model_dir)
+        rows = time_towers(worker.task.vision, packaged.task.vision, worker.task.processor.crop_size["height"], args)
     vision = worker.task.vision
-    size = worker.task.processor.crop_size["height"]
-    rows = []
-    for batch in args.batches:
-        pixels = torch.randn(batch, 3, size, size).to(next(vision.eager.parameters()).dtype)
-        calls = {"eager": lambda p=pixels: vision.eager(p), "compiled": lambda p=pixels: vision.compiled(p)}
-        with torch.inference_mode():
-            samples = measure.time_interleaved(calls, args.warmup, args.iterations, vision.device)
-        found = {name: measure.summarize(values) for name, values in samples.items()}
-        per_second = {name: batch / found[name]["median"] for name in calls}
-        noisy = any(summary["noisy"] for summary in found.values())
-        rows.append({"batch": batch, **per_second, "x": per_second["compiled"] / per_second["eager"], "noisy": noisy})
     uri = photo_uri()
     read = measure.summarize(
         measure.time_calls(lambda: worker.task.read_images([uri], ["image"], [0]), 2, 20, vision.device)
@@ -73,6 +72,27 @@ def run(args) -> dict:
         "read_one_image_ms": round(read["median"] * 1000, 2),
         "least_cosine_to_float32": least_cosines,
     }
+
+
+def time_towers(compiled, packaged, size: int, args) -> list[dict]:
+    """Images/s of the vision module eager, compiled and from its package, timed in turns per batch."""
+    eager = compiled.model._orig_mod  # torch.compile's module wraps the eager one
+    rows = []
+    for batch in args.batches:
+        pixels = torch.randn(batch, 3, size, size).to(compiled.dtype)
+        calls = {
+            "eager": lambda p=pixels: eager(p),
+            "compiled": lambda p=pixels: compiled.model(p),
+            "aot": lambda p=pixels: packaged.model(p),
+        }
+        with torch.inference_mode():
+            samples = measure.time_interleaved(calls, args.warmup, args.iterations, compiled.device)
+        found = {name: measure.summarize(values) for name, values in samples.items()}
+        per_second = {name: batch / found[name]["median"] for name in calls}
+        noisy = any(summary["noisy"] for summary in found.values())
+        ratios = {"x": per_second["compiled"] / per_second["eager"], "aot_x": per_second["aot"] / per_second["eager"]}
+        rows.append({"batch": batch, **per_second, **ratios, "noisy": noisy})
+    return rows
 
 
 PARITY_TEXTS = ["a photo of a cat", "two dogs", "the red house by the river", "a", "berlin at night"] + [
@@ -103,14 +123,16 @@ def parity(worker, model_dir: Path) -> dict:
 
 def print_table(result: dict) -> None:
     print(f"{result['model']}, {result['dtype']}; {result['machine']}")
-    print("images/s of the vision tower (pixels given), compiled and eager timed in turns")
-    print(f"{'batch':>5} {'eager':>10} {'compiled':>10} {'x':>6}")
+    print("images/s of the vision tower (pixels given), eager, compiled and AOT package timed in turns")
+    print(f"{'batch':>5} {'eager':>10} {'compiled':>10} {'x':>6} {'aot':>10} {'x':>6}")
     for row in result["rows"]:
         line = f"{row['batch']:>5} {row['eager']:>10.1f} {row['compiled']:>10.1f} {row['x']:>6.2f}"
+        line += f" {row['aot']:>10.1f} {row['aot_x']:>6.2f}"
         print(line + (" noisy" if row["noisy"] else ""))
     print(f"reading one 640 x 480 JPEG (decode, resize, crop, normalize): {result['read_one_image_ms']} ms")
-    least = result["least_cosine_to_float32"]
-    print(f"least cosine to float32 eager transformers: images {least['images']:.5f}, texts {least['texts']:.5f}")
+    for how, least in result["least_cosine_to_float32"].items():
+        kinds = ", ".join(f"{kind} {value:.5f}" for kind, value in least.items())
+        print(f"least cosine to float32 eager transformers, {how}: {kinds}")
 
 
 def main(argv=None) -> dict:

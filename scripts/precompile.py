@@ -114,6 +114,9 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
         raise RuntimeError(
             f"the AOT package was built but a worker here serves from {served.model_source}: see the log"
         )
+    unpackaged = {name: source for name, source in served.worker.task.side_sources().items() if source != "aot package"}
+    if unpackaged:
+        raise RuntimeError(f"the AOT packages were built but a worker here serves {unpackaged}: see the log")
     aot_start.check_package_everywhere(served.engine, served.serving, ProgressBar())
     return {**built, "initialize_seconds": round(seconds, 1), "valid_for": valid_for}
 

@@ -258,19 +258,20 @@ def package_constants(program, module: torch.nn.Module, model_dir: Path, dtype: 
     return sources, missing | lifted
 
 
-def _export(module: torch.nn.Module, plan: buckets.BucketPlan, device: torch.device, layout: Layout):
+def export_over_batches(module: torch.nn.Module, inputs_for: Callable[[int], tuple[dict, dict]], max_batch: int):
     """The exported program and the least batch it serves: 1, or 2 where the model's trace
     specializes a batch of one (CUDA's attention does, on torch 2.11); a lone row is then run
-    beside a copy of itself (`AotModel`)."""
+    beside a copy of itself (`AotModel`, `SidePackage`). `inputs_for(min_batch)` gives the example
+    inputs and their dynamic dimensions."""
     from torch._dynamo.exc import UserError
 
     for min_batch in (1, 2):
-        inputs, dynamic_shapes = _example_inputs(plan, device, layout, min_batch)
+        inputs, dynamic_shapes = inputs_for(min_batch)
         try:
             with torch.inference_mode():
                 return torch.export.export(module, (), inputs, dynamic_shapes=dynamic_shapes, strict=False), min_batch
         except UserError as cause:
-            if min_batch > 1 or plan.max_batch < 2 or "size()[0] != 1" not in str(cause):
+            if min_batch > 1 or max_batch < 2 or "size()[0] != 1" not in str(cause):
                 raise
             why = " ".join(str(cause).split("\n")[:2])
             logger.warning("The export specializes a batch of one: the package serves batches from 2 (%s)", why)
@@ -289,47 +290,65 @@ def build(
     """Export `module` over the plan's bounds, compile it with AOTInductor into the archive's
     `aot_package/`, and write where its weights are, the reference answers and the manifest;
     returns the build's timings."""
+    device = next(module.parameters()).device
+    began = time.perf_counter()
+    program = export_over_batches(
+        module, lambda min_batch: _example_inputs(plan, device, layout, min_batch), plan.max_batch
+    )
+    exported = time.perf_counter() - began
+    described = {"layout": dataclasses.asdict(layout)}
+    built = write(program, module, options, valid_for, model_dir / PACKAGE_DIR, reference.save, described)
+    return {"export_seconds": round(exported, 1), **built}
+
+
+def write(exported, module, options, valid_for: dict, target: Path, save_reference, described: dict) -> dict:
+    """Compile an exported program (`export_over_batches`' answer) with AOTInductor into `target`,
+    a folder of the archive, with where its weights are in the archive, the build's reference
+    answers (`save_reference(path)`) and the manifest (plus `described`); returns the build's timings."""
     from safetensors.torch import save_file
 
     if options.backend != "inductor":
         raise PackageError(f"compile.backend is {options.backend!r}; ahead-of-time packages need 'inductor'")
-    device = next(module.parameters()).device
-    target = model_dir / PACKAGE_DIR
+    program, min_batch = exported
+    model_dir = target.parent if target.name == PACKAGE_DIR else target.parent.parent  # aot_package/<side model>/
     target.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    program, min_batch = _export(module, plan, device, layout)
-    exported = time.perf_counter()
     torch._inductor.aoti_compile_and_package(
         program, package_path=str(target / PACKAGE_FILE), inductor_configs=inductor_options(options)
     )
     sources, missing = package_constants(program, module, model_dir, getattr(torch, valid_for["dtype"]))
     save_file(missing, str(target / CONSTANTS_FILE))
-    reference.save(target / REFERENCE_FILE)
+    save_reference(target / REFERENCE_FILE)
     built = {
-        "export_seconds": round(exported - began, 1),
-        "compile_seconds": round(time.perf_counter() - exported, 1),
+        "compile_seconds": round(time.perf_counter() - began, 1),
         "constants_from_checkpoint": len(sources),
         "constants_in_package": sorted(missing),
     }
-    description = {
-        "min_batch": min_batch,
-        "valid_for": valid_for,
-        "files": _files(target),
-        "weights": sources,
-        "layout": dataclasses.asdict(layout),
-        "built": built,
-    }
-    (target / compile_cache.MANIFEST_FILE).write_text(json.dumps(description, indent=2))
+    description = {"min_batch": min_batch, "valid_for": valid_for, "files": _files(target), "weights": sources}
+    (target / compile_cache.MANIFEST_FILE).write_text(
+        json.dumps({**description, **described, "built": built}, indent=2)
+    )
     return built
 
 
 def load(packed: Path, valid_for: dict, model_dir: Path, device: torch.device) -> Package:
     """The package's runner with its weights bound, and the build's reference answers; PackageError
     saying why not."""
+    runner, constants, description = load_native(packed, valid_for, model_dir, device)
+    try:
+        layout = Layout(**description["layout"])
+        reference = Reference.load(packed / REFERENCE_FILE)
+    except Exception as cause:  # a manifest or a reference file of another format
+        raise PackageError(f"the package does not load ({type(cause).__name__}: {cause})") from cause
+    return Package(runner, constants, reference, layout, description.get("min_batch", 1))
+
+
+def load_native(packed: Path, valid_for: dict, model_dir: Path, device: torch.device):
+    """The native runner of the package in `packed` with its weights bound, those weights (which
+    must outlive it) and its manifest, once every field and checksum matches; PackageError saying why not."""
     description = compile_cache.checked_manifest(packed, valid_for, PackageError)
     try:
         files, sources = description["files"], description["weights"]
-        layout = Layout(**description["layout"])
     except (KeyError, TypeError) as cause:
         raise PackageError(f"unreadable manifest ({type(cause).__name__}: {cause})") from cause
     for name in (PACKAGE_FILE, CONSTANTS_FILE, REFERENCE_FILE):
@@ -339,10 +358,9 @@ def load(packed: Path, valid_for: dict, model_dir: Path, device: torch.device) -
         constants = load_weights(model_dir, sources, packed, dtype, device)
         runner = NativePackage(packed / PACKAGE_FILE, device)
         runner.bind(constants)
-        reference = Reference.load(packed / REFERENCE_FILE)
     except Exception as cause:  # safetensors, the runtime and torch raise many kinds: all mean "does not load"
         raise PackageError(f"the package does not load ({type(cause).__name__}: {cause})") from cause
-    return Package(runner, constants, reference, layout, description.get("min_batch", 1))
+    return runner, constants, description
 
 
 class AotModel(ModelRunner):

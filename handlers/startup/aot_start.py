@@ -18,6 +18,7 @@ from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.runtime import hardware
 from ts_compiled_handlers.startup import aot_package, warmup
 from ts_compiled_handlers.startup.serving import Serving, Started
+from ts_compiled_handlers.startup.side_packages import SidePackages
 from ts_compiled_handlers.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,11 @@ logger = logging.getLogger(__name__)
 def package_manifest(serving: Serving, dtype: torch.dtype) -> dict:
     """What an AOT package must have been built for to serve this worker."""
     return aot_package.manifest(hardware.detect(), dtype, serving.plan, serving.compile_options, serving.model_dir)
+
+
+def side_packages(serving: Serving, dtype: torch.dtype) -> SidePackages | None:
+    """The archive's packages of the task's side models (None where compiling is off)."""
+    return SidePackages(serving, package_manifest(serving, dtype)) if serving.config.compile.enable else None
 
 
 def serve_package(task: Task, serving: Serving, began: float, progress=None) -> tuple[Engine, Started] | None:
@@ -95,7 +101,9 @@ def build_package(task: Task, serving: Serving, eager: Engine) -> dict:
     reference = aot_package.Reference(probe, eager.run(probe).rows)
     valid_for = package_manifest(serving, eager.dtype)
     module, options = eager.model.eager, serving.compile_options
-    return aot_package.build(module, serving.plan, options, valid_for, serving.model_dir, reference, eager.layout)
+    built = aot_package.build(module, serving.plan, options, valid_for, serving.model_dir, reference, eager.layout)
+    side = task.build_side_packages(serving, eager.dtype, SidePackages(serving, valid_for))
+    return {**built, "side_packages": side} if side else built
 
 
 def check_package_everywhere(engine: Engine, serving: Serving, progress=None) -> None:

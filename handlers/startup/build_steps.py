@@ -48,15 +48,15 @@ def build_engine(task: Task, serving: Serving, progress=None) -> tuple[Engine, S
     """The engine a worker serves: from the archive's AOT package where it can, else compiled."""
     began = time.perf_counter()
     served = aot_start.serve_package(task, serving, began, progress)
-    if served is not None:
-        return served
-    engine = eager_engine(task, serving)
-    load_seconds = time.perf_counter() - began
-    graphs_needed = task.graphs_needed(serving.plan)
-    engine = engine.on(CompiledModel(engine.model.eager, serving.compile_options, graphs_needed, task.FREEZES))
-    started = compile_and_warm_up(engine, serving, load_seconds, progress)
-    task.build_side_models(serving, engine.dtype, warmup.check_drift)
-    return engine, started
+    if served is None:
+        engine = eager_engine(task, serving)
+        load_seconds = time.perf_counter() - began
+        graphs_needed = task.graphs_needed(serving.plan)
+        engine = engine.on(CompiledModel(engine.model.eager, serving.compile_options, graphs_needed, task.FREEZES))
+        served = engine, compile_and_warm_up(engine, serving, load_seconds, progress)
+    packages = aot_start.side_packages(serving, served[0].dtype)
+    task.build_side_models(serving, served[0].dtype, warmup.check_drift, packages)
+    return served
 
 
 def eager_engine(task: Task, serving: Serving) -> Engine:

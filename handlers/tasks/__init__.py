@@ -110,9 +110,20 @@ class Task:
         """The model's kind as TEI's `info` names it (None: not one of TEI's)."""
         return None
 
-    def build_side_models(self, serving, dtype: torch.dtype, check_drift) -> None:
+    def build_side_models(self, serving, dtype: torch.dtype, check_drift, packages) -> None:
         """Build, warm and check (`check_drift(name, outputs, reference, tolerance)`, the startup
-        room's) what the task runs beside the engine (an image tower), before ready."""
+        room's) what the task runs beside the engine (an image tower), before ready: from the
+        archive's AOT packages of them where `packages` (handlers/startup/side_packages.py; None
+        where compiling is off) loads one that serves."""
+
+    def build_side_packages(self, serving, dtype: torch.dtype, packages) -> dict:
+        """Export what `build_side_models` builds into the archive's AOT packages (`packages.build`),
+        after the engine's package is built; the builds' timings by name."""
+        return {}
+
+    def side_sources(self) -> dict[str, str]:
+        """Where each side model serves from (`aot package`, `compiled`, `eager`), by name."""
+        return {}
 
     def with_images(self, requests: list[Accepted], rows: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
         """Each request's output rows with its images' rows in place (tasks that take images)."""

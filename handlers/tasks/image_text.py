@@ -83,26 +83,30 @@ class ImageFeatures(torch.nn.Module):
 
 
 class VisionRunner:
-    """The vision module, compiled once per batch size of the plan (`compiled` None: eager). Every
-    call is padded to a batch size warmed before ready, so none compiles after it (dynamo's graph
-    count, which the tests hold, covers both towers)."""
+    """The vision module (compiled, its AOT package, or eager: `source`), called at the plan's batch
+    sizes only: every call is padded to one warmed before ready, so none compiles after it
+    (dynamo's graph count, which the tests hold, covers both towers)."""
 
-    def __init__(self, eager, compiled, batch_sizes: tuple[int, ...], device: torch.device):
-        self.eager, self.compiled, self.batch_sizes, self.device = eager, compiled, batch_sizes, device
+    def __init__(self, model, dtype: torch.dtype, batch_sizes: tuple[int, ...], device: torch.device, source: str):
+        self.model, self.dtype, self.batch_sizes, self.device, self.source = model, dtype, batch_sizes, device, source
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         """(n, 3, H, W) -> (n, dim) float32, in calls of the plan's batch sizes."""
-        dtype = next(self.eager.parameters()).dtype
         rows = []
         with torch.inference_mode():
             for start in range(0, len(pixels), self.batch_sizes[-1]):
                 chunk = pixels[start : start + self.batch_sizes[-1]]
                 size = next(size for size in self.batch_sizes if size >= len(chunk))
-                padded = torch.zeros((size, *chunk.shape[1:]), dtype=dtype, device=self.device)
-                padded[: len(chunk)] = chunk.to(self.device, dtype)
-                model = self.compiled if self.compiled is not None else self.eager
-                rows.append(model(padded)[: len(chunk)].float().cpu())
+                padded = torch.zeros((size, *chunk.shape[1:]), dtype=self.dtype, device=self.device)
+                padded[: len(chunk)] = chunk.to(self.device, self.dtype)
+                rows.append(self.model(padded)[: len(chunk)].float().cpu())
         return torch.cat(rows)
+
+    def warm_and_check(self, probe: torch.Tensor, expected: list, name: str, check_drift, tolerance: float) -> None:
+        """Every batch size live traffic will meet, then the probe's answers against `expected`."""
+        for size in self.batch_sizes:
+            self(probe[:1].expand(size, *probe.shape[1:]))
+        check_drift(name, list(self(probe)), expected, tolerance)
 
 
 def build_vision(module: ImageFeatures, serving, dtype: torch.dtype, pixels_of, check_drift) -> VisionRunner:
@@ -110,32 +114,51 @@ def build_vision(module: ImageFeatures, serving, dtype: torch.dtype, pixels_of, 
     against its float32 self on probe images before ready (the text tower's checks are the
     engine's). A compile or check that fails follows `compile.on_failure`: `eager` serves images
     eagerly (still checked at the dtype), `fail` fails the worker."""
-    module = module.eval().to(serving.device)
-    probe = pixels_of([probe_image(seed) for seed in range(2)])
-    with torch.inference_mode():
-        expected = list(module(probe.to(serving.device)).float().cpu())
+    module, probe, expected = float32_answers(module, serving.device, pixels_of)
     module = module.to(dtype)
     batch_sizes = tuple(sorted(serving.plan.batch_sizes))
     options = serving.compile_options
-    compiled = None
+    runner = VisionRunner(module, dtype, batch_sizes, serving.device, "eager")
     if options.enable:
         process_settings.allow_graphs(len(batch_sizes))  # past dynamo's limit a size would run eagerly, silently
         compiled = torch.compile(module, backend=options.backend, mode=options.mode, dynamic=False)
-    runner = VisionRunner(module, compiled, batch_sizes, serving.device)
+        runner = VisionRunner(compiled, dtype, batch_sizes, serving.device, "compiled")
     tolerance = serving.tolerance(dtype)
     try:
-        for size in batch_sizes:  # every shape live traffic will meet
-            runner(probe[:1].expand(size, *probe.shape[1:]))
-        check_drift("images, served vs float32 eager", list(runner(probe)), expected, tolerance)
+        runner.warm_and_check(probe, expected, "images, served vs float32 eager", check_drift, tolerance)
     except Exception as error:
-        if compiled is None or options.on_failure == "fail":
+        if runner.source == "eager" or options.on_failure == "fail":
             raise
         logger.error("Images served EAGERLY: the vision tower's compile or check failed", exc_info=error)
-        runner.compiled = None
+        runner = VisionRunner(module, dtype, batch_sizes, serving.device, "eager")
         check_drift("images, eager vs float32 eager", list(runner(probe)), expected, tolerance)
-    how = "compiled" if runner.compiled is not None else "EAGER"
-    logger.info("Vision tower %s at batch sizes %s, checked against float32 eager", how, list(batch_sizes))
     return runner
+
+
+def packaged_vision(package, serving, dtype: torch.dtype, check_drift) -> VisionRunner | None:
+    """The vision tower from its AOT package (handlers/startup/side_packages.py), warmed at every batch
+    size and checked against the build's float32 answers; None, and why, where it fails."""
+    batch_sizes = tuple(sorted(serving.plan.batch_sizes))
+    runner = VisionRunner(
+        lambda pixels: package(pixel_values=pixels), dtype, batch_sizes, serving.device, "aot package"
+    )
+    probe, expected = package.reference["pixel_values"], list(package.reference["rows"])
+    try:
+        name = "images, AOT package vs the build's float32 eager"
+        runner.warm_and_check(probe, expected, name, check_drift, serving.tolerance(dtype))
+    except Exception as error:  # other answers (the check's message says by how much), or a defect
+        logger.warning("AOT package of the vision tower IGNORED, compiling it instead: %s", error, exc_info=error)
+        return None
+    return runner
+
+
+def float32_answers(module: ImageFeatures, device: torch.device, pixels_of) -> tuple[ImageFeatures, torch.Tensor, list]:
+    """The float32 module on `device`, the probe images' pixels and its answers to them."""
+    module = module.eval().to(device)
+    probe = pixels_of([probe_image(seed) for seed in range(2)])
+    with torch.inference_mode():
+        expected = list(module(probe.to(device)).float().cpu())
+    return module, probe, expected
 
 
 def probe_image(seed: int):
@@ -156,9 +179,17 @@ class LabelScores:
     bias: float | None  # SigLIP's; None: CLIP's softmax
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> "LabelScores":
-        bias = model.logit_bias.item() if is_siglip(model.config) else None
-        return cls(math.exp(model.logit_scale.item()), bias)
+    def read(cls, model_dir: Path, siglip: bool) -> "LabelScores":
+        """From the checkpoint, without building the model (a worker serving AOT packages builds none)."""
+        from safetensors import safe_open
+
+        wanted, found = {"logit_scale", *(("logit_bias",) if siglip else ())}, {}
+        for path in sorted(Path(model_dir).glob("*.safetensors")):
+            with safe_open(str(path), framework="pt") as checkpoint:
+                found |= {key: checkpoint.get_tensor(key).float().item() for key in wanted & set(checkpoint.keys())}
+        if wanted - set(found):
+            raise ValueError(f"the checkpoint lacks {sorted(wanted - set(found))}: no zero-shot scores")
+        return cls(math.exp(found["logit_scale"]), found.get("logit_bias"))
 
     def __call__(self, cosines: torch.Tensor) -> list[float]:
         logits = self.scale * cosines
@@ -171,7 +202,6 @@ class ImageTextTask(Task):
     """Texts and images in, one embedding each out (`{"embedding": [...]}`), in the request's order."""
 
     NAME = "image-text-embedding"
-    AOT = False  # the vision tower has no package yet (docs/tasks.md)
 
     def __init__(self, config: "HandlerConfig", continuous: bool = False):
         super().__init__(config, continuous)
@@ -200,6 +230,7 @@ class ImageTextTask(Task):
         vision = serving.model_config.vision_config
         class_token = 0 if is_siglip(serving.model_config) else 1
         self.image_tokens = (vision.image_size // vision.patch_size) ** 2 + class_token
+        self.label_scores = LabelScores.read(serving.model_dir, is_siglip(serving.model_config))
 
     def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig", model_config) -> buckets.BucketPlan:
         """SigLIP reads texts as it was trained: all padded to its position table, so one length."""
@@ -208,19 +239,36 @@ class ImageTextTask(Task):
         return dataclasses.replace(plan, seq_lens=(model_config.text_config.max_position_embeddings,), pack_tokens=None)
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:
-        """The text tower; the vision tower, still float32, is kept for `build_side_models`, so the
-        checkpoint is read once."""
-        from transformers import AutoModel
-
-        model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
-        if getattr(model.config.vision_config, "vision_use_head", True) is False:
-            raise ValueError("this SigLIP has no vision head (vision_use_head: false): no image embedding to serve")
-        self.vision_float32, self.label_scores = ImageFeatures(model), LabelScores.of(model)
+        """The text tower; the vision tower, still float32, is kept for `build_side_models` (or
+        `build_side_packages`), so the checkpoint is read once."""
+        model = load_clip(model_dir)
+        self.vision_float32 = ImageFeatures(model)
         return TextFeatures(model, reads_padding=is_siglip(model.config))
 
-    def build_side_models(self, serving, dtype: torch.dtype, check_drift) -> None:
+    def build_side_models(self, serving, dtype: torch.dtype, check_drift, packages) -> None:
+        """The vision tower from the archive's AOT package where it has one that serves, else compiled."""
+        package = packages.load("vision") if packages is not None else None
+        runner = packaged_vision(package, serving, dtype, check_drift) if package is not None else None
         module, self.vision_float32 = self.vision_float32, None
-        self.vision = build_vision(module, serving, dtype, self.pixels, check_drift)
+        if runner is None:
+            module = module if module is not None else ImageFeatures(load_clip(serving.model_dir))
+            runner = build_vision(module, serving, dtype, self.pixels, check_drift)
+        how = {"eager": "EAGER", "compiled": "compiled", "aot package": "from its AOT package"}[runner.source]
+        logger.info("Vision tower %s at batch sizes %s, checked against float32 eager", how, list(runner.batch_sizes))
+        self.vision = runner
+
+    def build_side_packages(self, serving, dtype: torch.dtype, packages) -> dict:
+        """The vision tower's AOT package, with the float32 answers to the probe images a worker checks it against."""
+        module, probe, expected = float32_answers(self.vision_float32, serving.device, self.pixels)
+        reference = {"pixel_values": probe, "rows": torch.stack(expected)}
+        return {
+            "vision": packages.build(
+                "vision", module.to(dtype), {"pixel_values": probe.to(serving.device, dtype)}, reference
+            )
+        }
+
+    def side_sources(self) -> dict[str, str]:
+        return {"vision": self.vision.source} if self.vision is not None else {}
 
     def pixels(self, images: list) -> torch.Tensor:
         """Images preprocessed exactly as the model's image processor does (resize, crop, normalize)."""
@@ -274,3 +322,13 @@ class ImageTextTask(Task):
         scores = self.label_scores(cosines)
         ranked = sorted(zip(scores, labels, strict=True), key=lambda pair: -pair[0])
         return [{"score": score, "label": label} for score, label in ranked]
+
+
+def load_clip(model_dir: Path) -> torch.nn.Module:
+    """The whole model (both towers) in float32, from safetensors only."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
+    if getattr(model.config.vision_config, "vision_use_head", True) is False:
+        raise ValueError("this SigLIP has no vision head (vision_use_head: false): no image embedding to serve")
+    return model

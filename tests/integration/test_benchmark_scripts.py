@@ -102,9 +102,10 @@ def test_benchmark_images_quick_times_the_vision_tower_at_every_batch(tmp_path):
     benchmark_images.main(["--quick", "--out", str(out)])
     result = json.loads(out.read_text())
     assert [row["batch"] for row in result["rows"]] == [1, 4]
-    assert all(row["eager"] > 0 and row["compiled"] > 0 for row in result["rows"])
+    assert all(row["eager"] > 0 and row["compiled"] > 0 and row["aot"] > 0 for row in result["rows"])
     assert result["read_one_image_ms"] > 0
-    assert min(result["least_cosine_to_float32"].values()) >= 0.999  # bfloat16 where auto picks it, else float32
+    least = result["least_cosine_to_float32"]  # bfloat16 where auto picks it, else float32
+    assert set(least) == {"compiled", "aot"} and min(min(kind.values()) for kind in least.values()) >= 0.999
 
 
 def test_benchmark_chunking_quick_cuts_every_document_and_sizes_every_precision(tmp_path):

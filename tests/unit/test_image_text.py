@@ -5,11 +5,12 @@ and warmed, nothing compiled after ready for any mix; hostile images refused by 
 import base64
 import dataclasses
 import io
+import shutil
 
 import numpy as np
 import pytest
 import torch
-from fakes import answered, ready_handler, status
+from fakes import answered, build_aot_package, ready_handler, status
 from PIL import Image
 from test_adapters import ask
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
@@ -126,7 +127,7 @@ def test_no_mix_of_image_counts_and_text_lengths_compiles_after_ready(handler):
         assert len(answer) == len(inputs)
     assert compiled_graph_count() == graphs
     assert handler.engine.model.recompiles_after_ready == 0
-    assert handler.worker.task.vision.compiled is not None
+    assert handler.worker.task.vision.source == "compiled"
 
 
 def animated_gif() -> bytes:
@@ -325,9 +326,53 @@ def test_a_vision_check_that_fails_follows_on_failure(clip_dir, monkeypatch, cap
             ready_handler(ImageTextHandler, clip_dir, **config)
         return
     handler = ready_handler(ImageTextHandler, clip_dir, **config)
-    assert "Images served EAGERLY" in caplog.text and handler.worker.task.vision.compiled is None
+    assert "Images served EAGERLY" in caplog.text and handler.worker.task.vision.source == "eager"
     [answer] = answered(handler, [{"inputs": [{"image": data_uri(picture(1))}]}])
     assert len(answer) == 1 and status(handler.context, 0) == 200
+
+
+@pytest.fixture(scope="module")
+def aot_clip_dir(st_clip_dir, tmp_path_factory):
+    """The sentence-transformers CLIP with both towers' AOT packages (`hfserve build --precompile aot`'s)."""
+    model = tmp_path_factory.mktemp("aot-clip") / "model"
+    shutil.copytree(st_clip_dir, model)
+    built = build_aot_package(ImageTextHandler, model, {"handler": {"dtype": "float32", "buckets": GRID}})
+    assert set(built["side_packages"]) == {"vision"}
+    return model
+
+
+def test_both_towers_serve_from_their_aot_packages_as_transformers_and_trace_nothing(aot_clip_dir, clip_dir, reference):
+    from transformers import pipeline
+
+    images, texts = reference
+    packaged = ready_handler(ImageTextHandler, aot_clip_dir, buckets=GRID)  # counts graphs from here
+    assert packaged.model_source == "aot package" and packaged.worker.task.side_sources() == {"vision": "aot package"}
+    pictures = [picture(seed) for seed in range(5)]  # 5: more than the largest batch
+    inputs = [{"image": data_uri(data)} for data in pictures] + TEXTS
+    [answer] = answered(packaged, [{"inputs": inputs}])
+    vectors = [row["embedding"] for row in answer]
+    assert min(cosines(vectors[:5], images(pictures))) >= 0.9999
+    assert min(cosines(vectors[5:], texts(TEXTS))) >= 0.9999
+    labels = ["cat", "dog", "red house"]
+    expected = pipeline("zero-shot-image-classification", model=str(clip_dir))(
+        Image.open(io.BytesIO(pictures[0])).convert("RGB"), candidate_labels=labels
+    )
+    [scores] = ask(packaged, [{"image": data_uri(pictures[0]), "candidate_labels": labels}], ["zero-shot"])
+    assert [item["label"] for item in scores] == [item["label"] for item in expected]
+    assert max(abs(got["score"] - want["score"]) for got, want in zip(scores, expected, strict=True)) <= 1e-4
+    assert compiled_graph_count() == 0 and packaged.engine.model.recompiles_after_ready == 0
+
+
+def test_a_damaged_vision_package_is_ignored_and_the_tower_compiled(aot_clip_dir, reference, tmp_path, caplog):
+    model = tmp_path / "model"
+    shutil.copytree(aot_clip_dir, model)
+    package = model / "aot_package" / "vision" / "model.pt2"
+    package.write_bytes(package.read_bytes()[:1000])
+    packaged = ready_handler(ImageTextHandler, model, buckets=GRID)
+    assert "AOT package of the vision IGNORED" in caplog.text and "sha256 mismatch" in caplog.text
+    assert packaged.model_source == "aot package" and packaged.worker.task.side_sources() == {"vision": "compiled"}
+    [answer] = answered(packaged, [{"inputs": [{"image": data_uri(picture(3))}]}])
+    assert min(cosines([answer[0]["embedding"]], reference[0]([picture(3)]))) >= 0.9999
 
 
 # SigLIP: texts padded to 64 and read without a mask, the last token pooled; images with no class
@@ -346,18 +391,23 @@ def siglip_handler(siglip_dir):
 
 
 def test_siglip_vectors_equal_transformers_with_max_length_padding(siglip_dir, siglip_handler):
-    from transformers import SiglipModel
-
     assert infer_task(siglip_dir) == "image-text-embedding"
     assert siglip_handler.engine.plan.seq_lens == (64,)
+    graphs = compiled_graph_count()
+    assert_siglip_vectors(siglip_dir, siglip_handler)
+    assert compiled_graph_count() == graphs
+
+
+def assert_siglip_vectors(siglip_dir, handler) -> None:
+    """Two images and three texts in one request, against transformers' SigLIP with its processor."""
+    from transformers import SiglipModel
+
     model = SiglipModel.from_pretrained(siglip_dir).eval()
     processor, tokenizer = AutoImageProcessor.from_pretrained(siglip_dir), AutoTokenizer.from_pretrained(siglip_dir)
     pictures = [picture(seed) for seed in (1, 2)]
-    graphs = compiled_graph_count()
     [answer] = answered(
-        siglip_handler, [{"inputs": [{"image": data_uri(pictures[0])}, *TEXTS, {"image": data_uri(pictures[1])}]}]
+        handler, [{"inputs": [{"image": data_uri(pictures[0])}, *TEXTS, {"image": data_uri(pictures[1])}]}]
     )
-    assert compiled_graph_count() == graphs
     tokens = tokenizer(TEXTS, padding="max_length", max_length=64, truncation=True, return_tensors="pt")
     assert list(tokens) == ["input_ids"]  # as SigLIP's own tokenizer: no mask, the padding is read
     with torch.inference_mode():
@@ -381,3 +431,14 @@ def test_siglip_zero_shot_scores_each_label_alone_as_transformers_pipeline(sigli
     assert [item["label"] for item in answer] == [item["label"] for item in expected]
     assert max(abs(got["score"] - want["score"]) for got, want in zip(answer, expected, strict=True)) <= 1e-4
     assert sum(item["score"] for item in answer) != pytest.approx(1.0, abs=1e-3)  # sigmoids, not a softmax
+
+
+def test_siglip_serves_from_its_aot_packages_as_transformers(siglip_dir, tmp_path):
+    """Last: its handler's start resets dynamo under the compiled SigLIP handler of the tests above."""
+    model = tmp_path / "model"
+    shutil.copytree(siglip_dir, model)
+    build_aot_package(ImageTextHandler, model, {"handler": {"dtype": "float32", "buckets": SIGLIP_GRID}})
+    packaged = ready_handler(ImageTextHandler, model, buckets=SIGLIP_GRID)
+    assert packaged.model_source == "aot package" and packaged.worker.task.side_sources() == {"vision": "aot package"}
+    assert_siglip_vectors(siglip_dir, packaged)
+    assert compiled_graph_count() == 0
