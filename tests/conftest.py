@@ -43,7 +43,7 @@ def shared_folder(tmp_path_factory, name: str) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-    """One inductor cache for the whole run (in process and TorchServe alike).
+    """One inductor cache for the whole run (in process and TorchServe alike), and precompiled headers.
 
     Inductor's cache takes concurrent writers (each entry written to a temporary file, then
     renamed). The host compile cache is off by default here: its per-manifest folders would keep
@@ -51,9 +51,11 @@ def compile_cache(tmp_path_factory):
     tests turn it on with a folder of their own.
     """
     cache = os.environ.get("TEST_INDUCTOR_CACHE") or str(shared_folder(tmp_path_factory, "inductor-cache"))
-    names = ("TORCHINDUCTOR_CACHE_DIR", "HFSERVE_CACHE_DIR")
+    names = ("TORCHINDUCTOR_CACHE_DIR", "HFSERVE_CACHE_DIR", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS")
     previous = {name: os.environ.get(name) for name in names}
-    os.environ.update({"TORCHINDUCTOR_CACHE_DIR": cache, "HFSERVE_CACHE_DIR": "off"})
+    # Precompiled C++ headers, off in a worker unless asked: a run of cold compiles spends half the
+    # compiler's CPU with them (handlers/runtime/process_settings.py).
+    os.environ.update(dict(zip(names, (cache, "off", "1"), strict=True)))
     yield cache
     for name, value in previous.items():
         if value is None:

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 # Inductor's cache directory. Code that starts servers or workers (benchmarks, tests) sets it by this name.
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+PRECOMPILED_HEADERS_ENV = "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"  # torch's; "1" turns them on
 RECOUNT_SECONDS = 1.0
 
 
@@ -113,8 +114,9 @@ def configure_compiler(dynamic: str, graphs_needed: int, freezing: bool = False)
     inductor_config.freezing = freezing
     # Inductor precompiles a large C++ header in the temp dir before it even looks for a cached
     # kernel, so with it a worker whose kernels all come from the cache still paid that at every
-    # fresh host; without it a cold compile is no slower (docs/design.md, "Cold start and AOT packages").
-    inductor_config.cpp_cache_precompile_headers = False
+    # fresh host. Off unless torch's own variable asks for it: many cold compiles on one host (the
+    # tests) compile their kernels in half the CPU with it (docs/design.md, "Cold start and AOT packages").
+    inductor_config.cpp_cache_precompile_headers = os.environ.get(PRECOMPILED_HEADERS_ENV) == "1"
     # Compiled CPU kernels read the thread count when they run instead of baking it in at compile
     # time, so a worker's share of the cores can change as workers come and go (what that costs
     # per call: benchmarks/benchmark_threads.py, docs/performance.md "Workers and threads").

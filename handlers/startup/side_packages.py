@@ -88,6 +88,9 @@ class SidePackages:
             reference = load_file(str(folder / aot_package.REFERENCE_FILE))
         except Exception as error:  # PackageError says why; anything else is a defect, with its traceback
             known = isinstance(error, aot_package.PackageError)
-            logger.warning("AOT package of the %s IGNORED, compiling it instead: %s", name, error, exc_info=not known)
+            folder = f"{aot_package.PACKAGE_DIR}/{name}/"
+            logger.warning(
+                "AOT package %s IGNORED, compiling that model instead: %s", folder, error, exc_info=not known
+            )
             return None
         return SidePackage(runner, constants, reference, description.get("min_batch", 1))

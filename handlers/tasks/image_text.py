@@ -147,7 +147,9 @@ def packaged_vision(package, serving, dtype: torch.dtype, check_drift) -> Vision
         name = "images, AOT package vs the build's float32 eager"
         runner.warm_and_check(probe, expected, name, check_drift, serving.tolerance(dtype))
     except Exception as error:  # other answers (the check's message says by how much), or a defect
-        logger.warning("AOT package of the vision tower IGNORED, compiling it instead: %s", error, exc_info=error)
+        logger.warning(
+            "AOT package aot_package/vision/ IGNORED, compiling that model instead: %s", error, exc_info=error
+        )
         return None
     return runner
 
@@ -259,13 +261,11 @@ class ImageTextTask(Task):
 
     def build_side_packages(self, serving, dtype: torch.dtype, packages) -> dict:
         """The vision tower's AOT package, with the float32 answers to the probe images a worker checks it against."""
-        module, probe, expected = float32_answers(self.vision_float32, serving.device, self.pixels)
+        module, self.vision_float32 = self.vision_float32, None
+        module, probe, expected = float32_answers(module, serving.device, self.pixels)
         reference = {"pixel_values": probe, "rows": torch.stack(expected)}
-        return {
-            "vision": packages.build(
-                "vision", module.to(dtype), {"pixel_values": probe.to(serving.device, dtype)}, reference
-            )
-        }
+        row = {"pixel_values": probe.to(serving.device, dtype)}
+        return {"vision": packages.build("vision", module.to(dtype), row, reference)}
 
     def side_sources(self) -> dict[str, str]:
         return {"vision": self.vision.source} if self.vision is not None else {}

@@ -369,7 +369,7 @@ def test_a_damaged_vision_package_is_ignored_and_the_tower_compiled(aot_clip_dir
     package = model / "aot_package" / "vision" / "model.pt2"
     package.write_bytes(package.read_bytes()[:1000])
     packaged = ready_handler(ImageTextHandler, model, buckets=GRID)
-    assert "AOT package of the vision IGNORED" in caplog.text and "sha256 mismatch" in caplog.text
+    assert "AOT package aot_package/vision/ IGNORED" in caplog.text and "sha256 mismatch" in caplog.text
     assert packaged.model_source == "aot package" and packaged.worker.task.side_sources() == {"vision": "compiled"}
     [answer] = answered(packaged, [{"inputs": [{"image": data_uri(picture(3))}]}])
     assert min(cosines([answer[0]["embedding"]], reference[0]([picture(3)]))) >= 0.9999

@@ -35,7 +35,11 @@ def compiler_settings_restored():
 
 
 @pytest.mark.usefixtures("compiler_settings_restored")
-def test_compiler_settings_are_made_where_a_worker_compiles():
+def test_compiler_settings_are_made_where_a_worker_compiles(monkeypatch):
+    monkeypatch.setenv(process_settings.PRECOMPILED_HEADERS_ENV, "1")  # asked for: on (the tests' run asks)
+    process_settings.configure_compiler("all", graphs_needed=20)
+    assert inductor_config.cpp_cache_precompile_headers is True
+    monkeypatch.delenv(process_settings.PRECOMPILED_HEADERS_ENV)
     process_settings.configure_compiler("all", graphs_needed=20)
     assert inductor_config.fx_graph_cache is True and inductor_config.cpp_cache_precompile_headers is False
     assert process_settings.kernels_follow_thread_count() and inductor_config.cpp.dynamic_threads is True
