@@ -408,10 +408,14 @@ class AotModel(ModelRunner):
     def _fast(self, inputs: dict) -> torch.Tensor | object:
         if not self.fits(inputs):
             return NOT_SERVED
-        rows = inputs["input_ids"].shape[0]
-        if rows >= self.min_batch:
-            return self.runner(**inputs)
-        padded = {
-            name: value.repeat_interleave(self.min_batch, dim=0)[: self.min_batch] for name, value in inputs.items()
-        }
-        return pytree.tree_map(lambda answer: answer[:rows], self.runner(**padded))
+        return run_at_least(self.runner, inputs, self.min_batch)
+
+
+def run_at_least(runner: Callable, inputs: dict, min_batch: int):
+    """The runner's answer to `inputs`; a batch smaller than the least the export serves
+    (`export_over_batches`) runs beside copies of its first row, which are cut from the answer."""
+    rows = next(iter(inputs.values())).shape[0]
+    if rows >= min_batch:
+        return runner(**inputs)
+    padded = {name: value.repeat_interleave(min_batch, dim=0)[:min_batch] for name, value in inputs.items()}
+    return pytree.tree_map(lambda answer: answer[:rows], runner(**padded))

@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 
 import torch
-import torch.utils._pytree as pytree
 
 from ts_compiled_handlers.startup import aot_package
 
@@ -20,20 +19,13 @@ logger = logging.getLogger(__name__)
 
 
 class SidePackage:
-    """A loaded side package: called with the module's keyword inputs; a batch smaller than the
-    least the export serves runs beside copies of its first row."""
+    """A loaded side package, called with the module's keyword inputs (`aot_package.run_at_least`)."""
 
     def __init__(self, runner: aot_package.NativePackage, constants: dict, reference: dict, min_batch: int):
         self.runner, self.constants, self.reference, self.min_batch = runner, constants, reference, min_batch
 
     def __call__(self, **inputs: torch.Tensor) -> torch.Tensor:
-        rows = next(iter(inputs.values())).shape[0]
-        if rows >= self.min_batch:
-            return self.runner(**inputs)
-        padded = {
-            name: value.repeat_interleave(self.min_batch, dim=0)[: self.min_batch] for name, value in inputs.items()
-        }
-        return pytree.tree_map(lambda answer: answer[:rows], self.runner(**padded))
+        return aot_package.run_at_least(self.runner, inputs, self.min_batch)
 
 
 class SidePackages:
