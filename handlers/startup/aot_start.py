@@ -31,7 +31,7 @@ def package_manifest(serving: Serving, dtype: torch.dtype) -> dict:
 
 def side_packages(serving: Serving, dtype: torch.dtype) -> SidePackages | None:
     """The archive's packages of the task's side models (None where compiling is off)."""
-    return SidePackages(serving, package_manifest(serving, dtype)) if serving.config.compile.enable else None
+    return SidePackages(serving, lambda: package_manifest(serving, dtype)) if serving.config.compile.enable else None
 
 
 def serve_package(task: Task, serving: Serving, began: float, progress=None) -> tuple[Engine, Started] | None:
@@ -102,7 +102,7 @@ def build_package(task: Task, serving: Serving, eager: Engine) -> dict:
     valid_for = package_manifest(serving, eager.dtype)
     module, options = eager.model.eager, serving.compile_options
     built = aot_package.build(module, serving.plan, options, valid_for, serving.model_dir, reference, eager.layout)
-    side = task.build_side_packages(serving, eager.dtype, SidePackages(serving, valid_for))
+    side = task.build_side_packages(serving, eager.dtype, SidePackages(serving, lambda: valid_for))
     return {**built, "side_packages": side} if side else built
 
 

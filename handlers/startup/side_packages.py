@@ -8,8 +8,10 @@ and, in a worker, loads and checks. Tasks reach it through the object passed to 
 they never import the startup room.
 """
 
+import functools
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -30,12 +32,17 @@ class SidePackage:
 
 class SidePackages:
     """The archive's side packages for one worker or build: its folder, what they must be valid for
-    (the engine package's manifest) and the batch range the plan needs."""
+    (the engine package's manifest, `manifest()`, made only where a side package is built or found:
+    it hashes the package's sources) and the batch range the plan needs."""
 
-    def __init__(self, serving, valid_for: dict):
+    def __init__(self, serving, manifest: Callable[[], dict]):
         self.root = Path(serving.model_dir) / aot_package.PACKAGE_DIR
         self.model_dir, self.device = Path(serving.model_dir), serving.device
-        self.options, self.max_batch, self.valid_for = serving.compile_options, serving.plan.max_batch, valid_for
+        self.options, self.max_batch, self._manifest = serving.compile_options, serving.plan.max_batch, manifest
+
+    @functools.cached_property
+    def valid_for(self) -> dict:
+        return self._manifest()
 
     def build(self, name: str, module: torch.nn.Module, row: dict, reference: dict) -> dict:
         """Export `module` over batches 1 to the plan's largest (every input's first dimension), traced
