@@ -301,8 +301,6 @@ def build(
         check_calibration(calibration)
         extra_config = merge(extra_config, {"handler": {"calibration": CALIBRATION_FILE}})
     config = unfrozen_for_cache(model_config(task, extra_config), kind)
-    if kind == "aot" and (config.get("handler") or {}).get("quantize", "none") != "none":
-        raise BuildError("--precompile aot does not pack an int8 model yet: build without it (int8 compiles at start)")
     with tempfile.TemporaryDirectory() as temp:
         staging = Path(temp)
         left_out = stage(model_dir, config, staging)

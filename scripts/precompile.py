@@ -105,6 +105,7 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
     print("precompile: exporting the model and compiling it with AOTInductor", file=sys.stderr, flush=True)
     built = aot_start.build_package(task, serving, eager)
     valid_for = aot_start.package_manifest(serving, eager.dtype)
+    int8_module = eager.model.eager if eager.model.int8_gate is not None else None  # the unquantized one would differ
     del task, eager
     served = handler_class(handler_file)()
     started = time.perf_counter()
@@ -117,7 +118,7 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
     unpackaged = {name: source for name, source in served.worker.task.side_sources().items() if source != "aot package"}
     if unpackaged:
         raise RuntimeError(f"the AOT packages were built but a worker here serves {unpackaged}: see the log")
-    aot_start.check_package_everywhere(served.engine, served.serving, ProgressBar())
+    aot_start.check_package_everywhere(served.engine, served.serving, ProgressBar(), int8_module)
     return {**built, "initialize_seconds": round(seconds, 1), "valid_for": valid_for}
 
 

@@ -12,6 +12,12 @@ not a second copy of them. Its start is checked against eager answers the build 
 
 The package is loaded only from the archive's own folder and only after every checksum and every
 field of its manifest match this worker; anything else is logged and the worker compiles instead.
+
+An int8 model (`quantize`, handlers/startup/quantizing.py) is the exception: its int8 weights exist
+only after quantizing, and its linears are int8 kernels only when inductor freezes them (oneDNN
+prepacks the weights). Its package is built frozen, holds its weights in the native code (the
+constants file is empty) and carries float32's answers to the calibration rows, which a worker's
+gate holds the package against again.
 """
 
 import dataclasses
@@ -45,10 +51,10 @@ class PackageError(ValueError):
     """A package that cannot be served: mismatched, corrupt, truncated, or not loadable."""
 
 
-def manifest(hardware, dtype: torch.dtype, plan: buckets.BucketPlan, options, model_dir: Path) -> dict:
+def manifest(hardware, dtype: torch.dtype, plan: buckets.BucketPlan, options, model_dir: Path, quantize: str) -> dict:
     """What the package depends on: the compile cache's fields (threads excluded, kernels read the
-    count when they run), under a format of its own."""
-    return {**compile_cache.manifest(hardware, dtype, plan, options, model_dir), "format": FORMAT}
+    count when they run) and `quantize`, under a format of its own."""
+    return {**compile_cache.manifest(hardware, dtype, plan, options, model_dir), "format": FORMAT, "quantize": quantize}
 
 
 def bounds(plan: buckets.BucketPlan) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -56,15 +62,17 @@ def bounds(plan: buckets.BucketPlan) -> tuple[tuple[int, int], tuple[int, int]]:
     return (1, plan.max_batch), (plan.seq_lens[0], plan.max_seq_len)
 
 
-def inductor_options(options) -> dict:
-    """The inductor settings of the configured compile mode, plus threads read at run time."""
+def inductor_options(options, frozen: bool) -> dict:
+    """The inductor settings of the configured compile mode, plus threads read at run time; frozen:
+    the weights folded into the native code (an int8 model's), else read from the archive."""
     from torch._inductor import list_mode_options
 
     settings = {key: value for key, value in list_mode_options(options.mode).items() if key not in NOT_FOR_AOT}
     return {
         **settings,
         "cpp.dynamic_threads": True,  # a worker's share of the cores changes with the worker count
-        "aot_inductor.package_constants_in_so": False,  # weights come from the archive's safetensors
+        "freezing": frozen,
+        "aot_inductor.package_constants_in_so": frozen,
     }
 
 
@@ -105,25 +113,36 @@ def _example_inputs(
 
 @dataclasses.dataclass
 class Reference:
-    """Token ids of probe rows and eager's output rows for them, at the package's dtype."""
+    """Token ids of probe rows and eager's output rows for them, at the package's dtype; for an
+    int8 package, also `calibration`: the gate's rows and float32's answers to them."""
 
     token_ids: list[list[int]]
     rows: list[torch.Tensor]
+    calibration: "Reference | None" = None
+
+    def tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        tensors = {f"{prefix}ids.{i}": torch.tensor(ids, dtype=torch.long) for i, ids in enumerate(self.token_ids)}
+        tensors |= {f"{prefix}rows.{i}": row.float().contiguous() for i, row in enumerate(self.rows)}
+        return tensors | (self.calibration.tensors("calibration.") if self.calibration else {})
 
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file
 
-        tensors = {f"ids.{i}": torch.tensor(ids, dtype=torch.long) for i, ids in enumerate(self.token_ids)}
-        tensors |= {f"rows.{i}": row.float().contiguous() for i, row in enumerate(self.rows)}
-        save_file(tensors, str(path))
+        save_file(self.tensors(), str(path))
 
     @classmethod
     def load(cls, path: Path) -> "Reference":
         from safetensors.torch import load_file
 
-        tensors = load_file(str(path))
-        count = len(tensors) // 2
-        return cls([tensors[f"ids.{i}"].tolist() for i in range(count)], [tensors[f"rows.{i}"] for i in range(count)])
+        return cls.read(load_file(str(path)))
+
+    @classmethod
+    def read(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Reference":
+        count = sum(name.startswith(f"{prefix}ids.") for name in tensors)
+        ids = [tensors[f"{prefix}ids.{i}"].tolist() for i in range(count)]
+        rows = [tensors[f"{prefix}rows.{i}"] for i in range(count)]
+        calibrated = not prefix and any(name.startswith("calibration.") for name in tensors)
+        return cls(ids, rows, cls.read(tensors, "calibration.") if calibrated else None)
 
 
 @dataclasses.dataclass
@@ -135,6 +154,7 @@ class Package:
     reference: Reference
     layout: Layout
     min_batch: int = 1
+    frozen: bool = False  # its weights are in its native code (an int8 model's): it reads none
 
 
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -286,17 +306,18 @@ def build(
     model_dir: Path,
     reference: Reference,
     layout: Layout,
+    frozen: bool = False,
 ) -> dict:
     """Export `module` over the plan's bounds, compile it with AOTInductor into the archive's
-    `aot_package/`, and write where its weights are, the reference answers and the manifest;
-    returns the build's timings."""
+    `aot_package/` (frozen: with its weights, see above), and write where its weights are, the
+    reference answers and the manifest; returns the build's timings."""
     device = next(module.parameters()).device
     began = time.perf_counter()
     program = export_over_batches(
         module, lambda min_batch: _example_inputs(plan, device, layout, min_batch), plan.max_batch
     )
     exported = time.perf_counter() - began
-    described = {"layout": dataclasses.asdict(layout)}
+    described = {"layout": dataclasses.asdict(layout), "frozen": frozen}
     built = write(program, module, options, valid_for, model_dir / PACKAGE_DIR, reference.save, described)
     return {"export_seconds": round(exported, 1), **built}
 
@@ -313,10 +334,13 @@ def write(exported, module, options, valid_for: dict, target: Path, save_referen
     model_dir = target.parent if target.name == PACKAGE_DIR else target.parent.parent  # aot_package/<side model>/
     target.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    torch._inductor.aoti_compile_and_package(
-        program, package_path=str(target / PACKAGE_FILE), inductor_configs=inductor_options(options)
-    )
-    sources, missing = package_constants(program, module, model_dir, getattr(torch, valid_for["dtype"]))
+    frozen = described.get("frozen", False)
+    with torch.no_grad():  # inductor freezes only where no gradient is recorded
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(target / PACKAGE_FILE), inductor_configs=inductor_options(options, frozen)
+        )
+    dtype = getattr(torch, valid_for["dtype"])
+    sources, missing = ({}, {}) if frozen else package_constants(program, module, model_dir, dtype)
     save_file(missing, str(target / CONSTANTS_FILE))
     save_reference(target / REFERENCE_FILE)
     built = {
@@ -340,7 +364,8 @@ def load(packed: Path, valid_for: dict, model_dir: Path, device: torch.device) -
         reference = Reference.load(packed / REFERENCE_FILE)
     except Exception as cause:  # a manifest or a reference file of another format
         raise PackageError(f"the package does not load ({type(cause).__name__}: {cause})") from cause
-    return Package(runner, constants, reference, layout, description.get("min_batch", 1))
+    min_batch, frozen = description.get("min_batch", 1), description.get("frozen", False)
+    return Package(runner, constants, reference, layout, min_batch, frozen)
 
 
 def load_native(packed: Path, valid_for: dict, model_dir: Path, device: torch.device):
@@ -357,7 +382,8 @@ def load_native(packed: Path, valid_for: dict, model_dir: Path, device: torch.de
         dtype = getattr(torch, valid_for["dtype"])
         constants = load_weights(model_dir, sources, packed, dtype, device)
         runner = NativePackage(packed / PACKAGE_FILE, device)
-        runner.bind(constants)
+        if not description.get("frozen", False):
+            runner.bind(constants)
     except Exception as cause:  # safetensors, the runtime and torch raise many kinds: all mean "does not load"
         raise PackageError(f"the package does not load ({type(cause).__name__}: {cause})") from cause
     return runner, constants, description
@@ -366,9 +392,11 @@ def load_native(packed: Path, valid_for: dict, model_dir: Path, device: torch.de
 class AotModel(ModelRunner):
     """A loaded package behind the model interface. Shapes outside the package's bounds (the AOT
     runtime does not check them) are answered by the eager model, loaded on first need and counted
-    after ready; the package then reads the eager model's weights, so there is one copy."""
+    after ready; the package then reads the eager model's weights, so there is one copy (a frozen
+    package keeps its own: the eager model of an int8 package is the unquantized one)."""
 
     outside = "a shape outside the AOT package's bounds reached it"
+    int8_gate = None  # an int8 package's gate, once a worker has checked the package against it
 
     def __init__(self, package: Package, load_eager: Callable[[], torch.nn.Module], plan: buckets.BucketPlan):
         super().__init__(None)
@@ -377,6 +405,7 @@ class AotModel(ModelRunner):
         self.load_eager = load_eager
         self.bounds = bounds(plan)
         self.min_batch = package.min_batch
+        self.frozen = package.frozen
 
     @property
     def eager_loaded(self) -> bool:
@@ -386,7 +415,7 @@ class AotModel(ModelRunner):
     def eager(self) -> torch.nn.Module:
         if self._eager is None:
             self._eager = self.load_eager()
-            if self.runner is not None:
+            if self.runner is not None and not self.frozen:
                 self.runner.bind(weights(self._eager))
                 self.constants = None
         return self._eager

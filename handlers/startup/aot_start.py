@@ -16,7 +16,7 @@ from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.runtime import hardware
-from ts_compiled_handlers.startup import aot_package, warmup
+from ts_compiled_handlers.startup import aot_package, quantizing, warmup
 from ts_compiled_handlers.startup.serving import Serving, Started
 from ts_compiled_handlers.startup.side_packages import SidePackages
 from ts_compiled_handlers.tasks import Task
@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 def package_manifest(serving: Serving, dtype: torch.dtype) -> dict:
     """What an AOT package must have been built for to serve this worker."""
-    return aot_package.manifest(hardware.detect(), dtype, serving.plan, serving.compile_options, serving.model_dir)
+    options, quantize = serving.compile_options, serving.config.quantize
+    return aot_package.manifest(hardware.detect(), dtype, serving.plan, options, serving.model_dir, quantize)
 
 
 def side_packages(serving: Serving, dtype: torch.dtype) -> SidePackages | None:
@@ -49,7 +50,9 @@ def serve_package(task: Task, serving: Serving, began: float, progress=None) -> 
         engine = task.engine(aot_package.AotModel(package, load_eager, serving.plan), serving, dtype, package.layout)
         load_seconds = time.perf_counter() - began
         report = warm_up_package(engine, serving, package.reference, progress)
-    except (aot_package.PackageError, warmup.WarmupError) as error:  # mismatched, damaged, or other answers
+        check_int8_gate(engine, task, serving, package.reference.calibration)
+    except (aot_package.PackageError, warmup.WarmupError, quantizing.QuantizationRefused) as error:
+        # mismatched, damaged, or other answers (than the build's, or than float32's past the int8 gate)
         logger.warning("AOT package IGNORED, compiling instead: %s: %s", type(error).__name__, error)
         return None
     except Exception as error:  # a defect: the traceback, then compile all the same
@@ -68,6 +71,17 @@ def _eager_loader(task: Task, serving: Serving, dtype: torch.dtype, layout: Layo
         return packing.PackedModel(module) if layout.packed else module
 
     return load
+
+
+def check_int8_gate(engine: Engine, task: Task, serving: Serving, calibration: aot_package.Reference | None) -> None:
+    """An int8 package held against float32's answers to the calibration rows, as the build's gate
+    held the int8 model (QuantizationRefused below its floor); its figures go to the ready line."""
+    if calibration is None:
+        return
+    gate = quantizing.Int8Gate(calibration.token_ids, calibration.rows, task.NAME, quantizing.tolerance(serving.config))
+    gate.check(engine)
+    gate.release()
+    engine.model.int8_gate = gate
 
 
 def warm_up_package(engine: Engine, serving: Serving, reference: aot_package.Reference, progress=None):
@@ -98,19 +112,26 @@ def build_package(task: Task, serving: Serving, eager: Engine) -> dict:
             "docs/gpu.md): if workers crash at start, build without --precompile aot"
         )
     probe = serving.probes.package_rows()
-    reference = aot_package.Reference(probe, eager.run(probe).rows)
+    gate = eager.model.int8_gate  # an int8 model: its package is frozen and carries the gate's rows
+    calibration = aot_package.Reference(gate.rows, gate.reference) if gate is not None else None
+    reference = aot_package.Reference(probe, eager.run(probe).rows, calibration)
     valid_for = package_manifest(serving, eager.dtype)
-    module, options = eager.model.eager, serving.compile_options
-    built = aot_package.build(module, serving.plan, options, valid_for, serving.model_dir, reference, eager.layout)
+    module, options, frozen = eager.model.eager, serving.compile_options, gate is not None
+    if isinstance(module, quantizing.AroundInt8):
+        module = module.with_named_inputs()
+    built = aot_package.build(
+        module, serving.plan, options, valid_for, serving.model_dir, reference, eager.layout, frozen
+    )
     side = task.build_side_packages(serving, eager.dtype, SidePackages(serving, lambda: valid_for))
     return {**built, "side_packages": side} if side else built
 
 
-def check_package_everywhere(engine: Engine, serving: Serving, progress=None) -> None:
-    """The whole grid through the served package, then its answers against the eager model at every
-    length: what the build checks beyond a worker's start."""
+def check_package_everywhere(engine: Engine, serving: Serving, progress=None, eager_module=None) -> None:
+    """The whole grid through the served package, then its answers against the eager model (the
+    package's own, or `eager_module`: the build's int8 model) at every length: what the build checks
+    beyond a worker's start."""
     warmup.run_grid(engine, 1, serving.probes.filler, None, progress)
     probe = serving.probes.check_rows()
-    eager = engine.on(EagerRunner(engine.model.eager)).run(probe).rows
+    eager = engine.on(EagerRunner(eager_module or engine.model.eager)).run(probe).rows
     served = engine.run(probe).rows
     warmup.check_drift("AOT package vs eager, every length", served, eager, serving.tolerance(engine.dtype))

@@ -85,10 +85,9 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
     try:
         texts = calibration_texts(config.calibration, serving.model_dir)
         rows = serving.tokenizer(texts, truncation=True, max_length=plan.max_seq_len)["input_ids"]
-        tolerance = config.warmup.tolerance or quantizing.DEFAULT_TOLERANCE
-        gate = quantizing.Int8Gate.over(engine, rows, task.NAME, tolerance)
+        gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.tolerance(config))
         kept = () if config.quantize == "int8-all" else quantizing.KEPT_FLOAT
-        return quantizing.int8_engine(engine, gate, example, plan.dynamic, dtype, kept)
+        return quantizing.int8_engine(engine, gate, example, dtype, kept)
     except quantizing.QuantizationRefused as error:
         if config.quantize != "auto":
             on_failure(config.compile.on_failure, error)

@@ -1,7 +1,8 @@
 """`quantize: int8` (experimental, issue 57): the encoder's linears in int8 through PT2E, served only
 once the compiled int8 model passes a gate against float32.
 
-The eager engine's module is exported at a warm-up shape with the plan's varying dimensions,
+The eager engine's module is exported at a warm-up shape, dynamic in batch and length (so that an
+AOT package can export the int8 module again over the plan's bounds, handlers/startup/aot_start.py),
 annotated by torchao's X86InductorQuantizer (dynamic activations, per-channel weights), and
 converted; inductor lowers the quantize/dequantize pairs to oneDNN's int8 kernels when the graph is
 compiled with freezing (CompiledModel freezes whole CPU models by default). CPU only.
@@ -23,6 +24,7 @@ finds the `Int8Gate` on the module). Below it, QuantizationRefused, and `compile
 """
 
 import dataclasses
+import inspect
 import logging
 import os
 
@@ -58,13 +60,12 @@ def has_vnni() -> bool:
     return bool(flags)
 
 
-def _dynamic_shapes(inputs: dict, dynamic: str) -> dict:
-    """The plan's varying dims of each (batch, seq, ...) input, as torch.export takes them."""
+def _dynamic_shapes(inputs: dict) -> dict:
+    """Batch and length of each (batch, seq, ...) input free to vary, as torch.export takes them."""
     from torch.export import Dim
 
-    dims = {"none": (), "batch": (0,), "all": (0, 1)}[dynamic]
     return {
-        name: {dim: Dim.AUTO for dim in dims if dim < value.dim()} if isinstance(value, torch.Tensor) else None
+        name: {dim: Dim.AUTO for dim in (0, 1) if dim < value.dim()} if isinstance(value, torch.Tensor) else None
         for name, value in inputs.items()
     }
 
@@ -77,7 +78,7 @@ def _without_dead_code(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModu
     return graph_module
 
 
-def int8_module(engine: Engine, example_rows: list[list[int]], dynamic: str, kept: tuple[str, ...]) -> torch.nn.Module:
+def int8_module(engine: Engine, example_rows: list[list[int]], kept: tuple[str, ...]) -> torch.nn.Module:
     """The engine's eager module with its linears in int8 but those whose names contain one of
     `kept` (a GraphModule taking the same inputs)."""
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # its CUDA kernels are not used
@@ -91,9 +92,7 @@ def int8_module(engine: Engine, example_rows: list[list[int]], dynamic: str, kep
         name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in capture.inputs.items()
     }  # not inference tensors
     with torch.no_grad():
-        exported = torch.export.export(
-            module, (), inputs, dynamic_shapes=_dynamic_shapes(inputs, dynamic), strict=False
-        )
+        exported = torch.export.export(module, (), inputs, dynamic_shapes=_dynamic_shapes(inputs), strict=False)
     quantizer = x86.X86InductorQuantizer()
     reduce_range = not has_vnni()  # u8 x s8 without VNNI saturates at 8 bits (see above)
     quantizer.set_global(x86.get_default_x86_inductor_quantization_config(is_dynamic=True, reduce_range=reduce_range))
@@ -104,6 +103,11 @@ def int8_module(engine: Engine, example_rows: list[list[int]], dynamic: str, kep
     with torch.no_grad():
         prepared(**inputs)  # dynamic activations: one pass records the weights' observers
     return convert_pt2e(prepared)
+
+
+def tolerance(config) -> float:
+    """1 - the least cosine to float32 the gate passes: the archive's `warmup.tolerance`, else the default."""
+    return config.warmup.tolerance or DEFAULT_TOLERANCE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +206,17 @@ class AroundInt8(torch.nn.Module):
         with torch.autocast("cpu", dtype=self.dtype):
             return self.module(**inputs)
 
+    def with_named_inputs(self) -> "AroundInt8":
+        """This module with its int8 graph's parameter names, as torch.export needs them for an AOT
+        package: export cannot give dynamic shapes to a `forward(**inputs)` (torch 2.13)."""
+
+        def forward(**inputs):
+            return AroundInt8.forward(self, **inputs)
+
+        forward.__signature__ = inspect.signature(self.module.forward)
+        self.forward = forward
+        return self
+
 
 def unquantized(engine: Engine, dtype: torch.dtype) -> Engine:
     """The float32 engine as it serves without int8: its model cast to `dtype` (in place: float32
@@ -210,16 +225,14 @@ def unquantized(engine: Engine, dtype: torch.dtype) -> Engine:
     return dataclasses.replace(engine, dtype=dtype)
 
 
-def int8_engine(
-    engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dynamic: str, dtype, kept=KEPT_FLOAT
-) -> Engine:
+def int8_engine(engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dtype, kept=KEPT_FLOAT) -> Engine:
     """The float32 engine over its int8 module (the linears named in `kept` left out), the rest at
     `dtype`, once it passes the gate (kept on the module for warm-up)."""
     if engine.device.type != "cpu":
         raise QuantizationRefused(f"quantize: int8 runs on the CPU, not {engine.device.type}")
     if dtype not in AROUND_INT8:
         raise QuantizationRefused(f"quantize: int8 runs beside float32 or bfloat16, not {dtype}")
-    module = int8_module(engine, example_rows, dynamic, kept)
+    module = int8_module(engine, example_rows, kept)
     if dtype != torch.float32:
         module = AroundInt8(module, dtype)
     module.__dict__["int8_gate"] = gate  # in __dict__: not a submodule the compiler would see

@@ -1,8 +1,9 @@
 """`quantize: int8` (experimental, issue 57) in process on the tiny random models: served int8 and compiled
 over the grid with no recompile, or refused by the gate as `compile.on_failure` says; the gate's
-measure per task and its calibration texts; the build's flags."""
+measure per task and its calibration texts; the build's flags; the int8 AOT package."""
 
 import dataclasses
+import json
 import logging
 import shutil
 import zipfile
@@ -11,13 +12,13 @@ from pathlib import Path
 import fakes
 import pytest
 import torch
-from fakes import answered
+from fakes import answered, build_aot_package
 
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import UserError
 from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-from ts_compiled_handlers.startup import quantizing
+from ts_compiled_handlers.startup import aot_package, aot_start, compile_cache, quantizing
 from ts_compiled_handlers.startup.calibration import DEFAULT_TEXTS, CalibrationError
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.startup.config import ConfigError, parse
@@ -59,7 +60,7 @@ def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(t
     assert all(len(answer["embedding"]) == 32 for answer in answers)
     assert compiled_graph_count() == graphs and engine.model.recompiles_after_ready == 0
     with pytest.raises(quantizing.QuantizationRefused, match="runs on the CPU, not cuda"):
-        quantizing.int8_engine(dataclasses.replace(engine, device=torch.device("cuda")), gate, [], "all", engine.dtype)
+        quantizing.int8_engine(dataclasses.replace(engine, device=torch.device("cuda")), gate, [], engine.dtype)
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +180,6 @@ def test_hfserve_build_quantize_and_calibration_carry_the_texts_into_the_archive
     texts.write_text("just one\n")
     with pytest.raises(UserError, match="--calibration: my texts.txt has 1 texts"):
         build_mar.main([*common, "--name", "few", "--quantize", "int8", "--calibration", str(texts)])
-    with pytest.raises(UserError, match="does not pack an int8 model yet"):
-        build_mar.main([*common, "--name", "aot", "--quantize", "int8", "--precompile", "aot"])
 
 
 def test_int8_all_quantizes_the_residual_projections_too(tiny_bert):
@@ -190,3 +189,43 @@ def test_int8_all_quantizes_the_residual_projections_too(tiny_bert):
     assert quantized_linears(every) > quantized_linears(most) > 0
     # six linears a BERT layer: four int8 under `int8` (Q, K, V, FFN up), all six under `int8-all`
     assert quantized_linears(every) * 4 == quantized_linears(most) * 6
+
+
+def test_an_int8_aot_package_holds_its_weights_serves_without_dynamo_and_is_gated_again(tiny_bert, tmp_path, caplog):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    config = {"buckets": GRID, "quantize": "int8", "dtype": "bfloat16", "warmup": {"tolerance": 0.5}}
+    built = build_aot_package(EmbeddingHandler, model, {"handler": config})
+    # frozen: the int8 weights are in the native code, none read from the checkpoint or shipped beside it
+    assert built["constants_from_checkpoint"] == 0 and built["constants_in_package"] == []
+    packed = model / aot_package.PACKAGE_DIR
+    manifest = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())
+    assert manifest["frozen"] and manifest["valid_for"]["quantize"] == "int8"
+    with caplog.at_level(logging.INFO):
+        handler = fakes.ready_handler(EmbeddingHandler, model, **config)
+    engine = handler.engine
+    assert handler.model_source == "aot package" and compiled_graph_count() == 0
+    gate = engine.model.int8_gate  # checked again here, against float32's answers the package carries
+    assert gate.last.measure == "least cosine" and gate.last.texts == len(DEFAULT_TEXTS) and gate.rows == []
+    assert f"dtype bfloat16 with int8 linears ({gate.last})" in caplog.text
+    texts = ["the cat sat", "hello world " * 6, "a dog"]
+    packaged = answered(handler, [{"inputs": text} for text in texts])
+    assert compiled_graph_count() == 0 and not engine.model.eager_loaded
+    # the same answers as the int8 model run eagerly (the same quantization of the same weights)
+    eager = fakes.ready_handler(EmbeddingHandler, tiny_bert, **config, compile={"enable": False})
+    for ours, theirs in zip(packaged, answered(eager, [{"inputs": text} for text in texts]), strict=True):
+        cosine = torch.nn.functional.cosine_similarity(
+            torch.tensor(ours["embedding"]), torch.tensor(theirs["embedding"]), dim=0
+        )
+        assert cosine > 0.99
+    # the package carries the gate's texts and float32's answers; answers it drifts from are refused
+    calibration = aot_package.Reference.load(packed / aot_package.REFERENCE_FILE).calibration
+    assert len(calibration.token_ids) == len(calibration.rows) == len(DEFAULT_TEXTS)
+    forged = aot_package.Reference(calibration.token_ids, [-row for row in calibration.rows])
+    with pytest.raises(quantizing.QuantizationRefused, match="least cosine"):
+        aot_start.check_int8_gate(engine, handler.worker.task, handler.serving, forged)
+    # a worker configured without int8 (or with another recipe) does not take it
+    for other in ("none", "int8-all"):
+        valid_for = {**manifest["valid_for"], "quantize": other}
+        with pytest.raises(aot_package.PackageError, match="quantize"):
+            aot_package.load(packed, valid_for, model, torch.device("cpu"))
