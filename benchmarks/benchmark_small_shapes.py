@@ -1,7 +1,8 @@
 """In process, the model call at small shapes, where every runtime is overhead-bound: our engine
 compiled with inductor's default options, with `freezing`, as the AOT package (AOTInductor's C++
-runner), eager, and `quantize: int8` and `int8-all`; against ONNX Runtime and OpenVINO, each in float and in int8
-(benchmarks/anchor_runtimes.py says how each is built), per shape.
+runner), eager, and `quantize: int8` and `int8-all`, compiled and as AOT packages; against ONNX
+Runtime and OpenVINO, each in float and in int8 (benchmarks/anchor_runtimes.py says how each is
+built), per shape.
 
 Each contender runs in a fresh process, started as a worker starts it (compile and warm-up over
 the shapes' grid without the host's compile cache, or the package loaded), and times every
@@ -38,8 +39,9 @@ from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.anchor_runtimes import ANCHORS, NEEDS, anchor_call
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 
-OURS = ("compiled", "compiled-freezing", "compiled-freezing-unpacked", "aot", "eager", "int8", "int8-all")
 INT8 = ("int8", "int8-all")  # `quantize` as each names it
+INT8_AOT = ("int8-aot", "int8-all-aot")
+OURS = ("compiled", "compiled-freezing", "compiled-freezing-unpacked", "aot", "eager", *INT8, *INT8_AOT)
 INT8_TOLERANCE = 0.05  # the gate's floor here (docs/performance.md, "int8": MiniLM's shortest texts drift most)
 FREEZING = {"compiled": False, "compiled-freezing": True, "compiled-freezing-unpacked": True}
 FREEZING.update(dict.fromkeys(INT8, True))
@@ -71,17 +73,18 @@ def our_handler(name: str, folder: Path, config: dict, scratch: Path):
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
     from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
-    if name == "aot":
-        folder, _ = build_package(folder, scratch / "packaged", config)
     if name == "eager":
         handler = ready_handler(EmbeddingHandler, folder, **config, compile={"enable": False})
         return handler, handler.engine
-    if name in INT8:  # refused by its gate, it must fail the run, not time the model unquantized
-        config = {**config, "quantize": name, "warmup": {"tolerance": INT8_TOLERANCE}}
+    quantize, packaged = name.removesuffix("-aot"), name.endswith("aot")
+    if quantize in INT8:  # refused by its gate, it must fail the run, not time the model unquantized
+        config = {**config, "quantize": quantize, "warmup": {"tolerance": INT8_TOLERANCE}}
+    if packaged:  # "aot", "int8-aot", "int8-all-aot": built as `hfserve build --precompile aot` builds it
+        folder, _ = build_package(folder, scratch / "packaged", config)
     with torch._inductor.config.patch(INDUCTOR_OPTIONS.get(name, {})):
-        compile_options = {"freezing": FREEZING[name], "on_failure": "fail"}
+        compile_options = {"on_failure": "fail"} | ({"freezing": FREEZING[name]} if name in FREEZING else {})
         handler = ready_handler(EmbeddingHandler, folder, **config, compile=compile_options)
-    expected = {"aot": "aot package"}.get(name, "compiled")
+    expected = "aot package" if packaged else "compiled"
     if handler.model_source != expected:
         raise RuntimeError(f"{name}: the handler serves from {handler.model_source}, not {expected}")
     return handler, handler.engine
@@ -168,7 +171,7 @@ def child(args, contender: str) -> dict:
 
 def contenders(args) -> list[str]:
     """The contenders asked for whose libraries are installed (the others named as left out)."""
-    needs = {**NEEDS, **{name: ("torchao",) for name in INT8}}
+    needs = {**NEEDS, **{name: ("torchao",) for name in (*INT8, *INT8_AOT)}}
     names = []
     for name in args.contenders:
         missing = [module for module in needs.get(name, ()) if not importlib.util.find_spec(module)]

@@ -19,7 +19,8 @@ benchmarks/stock_handler.py). Optional, never by default: the other outputs on t
 (`ours-binary`, `ours-multi-vector`, `ours-m3`: benchmarks/loadtest_kinds.py), the image mix on a
 CLIP (`ours-images` against `stock-images`, TorchServe's stock way: benchmarks/loadtest_images.py), `ours-int8` and
 `ours-int8-all` (`ours-auto` with `quantize: int8` or `int8-all`, the gate at a least cosine of 0.95:
-refused, it fails to register rather than serve unquantized), and Infinity's torch engine, `infinity-float32`,
+refused, it fails to register rather than serve unquantized) and their AOT-packed twins
+(`ours-int8-aot`, `ours-int8-all-aot`), and Infinity's torch engine, `infinity-float32`,
 `infinity-bfloat16` and their `-compile` twins (its `--compile`), each started from the same model
 folder in a venv of its own (benchmarks/infinity_server.py, installed into runs/infinity-venv the
 first time) and sent the same texts; the run checks ours-auto against the best of them.
@@ -30,6 +31,7 @@ first time) and sent the same texts; the run checks ours-auto against the best o
     hfserve loadtest --contenders ours-auto --rate 200 --clients 64    # open loop: 200 requests/s arrive
     hfserve loadtest --contenders ours-auto ours-aot --rounds 3      # AOT package vs torch.compile
     hfserve loadtest --contenders ours-auto ours-int8 ours-int8-all --rounds 2   # int8 vs bfloat16 (VNNI CPUs)
+    hfserve loadtest --contenders ours-auto ours-int8-aot ours-int8-all-aot --rounds 2   # int8 AOT packages
     hfserve loadtest --contenders ours-float32 groups-float32 eager-longest --rounds 3   # packing
     hfserve loadtest --contenders ours-auto ours-binary ours-multi-vector ours-m3   # other outputs, same encoder
     hfserve loadtest --contenders ours-images stock-images   # images and texts, a random ViT-B/32 CLIP
@@ -87,9 +89,12 @@ TARGETS = [  # (contender, baseline, least ratio of median steady throughput ove
     ("ours-float32", "eager-longest", 1.6),
     ("ours-int8", "ours-auto", 1.5),  # issue 57: on a CPU with VNNI or AMX
     ("ours-int8-all", "ours-auto", 1.5),
+    ("ours-int8-aot", "ours-auto", 1.5),
+    ("ours-int8-all-aot", "ours-auto", 1.5),
     ("ours-images", "stock-images", 1.5),  # issue 59's goal in process, held through TorchServe too
 ]
-INT8 = ("ours-int8", "ours-int8-all")  # never by default: needs torchao (`[int8]`), and VNNI to be worth it
+# never by default: needs torchao (`[int8]`), and VNNI to be worth it
+INT8 = ("ours-int8", "ours-int8-all", "ours-int8-aot", "ours-int8-all-aot")
 IMAGES = loadtest_images.IMAGE_CONTENDERS
 OPTIONAL = (*INT8, *loadtest_kinds.KINDS, *IMAGES)  # never by default
 INT8_TOLERANCE = 0.05  # the int8 gate: compiled beside bfloat16, MiniLM reached 0.977 (performance.md, "int8")
@@ -119,7 +124,7 @@ def build_archives(
         "ours-auto": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-aot": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-float32": build_mar.merge(ours, {"handler": {"dtype": "float32"}}),
-        **{name: int8_config(ours, name.removeprefix("ours-")) for name in INT8},
+        **{name: int8_config(ours, name.removeprefix("ours-").removesuffix("-aot")) for name in INT8},
         **{name: build_mar.merge(ours, {"handler": {"dtype": "auto"}}) for name in loadtest_kinds.KINDS},
         "groups-auto": build_mar.merge(groups, {"handler": {"dtype": "auto"}}),
         "groups-float32": build_mar.merge(groups, {"handler": {"dtype": "float32"}}),
@@ -143,7 +148,7 @@ def build_archives(
             build_mar.build(folder, loadtest_kinds.KINDS[name][0], name, store, configs[name])
         else:
             handler = Path(__file__).parent / "longest_handler.py" if name.startswith("eager-longest") else None
-            precompile = "aot" if name == "ours-aot" else None
+            precompile = "aot" if name.endswith("-aot") else None
             build_mar.build(
                 model_dir, "embedding", name, store, configs[name], handler_file=handler, precompile=precompile
             )
@@ -485,7 +490,8 @@ def parse_args(argv):
         choices=CONTENDERS + OPTIONAL + INFINITY,
         default=list(CONTENDERS),
         help="who serves; the infinity-* ones install Infinity into runs/infinity-venv the first time; "
-        "ours-int8 and ours-int8-all (dtype auto with `quantize: int8` or `int8-all`) need torchao; ours-binary, "
+        "ours-int8 and ours-int8-all (dtype auto with `quantize: int8` or `int8-all`; their -aot archives "
+        "built with `--precompile aot`) need torchao; ours-binary, "
         "ours-multi-vector and ours-m3 answer other outputs (benchmarks/loadtest_kinds.py); ours-images and "
         "stock-images serve the image mix on a CLIP (benchmarks/loadtest_images.py)",
     )
