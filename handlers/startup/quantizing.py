@@ -72,7 +72,12 @@ def _dynamic_shapes(inputs: dict) -> dict:
 
 def _without_dead_code(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """The exported graph without the ops nothing reads (BERT's pooler under mean pooling): an
-    unread Linear+Tanh breaks the quantizer's fusion pass (IndexError)."""
+    unread Linear+Tanh breaks the quantizer's fusion pass (IndexError); and without export's dtype
+    assertions, which hold the float32 trace's dtypes where bfloat16 autocast runs others (SPLADE's
+    head casts its logits, and the assertion after that cast failed)."""
+    for node in list(graph_module.graph.nodes):
+        if node.target is torch.ops.aten._assert_tensor_metadata.default:
+            graph_module.graph.erase_node(node)
     graph_module.graph.eliminate_dead_code()
     graph_module.recompile()
     return graph_module

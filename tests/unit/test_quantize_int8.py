@@ -18,6 +18,7 @@ from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import UserError
 from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.sparse_embedding_handler import SparseEmbeddingHandler
 from ts_compiled_handlers.startup import aot_package, aot_start, compile_cache, quantizing
 from ts_compiled_handlers.startup.calibration import DEFAULT_TEXTS, CalibrationError
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
@@ -140,6 +141,18 @@ def test_a_classifier_and_a_reranker_are_gated_by_their_answers_agreement(tiny_m
     assert quantized_linears(handler.engine.model.eager) > 0
     answers = answered(handler, [{"inputs": "the cat sat"}, {"inputs": "where does alice walk " * 8}])
     assert len(answers) == 2 and not any(isinstance(answer, dict) and "error" in answer for answer in answers)
+
+
+def test_a_sparse_model_is_quantized_beside_bfloat16(tiny_models):
+    # SPLADE's head casts its logits: export's dtype assertion after that cast failed under autocast
+    config = {**EAGER_INT8, "dtype": "bfloat16", "warmup": {"tolerance": 0.5}}
+    config["compile"] = {"enable": False, "on_failure": "fail"}
+    handler = fakes.ready_handler(SparseEmbeddingHandler, tiny_models["sparse-embedding"], **config)
+    module = handler.engine.model.eager
+    assert isinstance(module, quantizing.AroundInt8) and quantized_linears(int8_graph(module)) > 0
+    assert module.int8_gate.last.measure == "least cosine"
+    answers = answered(handler, [{"inputs": "the cat sat"}, {"inputs": "where does alice walk " * 8}])
+    assert len(answers) == 2 and not any("error" in answer for answer in answers)
 
 
 @pytest.fixture
