@@ -18,7 +18,9 @@ from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 from ts_compiled_handlers.scripts.build_mar import serving_files
 from ts_compiled_handlers.scripts.task_inference import infer_task
 from ts_compiled_handlers.servers.torchserve.image_text_handler import ImageTextHandler
+from ts_compiled_handlers.startup import aot_start, warmup
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
+from ts_compiled_handlers.tasks import image_text
 
 GRID = {"seq_lens": [8, 64], "batch_sizes": [1, 4]}  # 64: the model's limit, as a template with labels reaches it
 TEXTS = ["a cat sat on the mat", "hello world", "the red house by the blue river in berlin"]
@@ -341,7 +343,9 @@ def aot_clip_dir(st_clip_dir, tmp_path_factory):
     return model
 
 
-def test_both_towers_serve_from_their_aot_packages_as_transformers_and_trace_nothing(aot_clip_dir, clip_dir, reference):
+def test_both_towers_serve_from_their_aot_packages_as_transformers_and_trace_nothing(
+    aot_clip_dir, clip_dir, reference, caplog
+):
     from transformers import pipeline
 
     images, texts = reference
@@ -361,6 +365,13 @@ def test_both_towers_serve_from_their_aot_packages_as_transformers_and_trace_not
     assert [item["label"] for item in scores] == [item["label"] for item in expected]
     assert max(abs(got["score"] - want["score"]) for got, want in zip(scores, expected, strict=True)) <= 1e-4
     assert compiled_graph_count() == 0 and packaged.engine.model.recompiles_after_ready == 0
+    # a vision package whose answers drift from the build's float32 ones is refused (then compiled:
+    # the damaged package's test below follows that path)
+    dtype = packaged.engine.dtype
+    package = aot_start.side_packages(packaged.serving, dtype).load("vision")
+    package.reference = {**package.reference, "rows": -package.reference["rows"]}
+    assert image_text.packaged_vision(package, packaged.serving, dtype, warmup.check_drift) is None
+    assert "AOT package aot_package/vision/ IGNORED" in caplog.text and "vs the build's float32 eager" in caplog.text
 
 
 def test_a_damaged_vision_package_is_ignored_and_the_tower_compiled(aot_clip_dir, reference, tmp_path, caplog):
