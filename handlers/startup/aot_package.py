@@ -51,10 +51,10 @@ class PackageError(ValueError):
     """A package that cannot be served: mismatched, corrupt, truncated, or not loadable."""
 
 
-def manifest(hardware, dtype: torch.dtype, plan: buckets.BucketPlan, options, model_dir: Path, quantize: str) -> dict:
+def manifest(hardware, dtype: torch.dtype, plan: buckets.BucketPlan, options, model_dir: Path, int8: dict) -> dict:
     """What the package depends on: the compile cache's fields (threads excluded, kernels read the
-    count when they run) and `quantize`, under a format of its own."""
-    return {**compile_cache.manifest(hardware, dtype, plan, options, model_dir), "format": FORMAT, "quantize": quantize}
+    count when they run) and the int8 settings (`quantize`, `smoothing`), under a format of its own."""
+    return {**compile_cache.manifest(hardware, dtype, plan, options, model_dir), "format": FORMAT, **int8}
 
 
 def bounds(plan: buckets.BucketPlan) -> tuple[tuple[int, int], tuple[int, int]]:

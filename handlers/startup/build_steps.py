@@ -85,9 +85,11 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
     try:
         texts = calibration_texts(config.calibration, serving.model_dir)
         rows = serving.tokenizer(texts, truncation=True, max_length=plan.max_seq_len)["input_ids"]
-        gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.tolerance(config))
         kept = () if config.quantize == "int8-all" else quantizing.KEPT_FLOAT
-        return quantizing.int8_engine(engine, gate, example, dtype, kept)
+        with quantizing.input_ranges(engine.model.eager, kept) as ranges:  # in float32's pass over the texts
+            gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.tolerance(config))
+        smoothed = (ranges, config.smoothing) if config.smoothing else None
+        return quantizing.int8_engine(engine, gate, example, dtype, kept, smoothed)
     except quantizing.QuantizationRefused as error:
         if config.quantize != "auto":
             on_failure(config.compile.on_failure, error)

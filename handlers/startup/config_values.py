@@ -56,6 +56,12 @@ def tolerance(value, key) -> float | None:
     return float(value)
 
 
+def fraction(value, key) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(key, value, "a number from 0 up to (not including) 1")
+    return float(value)
+
+
 def sorted_ints(value, key) -> tuple[int, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(key, value, "a non-empty list of integers >= 1")

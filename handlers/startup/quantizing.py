@@ -9,7 +9,11 @@ compiled with freezing (CompiledModel freezes whole CPU models by default). CPU 
 
 The recipe is the one benchmarks/int8_probe.py measured best on MiniLM (docs/performance.md, "int8"):
 the two projections back into the residual stream (attention output and FFN down: `*.output.dense`)
-stay in floating point, their inputs carry the outliers. What is not int8 runs at the model's dtype:
+stay in floating point, their inputs carry the outliers. Before quantizing, each int8 linear is
+smoothed (SmoothQuant, `smoothing` is its alpha): its input channels divided by a scale measured on
+the calibration texts and its weight's columns multiplied by it, which moves the activations' outlier
+channels into the per-channel weights; in the compiled graph the division joins the activation's
+quantizing kernel. What is not int8 runs at the model's dtype:
 float32, or bfloat16 under autocast (`AroundInt8`) where `dtype` is bfloat16 or `auto` picks it; the
 quantizer always starts from the float32 weights. Weights keep 8 bits where the CPU has VNNI (or AMX),
 7 (`reduce_range`) where it has not: there oneDNN's u8 x s8 products saturate at 8 bits, and the
@@ -23,6 +27,7 @@ rerankers; for the eager int8 model here and for the compiled one after warm-up 
 finds the `Int8Gate` on the module). Below it, QuantizationRefused, and `compile.on_failure` decides.
 """
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -44,6 +49,52 @@ KEPT_FLOAT = ("output.dense",)  # Linear names containing these stay in floating
 
 class QuantizationRefused(RuntimeError):
     """The int8 model's answers drift from float32's past the gate, with the figures."""
+
+
+def _to_quantize(module: torch.nn.Module, kept: tuple[str, ...]) -> dict[str, torch.nn.Linear]:
+    return {
+        name: child
+        for name, child in module.named_modules()
+        if isinstance(child, torch.nn.Linear) and not any(part in name for part in kept)
+    }
+
+
+@contextlib.contextmanager
+def input_ranges(module: torch.nn.Module, kept: tuple[str, ...]):
+    """While open, the largest magnitude per input channel that each linear to quantize sees."""
+    ranges: dict[str, torch.Tensor] = {}
+
+    def recorder(name: str):
+        def record(_, args):
+            seen = args[0].detach().abs().flatten(0, -2).amax(0).float()
+            ranges[name] = torch.maximum(ranges[name], seen) if name in ranges else seen
+
+        return record
+
+    hooks = [linear.register_forward_pre_hook(recorder(name)) for name, linear in _to_quantize(module, kept).items()]
+    try:
+        yield ranges
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def smooth(module: torch.nn.Module, ranges: dict[str, torch.Tensor], alpha: float) -> int:
+    """Each measured linear's input divided per channel by SmoothQuant's scale `max|x|^alpha /
+    max|w|^(1 - alpha)` (a forward pre-hook, which the export records) and its weight's columns
+    multiplied by it: the same product, easier to quantize; how many. The linear stays a Linear
+    (tasks look for one: a classifier's head), and its weight becomes a new tensor, never changed in
+    place: it may be tied to another (an MLM head's to the embeddings)."""
+    for name, seen in ranges.items():
+        linear = module.get_submodule(name)
+        weight = linear.weight.detach()
+        scale = (seen.clamp(min=1e-5) ** alpha / weight.abs().amax(0).float().clamp(min=1e-5) ** (1 - alpha)).clamp(
+            min=1e-5
+        )
+        linear.weight = torch.nn.Parameter(weight * scale.to(weight.dtype), requires_grad=False)
+        inverse = (1 / scale).to(weight.dtype)
+        linear.register_forward_pre_hook(lambda _, args, inverse=inverse: (args[0] * inverse, *args[1:]))
+    return len(ranges)
 
 
 class _Capture(ModelRunner):
@@ -230,13 +281,18 @@ def unquantized(engine: Engine, dtype: torch.dtype) -> Engine:
     return dataclasses.replace(engine, dtype=dtype)
 
 
-def int8_engine(engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dtype, kept=KEPT_FLOAT) -> Engine:
+def int8_engine(
+    engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dtype, kept=KEPT_FLOAT, smoothed=None
+) -> Engine:
     """The float32 engine over its int8 module (the linears named in `kept` left out), the rest at
-    `dtype`, once it passes the gate (kept on the module for warm-up)."""
+    `dtype`, once it passes the gate (kept on the module for warm-up); `smoothed`: (the linears'
+    `input_ranges`, alpha) to smooth them with first."""
     if engine.device.type != "cpu":
         raise QuantizationRefused(f"quantize: int8 runs on the CPU, not {engine.device.type}")
     if dtype not in AROUND_INT8:
         raise QuantizationRefused(f"quantize: int8 runs beside float32 or bfloat16, not {dtype}")
+    if smoothed is not None:
+        smooth(engine.model.eager, *smoothed)
     module = int8_module(engine, example_rows, kept)
     if dtype != torch.float32:
         module = AroundInt8(module, dtype)
@@ -244,5 +300,6 @@ def int8_engine(engine: Engine, gate: Int8Gate, example_rows: list[list[int]], d
     quantized = dataclasses.replace(engine.on(EagerRunner(module)), dtype=dtype)
     found = gate.check(quantized)
     around = str(dtype).removeprefix("torch.")
-    logger.info("int8: linears quantized (%s kept %s), %s", ", ".join(kept) or "none", around, found)
+    alpha = f"smoothed at alpha {smoothed[1]}" if smoothed else "not smoothed"
+    logger.info("int8: linears quantized (%s kept %s; %s), %s", ", ".join(kept) or "none", around, alpha, found)
     return quantized

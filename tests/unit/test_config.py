@@ -82,7 +82,8 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
     documented = {row.split(" | ")[0].strip("| `"): row.split(" | ")[1] for row in rows}
     defaults = HandlerConfig()
     assert set(documented) == {
-        "task", "dtype", "threads", "max_inputs", "max_response_bytes", "quantize", "calibration", "buckets.seq_lens",
+        "task", "dtype", "threads", "max_inputs", "max_response_bytes", "quantize", "smoothing", "calibration",
+        "buckets.seq_lens",
         "buckets.batch_sizes", "buckets.max_tokens", "buckets.overflow", "buckets.pack_tokens",
         "buckets.histogram_every", "embedding.dimensions", "embedding.embed_all", "compile.enable", "compile.backend",
         "compile.mode", "compile.freezing",

@@ -51,6 +51,7 @@ def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(t
     assert not any(isinstance(value, torch.nn.Module) for value in vars(gate).values())
     assert gate.rows == [] and gate.reference == []
     assert f"dtype {dtype} with int8 linears ({gate.last})" in caplog.text  # the ready line says what it measured
+    assert "smoothed at alpha 0.6" in caplog.text
     assert str(engine.dtype) == f"torch.{dtype}"
     graph = int8_graph(engine.model.eager)
     assert isinstance(graph, torch.fx.GraphModule) and quantized_linears(graph) > 0
@@ -69,7 +70,8 @@ def drifting_bert(tiny_bert, tmp_path_factory) -> Path:
     """The tiny BERT made to lose its answers in int8: its quantized linears 20x stronger (so the
     layers shape the embedding), each with one weight column of 1000 on a hidden channel the layer
     norms zero. float32 never reads that column; per-channel int8 scales each row by it, and the
-    row's other weights round to 0."""
+    row's other weights round to 0. Smoothing moves that column back out of the weights (its input
+    channel is always 0), so the gate's tests turn it off: `UNSMOOTHED`."""
     from transformers import AutoModel
 
     folder = tmp_path_factory.mktemp("drifting") / "model"
@@ -86,20 +88,27 @@ def drifting_bert(tiny_bert, tmp_path_factory) -> Path:
     return folder
 
 
+UNSMOOTHED = {"smoothing": 0}
+
+
 def test_the_gate_refuses_a_drifting_int8_model_and_serves_its_dtype_or_fails_as_configured(drifting_bert):
-    handler = fakes.ready_handler(EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8")
+    handler = fakes.ready_handler(EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8", **UNSMOOTHED)
     assert not isinstance(handler.engine.model.eager, torch.fx.GraphModule)
-    refused = fakes.ready_handler(EmbeddingHandler, drifting_bert, **{**EAGER_INT8, "dtype": "bfloat16"})
+    refused = fakes.ready_handler(EmbeddingHandler, drifting_bert, **EAGER_INT8, dtype="bfloat16", **UNSMOOTHED)
     assert refused.engine.dtype == torch.bfloat16 and refused.engine.model.int8_gate is None
     assert {p.dtype for p in refused.engine.model.eager.parameters()} == {torch.bfloat16}  # cast once refused
     with pytest.raises(quantizing.QuantizationRefused, match="least cosine"):
         fakes.ready_handler(
-            EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8", compile={"on_failure": "fail"}
+            EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8", compile={"on_failure": "fail"}, **UNSMOOTHED
         )
+    # smoothed (the default), the outlier column leaves the weights and the same model passes the gate
+    strict = {**EAGER_INT8, "compile": {"enable": False, "on_failure": "fail"}}
+    smoothed = fakes.ready_handler(EmbeddingHandler, drifting_bert, **strict)
+    assert smoothed.engine.model.int8_gate.last.value >= 1 - quantizing.DEFAULT_TOLERANCE
 
 
 def test_auto_quantizes_only_where_the_cpu_has_vnni_and_keeps_float32_when_refused(drifting_bert, monkeypatch, caplog):
-    strict = {**EAGER_INT8, "quantize": "auto", "compile": {"enable": False, "on_failure": "fail"}}
+    strict = {**EAGER_INT8, **UNSMOOTHED, "quantize": "auto", "compile": {"enable": False, "on_failure": "fail"}}
     monkeypatch.setattr(quantizing, "has_vnni", lambda: False)
     with caplog.at_level(logging.INFO):
         handler = fakes.ready_handler(EmbeddingHandler, drifting_bert, **strict)
@@ -141,6 +150,23 @@ def test_a_classifier_and_a_reranker_are_gated_by_their_answers_agreement(tiny_m
     assert quantized_linears(handler.engine.model.eager) > 0
     answers = answered(handler, [{"inputs": "the cat sat"}, {"inputs": "where does alice walk " * 8}])
     assert len(answers) == 2 and not any(isinstance(answer, dict) and "error" in answer for answer in answers)
+
+
+def test_smoothing_keeps_the_product_moves_the_outlier_channel_and_leaves_a_tied_weight_alone():
+    linear = torch.nn.Linear(4, 3)
+    tied, original = linear.weight, linear.weight.detach().clone()
+    inputs = torch.randn(5, 4) * torch.tensor([1.0, 50.0, 1.0, 1.0])  # channel 1: an outlier
+    module = torch.nn.Sequential(linear)
+    before = module(inputs)
+    with quantizing.input_ranges(module, kept=()) as ranges:
+        module(inputs)
+    assert quantizing.smooth(module, ranges, 0.6) == 1
+    assert isinstance(module[0], torch.nn.Linear) and torch.allclose(module(inputs), before, atol=1e-4)
+    assert (module[0].weight / original)[0].argmax() == 1  # the outlier channel moved into the weight most
+    assert module[0].weight is not tied and torch.equal(tied, original)
+    with quantizing.input_ranges(torch.nn.Sequential(torch.nn.Linear(4, 3)), kept=("0",)) as ranges:
+        pass
+    assert ranges == {}  # a kept linear is neither measured nor smoothed
 
 
 def test_a_sparse_model_is_quantized_beside_bfloat16(tiny_models):
@@ -238,7 +264,6 @@ def test_an_int8_aot_package_holds_its_weights_serves_without_dynamo_and_is_gate
     with pytest.raises(quantizing.QuantizationRefused, match="least cosine"):
         aot_start.check_int8_gate(engine, handler.worker.task, handler.serving, forged)
     # a worker configured without int8 (or with another recipe) does not take it
-    for other in ("none", "int8-all"):
-        valid_for = {**manifest["valid_for"], "quantize": other}
-        with pytest.raises(aot_package.PackageError, match="quantize"):
-            aot_package.load(packed, valid_for, model, torch.device("cpu"))
+    for setting, other in [("quantize", "none"), ("quantize", "int8-all"), ("smoothing", 0.0)]:
+        with pytest.raises(aot_package.PackageError, match=setting):
+            aot_package.load(packed, {**manifest["valid_for"], setting: other}, model, torch.device("cpu"))
