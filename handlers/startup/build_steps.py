@@ -88,8 +88,8 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
         kept = () if config.quantize == "int8-all" else quantizing.KEPT_FLOAT
         with quantizing.input_ranges(engine.model.eager, kept) as ranges:  # in float32's pass over the texts
             gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.tolerance(config))
-        smoothed = (ranges, config.smoothing) if config.smoothing else None
-        return quantizing.int8_engine(engine, gate, example, dtype, kept, smoothed)
+        smoothing = (ranges, config.smoothing) if config.smoothing else None
+        return quantizing.int8_engine(engine, gate, example, dtype, kept, smoothing)
     except quantizing.QuantizationRefused as error:
         if config.quantize != "auto":
             on_failure(config.compile.on_failure, error)

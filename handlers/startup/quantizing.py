@@ -79,22 +79,29 @@ def input_ranges(module: torch.nn.Module, kept: tuple[str, ...]):
             hook.remove()
 
 
-def smooth(module: torch.nn.Module, ranges: dict[str, torch.Tensor], alpha: float) -> int:
-    """Each measured linear's input divided per channel by SmoothQuant's scale `max|x|^alpha /
-    max|w|^(1 - alpha)` (a forward pre-hook, which the export records) and its weight's columns
-    multiplied by it: the same product, easier to quantize; how many. The linear stays a Linear
-    (tasks look for one: a classifier's head), and its weight becomes a new tensor, never changed in
-    place: it may be tied to another (an MLM head's to the embeddings)."""
+@contextlib.contextmanager
+def smoothed(module: torch.nn.Module, ranges: dict[str, torch.Tensor], alpha: float):
+    """While open (for the export), each measured linear's input divided per channel by SmoothQuant's
+    scale `max|x|^alpha / max|w|^(1 - alpha)` (a forward pre-hook, which the export records) and its
+    weight's columns multiplied by it: the same product, easier to quantize; yields how many. On
+    exit the linears are as they were: a model the gate refuses serves without the extra division.
+    Each stays a Linear (tasks look for one: a classifier's head), and its smoothed weight is a new
+    tensor, never the old one changed in place: that may be tied (an MLM head's to the embeddings)."""
+    saved = []
     for name, seen in ranges.items():
         linear = module.get_submodule(name)
-        weight = linear.weight.detach()
-        scale = (seen.clamp(min=1e-5) ** alpha / weight.abs().amax(0).float().clamp(min=1e-5) ** (1 - alpha)).clamp(
-            min=1e-5
-        )
-        linear.weight = torch.nn.Parameter(weight * scale.to(weight.dtype), requires_grad=False)
-        inverse = (1 / scale).to(weight.dtype)
-        linear.register_forward_pre_hook(lambda _, args, inverse=inverse: (args[0] * inverse, *args[1:]))
-    return len(ranges)
+        weight = linear.weight
+        weight_range = weight.detach().abs().amax(0).float().clamp(min=1e-5)
+        scale = (seen.clamp(min=1e-5) ** alpha / weight_range ** (1 - alpha)).clamp(min=1e-5).to(weight.dtype)
+        linear.weight = torch.nn.Parameter(weight.detach() * scale, requires_grad=False)
+        hook = linear.register_forward_pre_hook(lambda _, args, inverse=1 / scale: (args[0] * inverse, *args[1:]))
+        saved.append((linear, weight, hook))
+    try:
+        yield len(saved)
+    finally:
+        for linear, weight, hook in saved:
+            linear.weight = weight
+            hook.remove()
 
 
 class _Capture(ModelRunner):
@@ -121,7 +128,7 @@ def _dynamic_shapes(inputs: dict) -> dict:
     }
 
 
-def _without_dead_code(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def _for_the_quantizer(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """The exported graph without the ops nothing reads (BERT's pooler under mean pooling): an
     unread Linear+Tanh breaks the quantizer's fusion pass (IndexError); and without export's dtype
     assertions, which hold the float32 trace's dtypes where bfloat16 autocast runs others (SPLADE's
@@ -155,7 +162,7 @@ def int8_module(engine: Engine, example_rows: list[list[int]], kept: tuple[str, 
     for name, child in module.named_modules():
         if isinstance(child, torch.nn.Linear) and any(part in name for part in kept):
             quantizer.set_module_name_qconfig(name, None)
-    prepared = prepare_pt2e(_without_dead_code(exported.module()), quantizer)
+    prepared = prepare_pt2e(_for_the_quantizer(exported.module()), quantizer)
     with torch.no_grad():
         prepared(**inputs)  # dynamic activations: one pass records the weights' observers
     return convert_pt2e(prepared)
@@ -282,24 +289,23 @@ def unquantized(engine: Engine, dtype: torch.dtype) -> Engine:
 
 
 def int8_engine(
-    engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dtype, kept=KEPT_FLOAT, smoothed=None
+    engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dtype, kept=KEPT_FLOAT, smoothing=None
 ) -> Engine:
     """The float32 engine over its int8 module (the linears named in `kept` left out), the rest at
-    `dtype`, once it passes the gate (kept on the module for warm-up); `smoothed`: (the linears'
-    `input_ranges`, alpha) to smooth them with first."""
+    `dtype`, once it passes the gate (kept on the module for warm-up); `smoothing`: (the linears'
+    `input_ranges`, alpha) to smooth them with while quantizing."""
     if engine.device.type != "cpu":
         raise QuantizationRefused(f"quantize: int8 runs on the CPU, not {engine.device.type}")
     if dtype not in AROUND_INT8:
         raise QuantizationRefused(f"quantize: int8 runs beside float32 or bfloat16, not {dtype}")
-    if smoothed is not None:
-        smooth(engine.model.eager, *smoothed)
-    module = int8_module(engine, example_rows, kept)
+    with smoothed(engine.model.eager, *smoothing) if smoothing else contextlib.nullcontext():
+        module = int8_module(engine, example_rows, kept)
     if dtype != torch.float32:
         module = AroundInt8(module, dtype)
     module.__dict__["int8_gate"] = gate  # in __dict__: not a submodule the compiler would see
     quantized = dataclasses.replace(engine.on(EagerRunner(module)), dtype=dtype)
     found = gate.check(quantized)
     around = str(dtype).removeprefix("torch.")
-    alpha = f"smoothed at alpha {smoothed[1]}" if smoothed else "not smoothed"
+    alpha = f"smoothed at alpha {smoothing[1]}" if smoothing else "not smoothed"
     logger.info("int8: linears quantized (%s kept %s; %s), %s", ", ".join(kept) or "none", around, alpha, found)
     return quantized

@@ -152,7 +152,7 @@ def test_a_classifier_and_a_reranker_are_gated_by_their_answers_agreement(tiny_m
     assert len(answers) == 2 and not any(isinstance(answer, dict) and "error" in answer for answer in answers)
 
 
-def test_smoothing_keeps_the_product_moves_the_outlier_channel_and_leaves_a_tied_weight_alone():
+def test_smoothing_keeps_the_product_moves_the_outlier_channel_and_is_undone_after_quantizing():
     linear = torch.nn.Linear(4, 3)
     tied, original = linear.weight, linear.weight.detach().clone()
     inputs = torch.randn(5, 4) * torch.tensor([1.0, 50.0, 1.0, 1.0])  # channel 1: an outlier
@@ -160,10 +160,13 @@ def test_smoothing_keeps_the_product_moves_the_outlier_channel_and_leaves_a_tied
     before = module(inputs)
     with quantizing.input_ranges(module, kept=()) as ranges:
         module(inputs)
-    assert quantizing.smooth(module, ranges, 0.6) == 1
-    assert isinstance(module[0], torch.nn.Linear) and torch.allclose(module(inputs), before, atol=1e-4)
-    assert (module[0].weight / original)[0].argmax() == 1  # the outlier channel moved into the weight most
-    assert module[0].weight is not tied and torch.equal(tied, original)
+    with quantizing.smoothed(module, ranges, 0.6) as count:
+        assert count == 1 and isinstance(module[0], torch.nn.Linear)
+        assert torch.allclose(module(inputs), before, atol=1e-4)
+        assert (module[0].weight / original)[0].argmax() == 1  # the outlier channel moved into the weight most
+        assert module[0].weight is not tied and torch.equal(tied, original)
+    # afterwards (a model the gate refused serves on): the linear as it was, its tied weight, no division
+    assert module[0].weight is tied and not module[0]._forward_pre_hooks and torch.equal(module(inputs), before)
     with quantizing.input_ranges(torch.nn.Sequential(torch.nn.Linear(4, 3)), kept=("0",)) as ranges:
         pass
     assert ranges == {}  # a kept linear is neither measured nor smoothed
