@@ -85,9 +85,14 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
     try:
         texts = calibration_texts(config.calibration, serving.model_dir)
         rows = serving.tokenizer(texts, truncation=True, max_length=plan.max_seq_len)["input_ids"]
-        kept = () if config.quantize == "int8-all" else quantizing.KEPT_FLOAT
-        with quantizing.input_ranges(engine.model.eager, kept) as ranges:  # in float32's pass over the texts
+        with quantizing.input_ranges(engine.model.eager) as ranges:  # in float32's pass over the texts
             gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.tolerance(config))
+        kept = (
+            ()
+            if config.quantize == "int8-all"
+            else quantizing.sensitive_linears(engine, gate, ranges, config.smoothing)
+        )
+        ranges = {name: seen for name, seen in ranges.items() if name not in kept}
         smoothing = (ranges, config.smoothing) if config.smoothing else None
         return quantizing.int8_engine(engine, gate, example, dtype, kept, smoothing)
     except quantizing.QuantizationRefused as error:

@@ -335,11 +335,12 @@ class HandlerConfig:
     quantize: str = _option(
         values.choice("none", "int8", "int8-all", "auto"),
         "none",
-        meaning="`int8`: the encoder's linears in int8 through PT2E (dynamic activations, 8-bit per-channel "
-        "weights, the residual projections kept in floating point; 7-bit weights where the CPU lacks VNNI), what "
-        "is not int8 at the model's `dtype` (bfloat16 under autocast where it is bfloat16); `int8-all`: the residual "
-        "projections in int8 too (faster, further from float32: MiniLM's least cosine 0.988, refused at the default "
-        "tolerance); both experimental: "
+        meaning="`int8`: the encoder's linears in int8 through PT2E (dynamic activations, 7-bit where the CPU lacks "
+        "VNNI; 8-bit per-channel weights) but the fewest that must stay in floating point for the gate to pass, "
+        "found by simulating int8 over the calibration texts (MiniLM keeps 1 of 36; refused where more than a third "
+        "of the weights would stay), what is not int8 at the model's `dtype` (bfloat16 under autocast where it is "
+        "bfloat16); `int8-all`: every linear in int8, no search (MiniLM's least cosine 0.988, refused at the "
+        "default tolerance); both experimental: "
         "refused (then `compile.on_failure`) where its answers on the calibration texts drift from float32's "
         "past its gate (per-text cosine `1 - warmup.tolerance`, 0.99 by default; 95% label or rank agreement for "
         "classifiers and rerankers); `auto`: int8 where the CPU has VNNI or AMX and the gate passes, else the "
@@ -355,8 +356,8 @@ class HandlerConfig:
         "columns multiplied by it, the same product with the activations' outlier channels moved into the "
         "per-channel weights; 0 turns it off",
         why="MiniLM's least cosine to float32 on the calibration texts, compiled beside bfloat16, went from 0.982 to "
-        "0.998 (`int8`) and from 0.960 to 0.988 (`int8-all`); 0.6 measured best of 0.5-0.8 (docs/performance.md, "
-        '"int8")',
+        "0.998 with its residual projections kept in floating point and from 0.960 to 0.988 with none kept "
+        '(`int8-all`); 0.6 measured best of 0.5-0.8 (docs/performance.md, "int8")',
     )
     calibration: str = _option(
         values.archive_file,

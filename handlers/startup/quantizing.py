@@ -7,17 +7,17 @@ annotated by torchao's X86InductorQuantizer (dynamic activations, per-channel we
 converted; inductor lowers the quantize/dequantize pairs to oneDNN's int8 kernels when the graph is
 compiled with freezing (CompiledModel freezes whole CPU models by default). CPU only.
 
-The recipe is the one benchmarks/int8_probe.py measured best on MiniLM (docs/performance.md, "int8"):
-the two projections back into the residual stream (attention output and FFN down: `*.output.dense`)
-stay in floating point, their inputs carry the outliers. Before quantizing, each int8 linear is
+Under `int8`, the linears whose int8 would take the answers past the gate stay in floating point,
+the fewest that pass, found by simulating int8 (handlers/startup/int8_search.py: on MiniLM, layer 0's
+FFN down alone); `int8-all` quantizes every one. Before quantizing, each int8 linear is
 smoothed (SmoothQuant, `smoothing` is its alpha): its input channels divided by a scale measured on
 the calibration texts and its weight's columns multiplied by it, which moves the activations' outlier
 channels into the per-channel weights; in the compiled graph the division joins the activation's
 quantizing kernel. What is not int8 runs at the model's dtype:
 float32, or bfloat16 under autocast (`AroundInt8`) where `dtype` is bfloat16 or `auto` picks it; the
-quantizer always starts from the float32 weights. Weights keep 8 bits where the CPU has VNNI (or AMX),
-7 (`reduce_range`) where it has not: there oneDNN's u8 x s8 products saturate at 8 bits, and the
-compiled model drifts from the quantized reference. Ops nothing reads (BERT's pooler under mean
+quantizer always starts from the float32 weights. Activations keep 8 bits where the CPU has VNNI (or
+AMX), 7 (`reduce_range`) where it has not: there oneDNN's u8 x s8 products saturate at 8 bits, and
+the compiled model drifts from the quantized reference. Ops nothing reads (BERT's pooler under mean
 pooling) are removed before annotation: an unread Linear+Tanh breaks the quantizer's fusion pass.
 
 The gate holds the int8 model against float32 on the calibration texts (handlers/startup/
@@ -44,24 +44,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOLERANCE = 0.01  # 1 - the least cosine to float32 the gate passes
 AGREEMENT = 0.95  # the least share of labels (and of text pairs' order) the gate passes
 AROUND_INT8 = (torch.float32, torch.bfloat16)  # the dtypes the rest of an int8 model may run at
-KEPT_FLOAT = ("output.dense",)  # Linear names containing these stay in floating point (the residual projections)
 
 
 class QuantizationRefused(RuntimeError):
     """The int8 model's answers drift from float32's past the gate, with the figures."""
 
 
-def _to_quantize(module: torch.nn.Module, kept: tuple[str, ...]) -> dict[str, torch.nn.Linear]:
-    return {
-        name: child
-        for name, child in module.named_modules()
-        if isinstance(child, torch.nn.Linear) and not any(part in name for part in kept)
-    }
-
-
 @contextlib.contextmanager
-def input_ranges(module: torch.nn.Module, kept: tuple[str, ...]):
-    """While open, the largest magnitude per input channel that each linear to quantize sees."""
+def input_ranges(module: torch.nn.Module):
+    """While open, the largest magnitude per input channel that each linear sees (by name)."""
     ranges: dict[str, torch.Tensor] = {}
 
     def recorder(name: str):
@@ -71,12 +62,19 @@ def input_ranges(module: torch.nn.Module, kept: tuple[str, ...]):
 
         return record
 
-    hooks = [linear.register_forward_pre_hook(recorder(name)) for name, linear in _to_quantize(module, kept).items()]
+    linears = {name: child for name, child in module.named_modules() if isinstance(child, torch.nn.Linear)}
+    hooks = [linear.register_forward_pre_hook(recorder(name)) for name, linear in linears.items()]
     try:
         yield ranges
     finally:
         for hook in hooks:
             hook.remove()
+
+
+def smoothing_scale(weight: torch.Tensor, seen: torch.Tensor, alpha: float) -> torch.Tensor:
+    """SmoothQuant's divisor per input channel, `max|x|^alpha / max|w|^(1 - alpha)` (float32)."""
+    weight_range = weight.detach().abs().amax(0).float().clamp(min=1e-5)
+    return (seen.clamp(min=1e-5) ** alpha / weight_range ** (1 - alpha)).clamp(min=1e-5)
 
 
 @contextlib.contextmanager
@@ -91,8 +89,7 @@ def smoothed(module: torch.nn.Module, ranges: dict[str, torch.Tensor], alpha: fl
     for name, seen in ranges.items():
         linear = module.get_submodule(name)
         weight = linear.weight
-        weight_range = weight.detach().abs().amax(0).float().clamp(min=1e-5)
-        scale = (seen.clamp(min=1e-5) ** alpha / weight_range ** (1 - alpha)).clamp(min=1e-5).to(weight.dtype)
+        scale = smoothing_scale(weight, seen, alpha).to(weight.dtype)
         linear.weight = torch.nn.Parameter(weight.detach() * scale, requires_grad=False)
         hook = linear.register_forward_pre_hook(lambda _, args, inverse=1 / scale: (args[0] * inverse, *args[1:]))
         saved.append((linear, weight, hook))
@@ -142,8 +139,8 @@ def _for_the_quantizer(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModu
 
 
 def int8_module(engine: Engine, example_rows: list[list[int]], kept: tuple[str, ...]) -> torch.nn.Module:
-    """The engine's eager module with its linears in int8 but those whose names contain one of
-    `kept` (a GraphModule taking the same inputs)."""
+    """The engine's eager module with its linears in int8 but those named in `kept` (a GraphModule
+    taking the same inputs)."""
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # its CUDA kernels are not used
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
@@ -160,12 +157,25 @@ def int8_module(engine: Engine, example_rows: list[list[int]], kept: tuple[str, 
     reduce_range = not has_vnni()  # u8 x s8 without VNNI saturates at 8 bits (see above)
     quantizer.set_global(x86.get_default_x86_inductor_quantization_config(is_dynamic=True, reduce_range=reduce_range))
     for name, child in module.named_modules():
-        if isinstance(child, torch.nn.Linear) and any(part in name for part in kept):
+        if isinstance(child, torch.nn.Linear) and name in kept:
             quantizer.set_module_name_qconfig(name, None)
     prepared = prepare_pt2e(_for_the_quantizer(exported.module()), quantizer)
     with torch.no_grad():
         prepared(**inputs)  # dynamic activations: one pass records the weights' observers
     return convert_pt2e(prepared)
+
+
+def sensitive_linears(engine: Engine, gate: "Int8Gate", ranges: dict, alpha: float) -> tuple[str, ...]:
+    """The linears `quantize: int8` keeps in floating point (handlers/startup/int8_search.py), each
+    simulated with the smoothing it would get at `alpha` (0: none)."""
+    from ts_compiled_handlers.startup import int8_search
+
+    module = engine.model.eager
+    scales = {
+        name: smoothing_scale(module.get_submodule(name).weight, seen, alpha) if alpha else torch.ones_like(seen)
+        for name, seen in ranges.items()
+    }
+    return int8_search.kept_in_float(engine, gate, scales, 255 if has_vnni() else 127)
 
 
 def tolerance(config) -> float:
@@ -289,7 +299,7 @@ def unquantized(engine: Engine, dtype: torch.dtype) -> Engine:
 
 
 def int8_engine(
-    engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dtype, kept=KEPT_FLOAT, smoothing=None
+    engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dtype, kept=(), smoothing=None
 ) -> Engine:
     """The float32 engine over its int8 module (the linears named in `kept` left out), the rest at
     `dtype`, once it passes the gate (kept on the module for warm-up); `smoothing`: (the linears'
@@ -307,5 +317,5 @@ def int8_engine(
     found = gate.check(quantized)
     around = str(dtype).removeprefix("torch.")
     alpha = f"smoothed at alpha {smoothing[1]}" if smoothing else "not smoothed"
-    logger.info("int8: linears quantized (%s kept %s; %s), %s", ", ".join(kept) or "none", around, alpha, found)
+    logger.info("int8: linears quantized (kept %s: %s; %s), %s", around, ", ".join(kept) or "none", alpha, found)
     return quantized

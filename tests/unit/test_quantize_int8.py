@@ -5,6 +5,7 @@ measure per task and its calibration texts; the build's flags; the int8 AOT pack
 import dataclasses
 import json
 import logging
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -19,7 +20,7 @@ from ts_compiled_handlers.scripts.cli import UserError
 from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.servers.torchserve.sparse_embedding_handler import SparseEmbeddingHandler
-from ts_compiled_handlers.startup import aot_package, aot_start, compile_cache, quantizing
+from ts_compiled_handlers.startup import aot_package, aot_start, compile_cache, int8_search, quantizing
 from ts_compiled_handlers.startup.calibration import DEFAULT_TEXTS, CalibrationError
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.startup.config import ConfigError, parse
@@ -65,27 +66,34 @@ def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(t
         quantizing.int8_engine(dataclasses.replace(engine, device=torch.device("cuda")), gate, [], engine.dtype)
 
 
-@pytest.fixture(scope="module")
-def drifting_bert(tiny_bert, tmp_path_factory) -> Path:
-    """The tiny BERT made to lose its answers in int8: its quantized linears 20x stronger (so the
-    layers shape the embedding), each with one weight column of 1000 on a hidden channel the layer
-    norms zero. float32 never reads that column; per-channel int8 scales each row by it, and the
-    row's other weights round to 0. Smoothing moves that column back out of the weights (its input
-    channel is always 0), so the gate's tests turn it off: `UNSMOOTHED`."""
+def made_to_drift(tiny_bert: Path, folder: Path, drifting) -> Path:
+    """The tiny BERT made to lose its answers in int8 where `drifting(name)`: those linears 20x
+    stronger (so they shape the embedding), each with one weight column of 1000 on a hidden channel
+    the layer norms zero. float32 never reads that column; per-channel int8 scales each row by it,
+    and the row's other weights round to 0. Smoothing moves that column back out of the weights (its
+    input channel is always 0), so the gate's tests turn it off: `UNSMOOTHED`."""
     from transformers import AutoModel
 
-    folder = tmp_path_factory.mktemp("drifting") / "model"
     shutil.copytree(tiny_bert, folder)
     model = AutoModel.from_pretrained(folder)
     with torch.no_grad():
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.LayerNorm):
                 module.weight[0] = module.bias[0] = 0
-            elif isinstance(module, torch.nn.Linear) and not any(part in name for part in quantizing.KEPT_FLOAT):
+            elif isinstance(module, torch.nn.Linear) and drifting(name):
                 module.weight.mul_(20)
                 module.weight[:, 0] = 1000
     model.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def drifting_bert(tiny_bert, tmp_path_factory) -> Path:
+    """Every linear but the residual projections drifts: more than half the weights."""
+    return made_to_drift(tiny_bert, tmp_path_factory.mktemp("drifting") / "model", lambda name: "output" not in name)
+
+
+ONE_DRIFTING = "encoder.layer.0.intermediate.dense"  # the one linear of `one_drifting_bert` int8 moves far
 
 
 UNSMOOTHED = {"smoothing": 0}
@@ -97,7 +105,7 @@ def test_the_gate_refuses_a_drifting_int8_model_and_serves_its_dtype_or_fails_as
     refused = fakes.ready_handler(EmbeddingHandler, drifting_bert, **EAGER_INT8, dtype="bfloat16", **UNSMOOTHED)
     assert refused.engine.dtype == torch.bfloat16 and refused.engine.model.int8_gate is None
     assert {p.dtype for p in refused.engine.model.eager.parameters()} == {torch.bfloat16}  # cast once refused
-    with pytest.raises(quantizing.QuantizationRefused, match="least cosine"):
+    with pytest.raises(quantizing.QuantizationRefused, match="least cosine .* linears .* too few left to gain"):
         fakes.ready_handler(
             EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8", compile={"on_failure": "fail"}, **UNSMOOTHED
         )
@@ -158,7 +166,7 @@ def test_smoothing_keeps_the_product_moves_the_outlier_channel_and_is_undone_aft
     inputs = torch.randn(5, 4) * torch.tensor([1.0, 50.0, 1.0, 1.0])  # channel 1: an outlier
     module = torch.nn.Sequential(linear)
     before = module(inputs)
-    with quantizing.input_ranges(module, kept=()) as ranges:
+    with quantizing.input_ranges(module) as ranges:
         module(inputs)
     with quantizing.smoothed(module, ranges, 0.6) as count:
         assert count == 1 and isinstance(module[0], torch.nn.Linear)
@@ -167,9 +175,6 @@ def test_smoothing_keeps_the_product_moves_the_outlier_channel_and_is_undone_aft
         assert module[0].weight is not tied and torch.equal(tied, original)
     # afterwards (a model the gate refused serves on): the linear as it was, its tied weight, no division
     assert module[0].weight is tied and not module[0]._forward_pre_hooks and torch.equal(module(inputs), before)
-    with quantizing.input_ranges(torch.nn.Sequential(torch.nn.Linear(4, 3)), kept=("0",)) as ranges:
-        pass
-    assert ranges == {}  # a kept linear is neither measured nor smoothed
 
 
 def test_a_sparse_model_is_quantized_beside_bfloat16(tiny_models):
@@ -224,13 +229,46 @@ def test_hfserve_build_quantize_and_calibration_carry_the_texts_into_the_archive
         build_mar.main([*common, "--name", "few", "--quantize", "int8", "--calibration", str(texts)])
 
 
-def test_int8_all_quantizes_the_residual_projections_too(tiny_bert):
-    loose = {**EAGER_INT8, "warmup": {"tolerance": 0.5}}
-    most = fakes.ready_handler(EmbeddingHandler, tiny_bert, **loose).engine.model.eager
-    every = fakes.ready_handler(EmbeddingHandler, tiny_bert, **{**loose, "quantize": "int8-all"}).engine.model.eager
-    assert quantized_linears(every) > quantized_linears(most) > 0
-    # six linears a BERT layer: four int8 under `int8` (Q, K, V, FFN up), all six under `int8-all`
-    assert quantized_linears(every) * 4 == quantized_linears(most) * 6
+def test_int8_keeps_in_floating_point_only_the_linear_that_drifts_and_int8_all_is_refused(tiny_bert, tmp_path, caplog):
+    model = made_to_drift(tiny_bert, tmp_path / "model", lambda name: name == ONE_DRIFTING)
+    strict = {**EAGER_INT8, **UNSMOOTHED, "compile": {"enable": False, "on_failure": "fail"}}
+    with caplog.at_level(logging.INFO):
+        kept_one = fakes.ready_handler(EmbeddingHandler, model, **strict).engine.model.eager
+    assert kept_one.int8_gate.last.value >= 1 - quantizing.DEFAULT_TOLERANCE
+    assert re.search(rf"kept float32: [\w.]*\.{ONE_DRIFTING};", caplog.text)  # the name in the layout's module
+    every = fakes.ready_handler(
+        EmbeddingHandler, tiny_bert, **{**EAGER_INT8, "quantize": "int8-all"}
+    ).engine.model.eager
+    assert quantized_linears(every) == quantized_linears(kept_one) + 1  # the pooler's is dropped in both
+    with pytest.raises(quantizing.QuantizationRefused, match="least cosine"):
+        fakes.ready_handler(EmbeddingHandler, model, **{**strict, "quantize": "int8-all"})
+
+
+def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_path, monkeypatch):
+    # the search's premise (handlers/startup/int8_search.py): the gate read on int8 simulated in
+    # float32 is the gate read on the int8 model, so the kept linears it picks pass for real
+    model = made_to_drift(tiny_bert, tmp_path / "model", lambda name: name == ONE_DRIFTING)
+    simulated = []
+
+    def spy(engine, gate, example_rows, dtype, kept=(), smoothing=None):
+        assert smoothing is None and kept == ()
+        linears = {
+            name: child for name, child in engine.model.eager.named_modules() if isinstance(child, torch.nn.Linear)
+        }
+        scales = {name: torch.ones(linear.in_features) for name, linear in linears.items()}
+        with int8_search.simulated(engine.model.eager, scales, list(scales), 255):
+            simulated.append(
+                quantizing.figures(gate.task_name, engine.run(gate.rows).rows, gate.reference, gate.tolerance)
+            )
+        return real(engine, gate, example_rows, dtype, kept, smoothing)
+
+    real = quantizing.int8_engine
+    monkeypatch.setattr(quantizing, "has_vnni", lambda: True)
+    monkeypatch.setattr(quantizing, "int8_engine", spy)
+    config = {**EAGER_INT8, **UNSMOOTHED, "quantize": "int8-all", "warmup": {"tolerance": 0.9}}
+    measured = fakes.ready_handler(EmbeddingHandler, model, **config).engine.model.eager.int8_gate.last
+    assert measured.value < 0.99  # int8 moved the answers: there is a drift to predict
+    assert simulated[0].value == pytest.approx(measured.value, abs=int8_search.MARGIN * (1 - measured.value))
 
 
 def test_an_int8_aot_package_holds_its_weights_serves_without_dynamo_and_is_gated_again(tiny_bert, tmp_path, caplog):

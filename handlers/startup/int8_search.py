@@ -1,0 +1,125 @@
+"""Which linears `quantize: int8` leaves in floating point: the fewest whose int8 would take the
+answers past the gate (issue 57's "sensitive layers kept in bfloat16").
+
+int8 is simulated in float32: each linear's input quantized per tensor to 8 bits with its own range
+(what the dynamic int8 kernels do per call), its weight per output channel, both after SmoothQuant's
+scale. On MiniLM the simulated gate read 0.98731 where the real int8 model read 0.98740: close enough
+to search with, at one float32 pass over the calibration texts per try instead of an export and a
+quantization. The real gate still judges the model the search picks, eager and compiled.
+
+The search: every linear quantized alone, ranked by how far it moves the texts int8 moves most; then
+the fewest of the top-ranked kept in floating point that let the rest pass the gate with a tenth of
+its allowance in hand (a bisection: keeping more never hurts much). On MiniLM that is one linear of
+36, layer 0's FFN down, where the fixed recipe kept all twelve residual projections (41% of the
+multiply-adds). A model that passes only with more than MOST_KEPT of its weights kept is refused:
+its int8 would not pay.
+"""
+
+import contextlib
+import logging
+
+import torch
+
+from ts_compiled_handlers.engine.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+MARGIN = 0.1  # the share of the gate's allowance (1 - floor) the simulated model keeps in hand
+RANKING_ROWS = 10  # the calibration texts the ranking runs on: those int8 moves most
+# The largest share of the weights that may stay in floating point: MiniLM with its residual
+# projections kept (42%) ran 1.17-1.24x bfloat16's speed at 8x64, with none kept 1.36-1.44x.
+MOST_KEPT = 1 / 3
+
+
+def _input_in_int8(x: torch.Tensor, top: int) -> torch.Tensor:
+    """`x` through per-tensor affine quantization to [0, top], as the dynamic kernels do per call."""
+    low, high = x.min().clamp(max=0), x.max().clamp(min=0)
+    scale = ((high - low) / top).clamp(min=torch.finfo(torch.float32).eps)
+    zero = torch.round(-low / scale)
+    return (torch.clamp(torch.round(x / scale) + zero, 0, top) - zero) * scale
+
+
+def _weight_in_int8(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` through per-output-channel symmetric quantization to [-128, 127]."""
+    scale = (weight.abs().amax(1, keepdim=True) / 127.5).clamp(min=torch.finfo(torch.float32).eps)
+    return torch.clamp(torch.round(weight / scale), -128, 127) * scale
+
+
+@contextlib.contextmanager
+def simulated(module: torch.nn.Module, scales: dict[str, torch.Tensor], names, top: int):
+    """While open, the linears in `names` answer as their int8 would (`scales`: each one's smoothing
+    scale per input channel, ones where unsmoothed; `top`: 255, or 127 for 7-bit activations)."""
+
+    def in_int8(name: str):
+        linear = module.get_submodule(name)
+        scale = scales[name]
+        weight = _weight_in_int8(linear.weight.detach().float() * scale)
+
+        def answer(_, args, output):
+            quantized = torch.nn.functional.linear(_input_in_int8(args[0] / scale, top), weight, linear.bias)
+            return quantized.to(output.dtype)
+
+        return linear.register_forward_hook(answer)
+
+    hooks = [in_int8(name) for name in names]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _relative_errors(rows: list[torch.Tensor], reference: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(
+        [(a.float() - b).pow(2).sum() / b.pow(2).sum().clamp(min=1e-12) for a, b in zip(rows, reference, strict=True)]
+    )
+
+
+def kept_in_float(engine: Engine, gate, scales: dict[str, torch.Tensor], top: int) -> tuple[str, ...]:
+    """The fewest of the linears in `scales` to keep in floating point so that int8 of the others
+    passes `gate` (quantizing.Int8Gate, holding float32's answers), run on the float32 `engine`;
+    quantizing.QuantizationRefused where that keeps more than MOST_KEPT of their weights."""
+    from ts_compiled_handlers.startup import quantizing
+
+    module, names = engine.model.eager, list(scales)
+
+    def answers(quantized, rows: list[int]) -> list[torch.Tensor]:
+        with simulated(module, scales, quantized, top):
+            return engine.run([gate.rows[row] for row in rows]).rows
+
+    every_row = list(range(len(gate.rows)))
+
+    def clears(rows: list[torch.Tensor]) -> bool:
+        found = quantizing.figures(gate.task_name, rows, gate.reference, gate.tolerance)
+        return found.value >= found.floor + (1 - found.floor) * MARGIN
+
+    def passes(kept: list[str]) -> bool:
+        return clears(answers([name for name in names if name not in kept], every_row))
+
+    all_int8 = answers(names, every_row)
+    if clears(all_int8):
+        return ()
+    errors = _relative_errors(all_int8, gate.reference)
+    worst = errors.argsort(descending=True)[:RANKING_ROWS].tolist()
+    reference = [gate.reference[row] for row in worst]
+    harm = {name: _relative_errors(answers([name], worst), reference).mean().item() for name in names}
+    ranked = sorted(names, key=harm.get, reverse=True)
+    fewest, most = 0, len(ranked)  # int8 of all fails; keeping every one is float32 itself
+    while most - fewest > 1:  # bisect: the fewest kept that passes
+        middle = (fewest + most) // 2
+        fewest, most = (fewest, middle) if passes(ranked[:middle]) else (middle, most)
+    kept = ranked[:most]
+    share = sum(module.get_submodule(name).weight.numel() for name in kept) / sum(
+        module.get_submodule(name).weight.numel() for name in names
+    )
+    if share > MOST_KEPT:
+        found = quantizing.figures(gate.task_name, all_int8, gate.reference, gate.tolerance)
+        raise quantizing.QuantizationRefused(
+            f"int8 vs float32: {found}; it passes only with {len(kept)} of {len(names)} linears "
+            f"({share:.0%} of their weights) kept in floating point, too few left to gain"
+        )
+    logger.info(
+        "int8: %d of %d linears kept in floating point (%.1f%% of their weights), the fewest for the rest to pass",
+        *(len(kept), len(names), 100 * share),
+    )
+    return tuple(kept)
