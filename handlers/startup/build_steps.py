@@ -90,7 +90,7 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
         kept = (
             ()
             if config.quantize == "int8-all"
-            else quantizing.sensitive_linears(engine, gate, ranges, config.smoothing)
+            else quantizing.sensitive_linears(engine, gate, ranges, config.smoothing, dtype)
         )
         ranges = {name: seen for name, seen in ranges.items() if name not in kept}
         smoothing = (ranges, config.smoothing) if config.smoothing else None

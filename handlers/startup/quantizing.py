@@ -165,9 +165,9 @@ def int8_module(engine: Engine, example_rows: list[list[int]], kept: tuple[str, 
     return convert_pt2e(prepared)
 
 
-def sensitive_linears(engine: Engine, gate: "Int8Gate", ranges: dict, alpha: float) -> tuple[str, ...]:
+def sensitive_linears(engine: Engine, gate: "Int8Gate", ranges: dict, alpha: float, dtype) -> tuple[str, ...]:
     """The linears `quantize: int8` keeps in floating point (handlers/startup/int8_search.py), each
-    simulated with the smoothing it would get at `alpha` (0: none)."""
+    simulated with the smoothing it would get at `alpha` (0: none), the rest run at `dtype`."""
     from ts_compiled_handlers.startup import int8_search
 
     module = engine.model.eager
@@ -175,7 +175,7 @@ def sensitive_linears(engine: Engine, gate: "Int8Gate", ranges: dict, alpha: flo
         name: smoothing_scale(module.get_submodule(name).weight, seen, alpha) if alpha else torch.ones_like(seen)
         for name, seen in ranges.items()
     }
-    return int8_search.kept_in_float(engine, gate, scales, 255 if has_vnni() else 127)
+    return int8_search.kept_in_float(engine, gate, scales, 255 if has_vnni() else 127, dtype)
 
 
 def tolerance(config) -> float:

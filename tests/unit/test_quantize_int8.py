@@ -20,10 +20,11 @@ from ts_compiled_handlers.scripts.cli import UserError
 from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.servers.torchserve.sparse_embedding_handler import SparseEmbeddingHandler
-from ts_compiled_handlers.startup import aot_package, aot_start, compile_cache, int8_search, quantizing
+from ts_compiled_handlers.startup import aot_package, aot_start, compile_cache, int8_search, quantizing, warmup
 from ts_compiled_handlers.startup.calibration import DEFAULT_TEXTS, CalibrationError
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.startup.config import ConfigError, parse
+from ts_compiled_handlers.startup.serving import Serving
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 
@@ -244,9 +245,11 @@ def test_int8_keeps_in_floating_point_only_the_linear_that_drifts_and_int8_all_i
         fakes.ready_handler(EmbeddingHandler, model, **{**strict, "quantize": "int8-all"})
 
 
-def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_path, monkeypatch, dtype):
     # the search's premise (handlers/startup/int8_search.py): the gate read on int8 simulated in
-    # float32 is the gate read on the int8 model, so the kept linears it picks pass for real
+    # float32 (the rest at the model's dtype) is the gate read on the int8 model, so the kept
+    # linears it picks pass for real
     model = made_to_drift(tiny_bert, tmp_path / "model", lambda name: name == ONE_DRIFTING)
     simulated = []
 
@@ -256,7 +259,8 @@ def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_pat
             name: child for name, child in engine.model.eager.named_modules() if isinstance(child, torch.nn.Linear)
         }
         scales = {name: torch.ones(linear.in_features) for name, linear in linears.items()}
-        with int8_search.simulated(engine.model.eager, scales, list(scales), 255):
+        around = torch.autocast("cpu", dtype=dtype, enabled=dtype == torch.bfloat16)
+        with int8_search.simulated(engine.model.eager, scales, list(scales), 255), around:
             simulated.append(
                 quantizing.figures(gate.task_name, engine.run(gate.rows).rows, gate.reference, gate.tolerance)
             )
@@ -265,10 +269,19 @@ def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_pat
     real = quantizing.int8_engine
     monkeypatch.setattr(quantizing, "has_vnni", lambda: True)
     monkeypatch.setattr(quantizing, "int8_engine", spy)
-    config = {**EAGER_INT8, **UNSMOOTHED, "quantize": "int8-all", "warmup": {"tolerance": 0.9}}
+    config = {**EAGER_INT8, **UNSMOOTHED, "quantize": "int8-all", "warmup": {"tolerance": 0.9}, "dtype": dtype}
     measured = fakes.ready_handler(EmbeddingHandler, model, **config).engine.model.eager.int8_gate.last
     assert measured.value < 0.99  # int8 moved the answers: there is a drift to predict
     assert simulated[0].value == pytest.approx(measured.value, abs=int8_search.MARGIN * (1 - measured.value))
+
+
+def test_an_int8_package_is_held_to_the_gate_s_allowance_against_the_build_s_int8_model():
+    # its oneDNN kernels round otherwise than the eager quantize/dequantize pairs; the gate judges int8
+    serving = Serving(parse({}), *[None] * 7)
+    assert aot_start.allowance(serving, torch.bfloat16, int8=False) == warmup.AUTO_TOLERANCE[torch.bfloat16]
+    assert aot_start.allowance(serving, torch.bfloat16, int8=True) == quantizing.DEFAULT_TOLERANCE
+    loose = Serving(parse({"handler": {"warmup": {"tolerance": 0.3}}}), *[None] * 7)
+    assert aot_start.allowance(loose, torch.bfloat16, int8=True) == 0.3
 
 
 def test_an_int8_aot_package_holds_its_weights_serves_without_dynamo_and_is_gated_again(tiny_bert, tmp_path, caplog):
