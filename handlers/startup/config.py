@@ -337,7 +337,7 @@ class HandlerConfig:
         "none",
         meaning="`int8`: the encoder's linears in int8 through PT2E (dynamic activations, 7-bit where the CPU lacks "
         "VNNI; 8-bit per-channel weights) but the fewest that must stay in floating point for the gate to pass, "
-        "found by simulating int8 over the calibration texts (MiniLM keeps 1 of 36; refused where more than a third "
+        "found by simulating int8 over the calibration texts (MiniLM keeps 3 of 36; refused where more than a third "
         "of the weights would stay), what is not int8 at the model's `dtype` (bfloat16 under autocast where it is "
         "bfloat16); `int8-all`: every linear in int8, no search (MiniLM's least cosine 0.988, refused at the "
         "default tolerance); both experimental: "

@@ -8,8 +8,8 @@ converted; inductor lowers the quantize/dequantize pairs to oneDNN's int8 kernel
 compiled with freezing (CompiledModel freezes whole CPU models by default). CPU only.
 
 Under `int8`, the linears whose int8 would take the answers past the gate stay in floating point,
-the fewest that pass, found by simulating int8 (handlers/startup/int8_search.py: on MiniLM, layer 0's
-FFN down alone); `int8-all` quantizes every one. Before quantizing, each int8 linear is
+the fewest that pass, found by simulating int8 (handlers/startup/int8_search.py: on MiniLM, the FFN
+downs of its first three layers); `int8-all` quantizes every one. Before quantizing, each int8 linear is
 smoothed (SmoothQuant, `smoothing` is its alpha): its input channels divided by a scale measured on
 the calibration texts and its weight's columns multiplied by it, which moves the activations' outlier
 channels into the per-channel weights; in the compiled graph the division joins the activation's
