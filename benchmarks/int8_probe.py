@@ -7,15 +7,16 @@ texts' neighbours) and what it gains, compiled with freezing, at a few batch sha
 
 Recipes (all with BERT's pooler removed: its Linear+Tanh breaks the quantizer's fusion pass with an
 IndexError, and mean pooling never reads it):
-- naive: the quantizer's default dynamic config (7-bit weights: `reduce_range`, for pre-VNNI CPUs)
-- full-range: 8-bit weights
+- naive: the quantizer's default dynamic config (7-bit activations: `reduce_range`, for pre-VNNI CPUs)
+- full-range: 8-bit activations
 - full-range-keep-out: 8-bit, and the two projections back into the residual stream (attention
   output and FFN down, `*.output.dense`) kept in float32: their inputs have the outliers
 - static-keep-out: the same with activation scales calibrated on the calibration texts
 Then the speed, compiled with freezing, of float32, bfloat16, and of 8-bit int8 with the rest at
 float32 or in bfloat16 under autocast (PyTorch's int8-mixed-bf16, what `quantize: int8` serves
 beside `dtype: bfloat16`): `keep-out` keeps the two projections in floating point as
-`quantize: int8` does, `all` quantizes them too as `quantize: int8-all` does.
+`quantize: int8` did before it searched for the few that matter (handlers/startup/int8_search.py),
+`all` quantizes them too as `quantize: int8-all` does.
 Prints two tables and writes runs/int8_probe.json.
 """
 

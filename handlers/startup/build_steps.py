@@ -71,7 +71,7 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
     """The float32 engine over its int8 module, run at `dtype` around the int8 linears, if it passes
     the gate on the calibration texts; else, for `int8`, as `compile.on_failure` says, and for
     `auto`, the model as it was (at `dtype`)."""
-    from ts_compiled_handlers.startup import quantizing
+    from ts_compiled_handlers.startup import int8_search, quantizing
     from ts_compiled_handlers.startup.calibration import calibration_texts
 
     plan, config = serving.plan, serving.config
@@ -80,7 +80,7 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
         logger.info("quantize: auto keeps %s: %s", str(dtype).removeprefix("torch."), unfit)
         return quantizing.unquantized(engine, dtype)
     if not quantizing.has_vnni():
-        logger.warning("quantize: int8 on a CPU without VNNI or AMX: 7-bit weights, and little faster than float32")
+        logger.warning("quantize: int8 on a CPU without VNNI or AMX: 7-bit activations, and little faster than float32")
     example = serving.probes.filler(plan.seq_lens[-1], plan.batch_sizes[-1])
     try:
         texts = calibration_texts(config.calibration, serving.model_dir)
@@ -90,7 +90,7 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
         kept = (
             ()
             if config.quantize == "int8-all"
-            else quantizing.sensitive_linears(engine, gate, ranges, config.smoothing, dtype)
+            else int8_search.sensitive_linears(engine, gate, ranges, config.smoothing, dtype)
         )
         ranges = {name: seen for name, seen in ranges.items() if name not in kept}
         smoothing = (ranges, config.smoothing) if config.smoothing else None

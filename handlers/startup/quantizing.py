@@ -110,7 +110,7 @@ class _Capture(ModelRunner):
 
 
 def has_vnni() -> bool:
-    """Whether the CPU multiplies u8 by s8 in 32 bits (VNNI, AMX): else int8 keeps 7-bit weights."""
+    """Whether the CPU multiplies u8 by s8 in 32 bits (VNNI, AMX): else int8 keeps 7-bit activations."""
     flags = hardware.read_cpu_flags(wanted=("avx512_vnni", "avx_vnni", "amx_int8"))
     return bool(flags)
 
@@ -163,19 +163,6 @@ def int8_module(engine: Engine, example_rows: list[list[int]], kept: tuple[str, 
     with torch.no_grad():
         prepared(**inputs)  # dynamic activations: one pass records the weights' observers
     return convert_pt2e(prepared)
-
-
-def sensitive_linears(engine: Engine, gate: "Int8Gate", ranges: dict, alpha: float, dtype) -> tuple[str, ...]:
-    """The linears `quantize: int8` keeps in floating point (handlers/startup/int8_search.py), each
-    simulated with the smoothing it would get at `alpha` (0: none), the rest run at `dtype`."""
-    from ts_compiled_handlers.startup import int8_search
-
-    module = engine.model.eager
-    scales = {
-        name: smoothing_scale(module.get_submodule(name).weight, seen, alpha) if alpha else torch.ones_like(seen)
-        for name, seen in ranges.items()
-    }
-    return int8_search.kept_in_float(engine, gate, scales, 255 if has_vnni() else 127, dtype)
 
 
 def tolerance(config) -> float:
@@ -298,16 +285,21 @@ def unquantized(engine: Engine, dtype: torch.dtype) -> Engine:
     return dataclasses.replace(engine, dtype=dtype)
 
 
+def check_fit(engine: Engine, dtype: torch.dtype) -> None:
+    """QuantizationRefused where int8 cannot run: off the CPU, or beside a dtype other than AROUND_INT8."""
+    if engine.device.type != "cpu":
+        raise QuantizationRefused(f"quantize: int8 runs on the CPU, not {engine.device.type}")
+    if dtype not in AROUND_INT8:
+        raise QuantizationRefused(f"quantize: int8 runs beside float32 or bfloat16, not {dtype}")
+
+
 def int8_engine(
     engine: Engine, gate: Int8Gate, example_rows: list[list[int]], dtype, kept=(), smoothing=None
 ) -> Engine:
     """The float32 engine over its int8 module (the linears named in `kept` left out), the rest at
     `dtype`, once it passes the gate (kept on the module for warm-up); `smoothing`: (the linears'
     `input_ranges`, alpha) to smooth them with while quantizing."""
-    if engine.device.type != "cpu":
-        raise QuantizationRefused(f"quantize: int8 runs on the CPU, not {engine.device.type}")
-    if dtype not in AROUND_INT8:
-        raise QuantizationRefused(f"quantize: int8 runs beside float32 or bfloat16, not {dtype}")
+    check_fit(engine, dtype)
     with smoothed(engine.model.eager, *smoothing) if smoothing else contextlib.nullcontext():
         module = int8_module(engine, example_rows, kept)
     if dtype != torch.float32:

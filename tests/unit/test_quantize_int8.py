@@ -106,7 +106,9 @@ def test_the_gate_refuses_a_drifting_int8_model_and_serves_its_dtype_or_fails_as
     refused = fakes.ready_handler(EmbeddingHandler, drifting_bert, **EAGER_INT8, dtype="bfloat16", **UNSMOOTHED)
     assert refused.engine.dtype == torch.bfloat16 and refused.engine.model.int8_gate is None
     assert {p.dtype for p in refused.engine.model.eager.parameters()} == {torch.bfloat16}  # cast once refused
-    with pytest.raises(quantizing.QuantizationRefused, match="least cosine .* linears .* too few left to gain"):
+    with pytest.raises(
+        quantizing.QuantizationRefused, match="least cosine .* linears that hurt most .* int8 would not pay"
+    ):
         fakes.ready_handler(
             EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8", compile={"on_failure": "fail"}, **UNSMOOTHED
         )
@@ -232,15 +234,21 @@ def test_hfserve_build_quantize_and_calibration_carry_the_texts_into_the_archive
 
 def test_int8_keeps_in_floating_point_only_the_linear_that_drifts_and_int8_all_is_refused(tiny_bert, tmp_path, caplog):
     model = made_to_drift(tiny_bert, tmp_path / "model", lambda name: name == ONE_DRIFTING)
-    strict = {**EAGER_INT8, **UNSMOOTHED, "compile": {"enable": False, "on_failure": "fail"}}
+    compiled = {"buckets": GRID, "quantize": "int8", "compile": {"on_failure": "fail"}, **UNSMOOTHED}
     with caplog.at_level(logging.INFO):
-        kept_one = fakes.ready_handler(EmbeddingHandler, model, **strict).engine.model.eager
-    assert kept_one.int8_gate.last.value >= 1 - quantizing.DEFAULT_TOLERANCE
-    assert re.search(rf"kept float32: [\w.]*\.{ONE_DRIFTING};", caplog.text)  # the name in the layout's module
+        handler = fakes.ready_handler(EmbeddingHandler, model, **compiled)  # gated eager, then compiled
+    kept_one = handler.engine.model.eager
+    assert handler.engine.model.is_compiled and kept_one.int8_gate.last.texts == len(DEFAULT_TEXTS)
+    assert re.search(rf"kept float32: [\w.]*\.{re.escape(ONE_DRIFTING)};", caplog.text)  # in the layout's module
+    assert "int8: 1 of 12 linears kept in floating point" in caplog.text  # BERT's pooler is out of the count
+    graphs = compiled_graph_count()
+    answers = answered(handler, [{"inputs": "the cat sat"}, {"inputs": "hello world " * 6}])
+    assert all(len(answer["embedding"]) == 32 for answer in answers) and compiled_graph_count() == graphs
     every = fakes.ready_handler(
         EmbeddingHandler, tiny_bert, **{**EAGER_INT8, "quantize": "int8-all"}
     ).engine.model.eager
     assert quantized_linears(every) == quantized_linears(kept_one) + 1  # the pooler's is dropped in both
+    strict = {**EAGER_INT8, **UNSMOOTHED, "compile": {"enable": False, "on_failure": "fail"}}
     with pytest.raises(quantizing.QuantizationRefused, match="least cosine"):
         fakes.ready_handler(EmbeddingHandler, model, **{**strict, "quantize": "int8-all"})
 
@@ -259,11 +267,7 @@ def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_pat
             name: child for name, child in engine.model.eager.named_modules() if isinstance(child, torch.nn.Linear)
         }
         scales = {name: torch.ones(linear.in_features) for name, linear in linears.items()}
-        around = torch.autocast("cpu", dtype=dtype, enabled=dtype == torch.bfloat16)
-        with int8_search.simulated(engine.model.eager, scales, list(scales), 255), around:
-            simulated.append(
-                quantizing.figures(gate.task_name, engine.run(gate.rows).rows, gate.reference, gate.tolerance)
-            )
+        simulated.append(int8_search._Simulation(engine, gate, scales, 255, dtype).gate_figures(list(scales)))
         return real(engine, gate, example_rows, dtype, kept, smoothing)
 
     real = quantizing.int8_engine
@@ -277,10 +281,11 @@ def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_pat
 
 def test_an_int8_package_is_held_to_the_gate_s_allowance_against_the_build_s_int8_model():
     # its oneDNN kernels round otherwise than the eager quantize/dequantize pairs; the gate judges int8
-    serving = Serving(parse({}), *[None] * 7)
+    unused = [None] * (len(dataclasses.fields(Serving)) - 1)  # all but the config
+    serving = Serving(parse({}), *unused)
     assert aot_start.allowance(serving, torch.bfloat16, int8=False) == warmup.AUTO_TOLERANCE[torch.bfloat16]
     assert aot_start.allowance(serving, torch.bfloat16, int8=True) == quantizing.DEFAULT_TOLERANCE
-    loose = Serving(parse({"handler": {"warmup": {"tolerance": 0.3}}}), *[None] * 7)
+    loose = Serving(parse({"handler": {"warmup": {"tolerance": 0.3}}}), *unused)
     assert aot_start.allowance(loose, torch.bfloat16, int8=True) == 0.3
 
 
