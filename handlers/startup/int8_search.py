@@ -93,15 +93,15 @@ class _Simulation:
         with simulated(self.engine.model.eager, self.scales, quantized, self.top), around:
             return self.engine.run([self.gate.rows[row] for row in rows]).rows
 
-    def gate_figures(self, quantized) -> quantizing.GateFigures:
-        rows = self.answers(quantized)
+    def gate_figures(self, rows: list[torch.Tensor]) -> quantizing.GateFigures:
         return quantizing.figures(self.gate.task_name, rows, self.gate.reference, self.gate.tolerance)
 
-    def ranked(self, names: list[str]) -> list[str]:
+    def ranked(self, names: list[str], all_int8: list[torch.Tensor]) -> list[str]:
         """The linears whose int8 moves the answers at all, the one that alone moves most first the
-        rows int8 of all moves most (moves: from the answers at `dtype` with no linear in int8)."""
-        all_int8 = _relative_errors(self.answers(names), self.gate.reference)
-        worst = all_int8.argsort(descending=True)[:RANKING_ROWS].tolist()
+        rows that int8 of all (`all_int8`: its answers) moves most (moves: from the answers at `dtype`
+        with no linear in int8)."""
+        errors = _relative_errors(all_int8, self.gate.reference)
+        worst = errors.argsort(descending=True)[:RANKING_ROWS].tolist()
         unquantized = self.answers([], worst)
         harm = {name: _relative_errors(self.answers([name], worst), unquantized).mean().item() for name in names}
         return sorted((name for name in names if harm[name] > 0), key=harm.get, reverse=True)
@@ -120,15 +120,16 @@ def kept_in_float(
     (bfloat16 under autocast, as quantizing.AroundInt8 runs it: its rounding adds to int8's);
     quantizing.QuantizationRefused where that keeps more than MOST_KEPT of their weights."""
     began, simulation = time.perf_counter(), _Simulation(engine, gate, scales, top, dtype)
-    every = simulation.gate_figures(list(scales))
+    all_int8 = simulation.answers(list(scales))
+    every = simulation.gate_figures(all_int8)
     if clears(every):
         logger.info("int8: every linear in int8 passes the gate, simulated (%s)", every)
         return ()
-    ranked = simulation.ranked(list(scales))
+    ranked = simulation.ranked(list(scales), all_int8)
     weights = [engine.model.eager.get_submodule(name).weight.numel() for name in ranked]
     shares = torch.tensor(weights, dtype=torch.float64).cumsum(0) / sum(weights)  # kept: the first k+1
     most = int((shares <= MOST_KEPT).sum())  # the most that may be kept
-    found = simulation.gate_figures(ranked[most:])
+    found = simulation.gate_figures(simulation.answers(ranked[most:]))
     if not clears(found):
         raise quantizing.QuantizationRefused(
             f"int8 vs float32: {every}; with the {most} of {len(ranked)} linears that hurt most kept in floating "
@@ -137,7 +138,7 @@ def kept_in_float(
     fewest = 0  # int8 of all fails
     while most - fewest > 1:  # bisect: the fewest kept that passes
         middle = (fewest + most) // 2
-        figures = simulation.gate_figures(ranked[middle:])
+        figures = simulation.gate_figures(simulation.answers(ranked[middle:]))
         fewest, most, found = (fewest, middle, figures) if clears(figures) else (middle, most, found)
     share = float(shares[most - 1]) if most else 0.0
     logger.info(

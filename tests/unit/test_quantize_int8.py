@@ -267,7 +267,8 @@ def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_pat
             name: child for name, child in engine.model.eager.named_modules() if isinstance(child, torch.nn.Linear)
         }
         scales = {name: torch.ones(linear.in_features) for name, linear in linears.items()}
-        simulated.append(int8_search._Simulation(engine, gate, scales, 255, dtype).gate_figures(list(scales)))
+        simulation = int8_search._Simulation(engine, gate, scales, 255, dtype)
+        simulated.append(simulation.gate_figures(simulation.answers(list(scales))))
         return real(engine, gate, example_rows, dtype, kept, smoothing)
 
     real = quantizing.int8_engine
