@@ -15,6 +15,9 @@ from typing import Callable
 import torch
 
 NOISY_CV = 0.05
+# The gate's tolerance the benchmarks serve `quantize: int8-all` at: MiniLM reads 0.988 there, below the
+# default floor (0.99), and its speed is still worth measuring beside `int8`.
+INT8_ALL_TOLERANCE = 0.05
 
 
 def percentile(samples: list[float], fraction: float) -> float:
