@@ -86,7 +86,7 @@ def onnxruntime_call(path: Path, int8: bool):
     return lambda ids: torch.from_numpy(session.run(None, padded(ids))[0])
 
 
-def openvino_call(path: Path, int8: bool, float32: bool, calibration: list[list[int]]):
+def openvino_call(path: Path, int8: bool, float32: bool, calibration: list[list[int]], profiling: bool = False):
     import openvino
 
     model = openvino.convert_model(str(path))
@@ -97,17 +97,34 @@ def openvino_call(path: Path, int8: bool, float32: bool, calibration: list[list[
         model = nncf.quantize(
             model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(batches)
         )
-    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY"}
+    # PERF_COUNT: the plugin times each node of every inference (ms_by_node_type reads the last one's)
+    config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": profiling}
     if float32 and not int8:
         config["INFERENCE_PRECISION_HINT"] = "f32"
     compiled = openvino.Core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
-    return lambda ids: torch.from_numpy(request.infer(padded(ids))[compiled.output(0)].copy())
+
+    def call(ids):
+        return torch.from_numpy(request.infer(padded(ids))[compiled.output(0)].copy())
+
+    call.ms_by_node_type = lambda: ms_by_node_type(request.profiling_info)
+    return call
 
 
-def anchor_call(name: str, folder: Path, scratch: Path, float32: bool, calibration: list[list[int]]):
-    """The anchor `name` over the model in `folder`: a callable from token id rows to vectors."""
+def ms_by_node_type(nodes) -> dict[str, float]:
+    """OpenVINO's per-node timing of one inference, summed by node type and the kernel that ran it."""
+    found: dict[str, float] = {}
+    for node in nodes:
+        if node.status == node.Status.EXECUTED:
+            key = f"{node.node_type} ({node.exec_type})"
+            found[key] = found.get(key, 0.0) + node.real_time.total_seconds() * 1000
+    return found
+
+
+def anchor_call(name: str, folder: Path, scratch: Path, float32: bool, calibration: list[list[int]], profiling=False):
+    """The anchor `name` over the model in `folder`: a callable from token id rows to vectors
+    (`profiling`: OpenVINO's times each node, and the callable's `ms_by_node_type` reads them)."""
     path = export_onnx(folder, scratch)
     if name.startswith("onnxruntime"):
         return onnxruntime_call(path, int8=name.endswith("-int8"))
-    return openvino_call(path, int8=name.endswith("-int8"), float32=float32, calibration=calibration)
+    return openvino_call(path, name.endswith("-int8"), float32, calibration, profiling)

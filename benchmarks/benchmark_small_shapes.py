@@ -109,7 +109,7 @@ def run_contender(args) -> dict:
             serving = reference.serving
             texts = calibration_texts("default", folder)
             rows = serving.tokenizer(texts, truncation=True, max_length=serving.plan.max_seq_len)["input_ids"]
-            anchor = anchor_call(args.contender, folder, scratch, args.dtype == "float32", rows)
+            anchor = anchor_call(args.contender, folder, scratch, args.dtype == "float32", rows, args.profile)
             call = lambda ids: list(anchor(ids))  # noqa: E731
         else:
             handler, engine = our_handler(args.contender, folder, config, scratch)
@@ -125,8 +125,11 @@ def run_contender(args) -> dict:
                 shapes[f"{batch}x{seq_len}"] = {"ms": 1000 * statistics.median(seconds), **agreement}
         recompiles = 0 if args.contender in ANCHORS else handler.engine.model.recompiles_after_ready
         found = {"contender": args.contender, "shapes": shapes, "recompiles_after_ready": recompiles}
-        if args.profile and args.contender not in ANCHORS:  # the anchors' ops are not torch's to see
-            found["profile"] = profile(call, filler_ids(reference, args.seq_lens[-1], args.batch_sizes[-1]))
+        largest = filler_ids(reference, args.seq_lens[-1], args.batch_sizes[-1])
+        if args.profile and args.contender not in ANCHORS:
+            found["profile"] = profile(call, largest)
+        elif args.profile and hasattr(anchor, "ms_by_node_type"):  # OpenVINO times its own nodes
+            found["profile"] = anchor_profile(anchor, largest)
     return found
 
 
@@ -148,6 +151,18 @@ def profile(call, ids: list[list[int]], calls: int = 50, top: int = 12) -> list[
         }
         for event in events[:top]
     ]
+
+
+def anchor_profile(anchor, ids: list[list[int]], calls: int = 50, top: int = 12) -> list[dict]:
+    """Where an OpenVINO call's time goes, by node type and kernel (its own counters), as `profile`."""
+    totals: dict[str, float] = {}
+    for _ in range(calls):
+        anchor(ids)
+        for key, ms in anchor.ms_by_node_type().items():
+            totals[key] = totals.get(key, 0.0) + ms
+    total = sum(totals.values())
+    ranked = sorted(totals.items(), key=lambda item: item[1], reverse=True)[:top]
+    return [{"op": key, "ms_per_call": ms / calls, "share": ms / total} for key, ms in ranked]
 
 
 # -- the contenders in turns ----------------------------------------------------------------------
@@ -214,7 +229,8 @@ def print_table(result: dict) -> None:
 
 
 def print_profile(name: str, ops: list[dict], args) -> None:
-    print(f"\n{name} at {args.batch_sizes[-1]}x{args.seq_lens[-1]}, self time by op (torch.profiler, last round):")
+    source = "OpenVINO's node counters" if name.startswith("openvino") else "torch.profiler"
+    print(f"\n{name} at {args.batch_sizes[-1]}x{args.seq_lens[-1]}, self time by op ({source}, last round):")
     for op in ops:
         print(f"  {op['ms_per_call']:>8.3f} ms {100 * op['share']:>5.1f}%  {op['op']}")
 
@@ -235,7 +251,9 @@ def parse_args(argv):
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="smoke: tiny model, 1x16 and 2x16, few calls, 1 round")
     parser.add_argument(
-        "--profile", action="store_true", help="ours: where a call at the largest shape spends its time"
+        "--profile",
+        action="store_true",
+        help="where a call at the largest shape spends its time: ours by torch op, OpenVINO by its node counters",
     )
     parser.add_argument("--contender", help=argparse.SUPPRESS)  # the child process's one contender
     parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_small_shapes.json")
