@@ -121,9 +121,12 @@ def ms_by_node_type(nodes) -> dict[str, float]:
     return found
 
 
-def anchor_call(name: str, folder: Path, scratch: Path, float32: bool, calibration: list[list[int]], profiling=False):
+def anchor_call(
+    name: str, folder: Path, scratch: Path, float32: bool, calibration: list[list[int]], profiling: bool = False
+):
     """The anchor `name` over the model in `folder`: a callable from token id rows to vectors
-    (`profiling`: OpenVINO's times each node, and the callable's `ms_by_node_type` reads them)."""
+    (`profiling`: OpenVINO times each node, at some cost to every call, and the callable's
+    `ms_by_node_type` reads the last call's times)."""
     path = export_onnx(folder, scratch)
     if name.startswith("onnxruntime"):
         return onnxruntime_call(path, int8=name.endswith("-int8"))

@@ -253,7 +253,8 @@ def parse_args(argv):
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="where a call at the largest shape spends its time: ours by torch op, OpenVINO by its node counters",
+        help="where a call at the largest shape spends its time: ours by torch op, OpenVINO by its node "
+        "counters (on for all its calls then: its times include their cost)",
     )
     parser.add_argument("--contender", help=argparse.SUPPRESS)  # the child process's one contender
     parser.add_argument("--out", type=Path, default=Path("runs") / "benchmark_small_shapes.json")

@@ -21,12 +21,11 @@ import torch
 
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import make_context
-from ts_compiled_handlers.benchmarks.traffic import traffic_lengths
+from ts_compiled_handlers.benchmarks.traffic import ids_of_lengths, traffic_lengths
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.engine.layout import BatchIds, Call, Layout, call_inputs
 from ts_compiled_handlers.runtime.hardware import DTYPES, detect
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-from ts_compiled_handlers.startup import warmup
 
 
 def batches(items: list, size: int) -> list[list]:
@@ -107,10 +106,7 @@ def main(argv=None) -> dict:
     for dtype in ("float32", "auto") if detect().auto_dtype != torch.float32 else ("float32",):
         grouped = ready_handler(model_dir, dtype, "off")
         probes = grouped.serving.probes
-        ids = [
-            warmup.filler_ids(length, 1, probes.vocab_size, probes.special, seed=i)[0]
-            for i, length in enumerate(lengths)
-        ]
+        ids = ids_of_lengths(probes, lengths)
         traffic = batches(ids, args.batch)
         served = str(grouped.engine.dtype).removeprefix("torch.")
         rows.append({"contender": f"ours groups dtype={dtype}", "dtype": served, **ours(grouped, traffic)})

@@ -30,3 +30,12 @@ def texts_of_lengths(tokenizer, lengths: list[int], seed: int) -> list[str]:
     for length in lengths:
         texts.append(" ".join(words[i] for i in rng.integers(0, len(words), max(1, length - special))))
     return texts
+
+
+def ids_of_lengths(probes, lengths: list[int]) -> list[list[int]]:
+    """One row of token ids per length, as the model's probes fill them (special tokens in place),
+    seeded by position: every contender of a run gets the same ids, and tokenizing is left out."""
+    from ts_compiled_handlers.startup import warmup
+
+    fill = warmup.filler_ids
+    return [fill(length, 1, probes.vocab_size, probes.special, seed=i)[0] for i, length in enumerate(lengths)]
