@@ -125,15 +125,16 @@ def run_contender(args) -> dict:
                 shapes[f"{batch}x{seq_len}"] = {"ms": 1000 * statistics.median(seconds), **agreement}
         recompiles = 0 if args.contender in ANCHORS else handler.engine.model.recompiles_after_ready
         found = {"contender": args.contender, "shapes": shapes, "recompiles_after_ready": recompiles}
-        largest = filler_ids(reference, args.seq_lens[-1], args.batch_sizes[-1])
-        if args.profile and args.contender not in ANCHORS:
-            found["profile"] = profile(call, largest)
-        elif args.profile and hasattr(anchor, "ms_by_node_type"):  # OpenVINO times its own nodes
-            found["profile"] = anchor_profile(anchor, largest)
+        if args.profile:
+            largest = filler_ids(reference, args.seq_lens[-1], args.batch_sizes[-1])
+            if args.contender not in ANCHORS:
+                found["profile"] = profile(call, largest)
+            elif hasattr(anchor, "ms_by_node_type"):  # OpenVINO times its own nodes; ONNX Runtime is not profiled
+                found["profile"] = anchor_profile(anchor, largest)
     return found
 
 
-def profile(call, ids: list[list[int]], calls: int = 50, top: int = 12) -> list[dict]:
+def profile(call, ids: list[list[int]], calls: int = 50) -> list[dict]:
     """Where a call's time goes, by op (torch.profiler, self time on the calling thread): the top ones."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as recording
@@ -141,28 +142,24 @@ def profile(call, ids: list[list[int]], calls: int = 50, top: int = 12) -> list[
     with recording(activities=[ProfilerActivity.CPU]) as recorded:
         for _ in range(calls):
             call(ids)
-    events = sorted(recorded.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
-    total = sum(event.self_cpu_time_total for event in events)
-    return [
-        {
-            "op": event.key,
-            "ms_per_call": event.self_cpu_time_total / 1000 / calls,
-            "share": event.self_cpu_time_total / total,
-        }
-        for event in events[:top]
-    ]
+    return top_ops({event.key: event.self_cpu_time_total / 1000 for event in recorded.key_averages()}, calls)
 
 
-def anchor_profile(anchor, ids: list[list[int]], calls: int = 50, top: int = 12) -> list[dict]:
+def anchor_profile(anchor, ids: list[list[int]], calls: int = 50) -> list[dict]:
     """Where an OpenVINO call's time goes, by node type and kernel (its own counters), as `profile`."""
     totals: dict[str, float] = {}
     for _ in range(calls):
         anchor(ids)
         for key, ms in anchor.ms_by_node_type().items():
             totals[key] = totals.get(key, 0.0) + ms
-    total = sum(totals.values())
-    ranked = sorted(totals.items(), key=lambda item: item[1], reverse=True)[:top]
-    return [{"op": key, "ms_per_call": ms / calls, "share": ms / total} for key, ms in ranked]
+    return top_ops(totals, calls)
+
+
+def top_ops(ms_by_op: dict[str, float], calls: int, top: int = 12) -> list[dict]:
+    """The ops that took most of `calls` calls' `ms_by_op`, each with its ms per call and its share."""
+    total = sum(ms_by_op.values())
+    ranked = sorted(ms_by_op.items(), key=lambda item: item[1], reverse=True)[:top]
+    return [{"op": op, "ms_per_call": ms / calls, "share": ms / total} for op, ms in ranked]
 
 
 # -- the contenders in turns ----------------------------------------------------------------------

@@ -53,7 +53,7 @@ def served(model_dir: Path, quantize: str) -> EmbeddingHandler:
     return handler
 
 
-def share_of_scores_inside_texts(calls: list, lengths: list[int]) -> tuple[int, int]:
+def scores_inside_texts(calls: list, lengths: list[int]) -> tuple[int, int]:
     """(scores inside a text's own block, scores computed) over `calls`: every row of a call computes
     seq_len x seq_len scores, its padding and any dummy row of the batch bucket included."""
     inside = sum(lengths[text] ** 2 for call in calls for text in call.texts)
@@ -61,6 +61,8 @@ def share_of_scores_inside_texts(calls: list, lengths: list[int]) -> tuple[int, 
 
 
 def split(handler: EmbeddingHandler, traffic: list[list[list[int]]]) -> dict:
+    """One untimed pass over the traffic, then one under the profiler: self CPU seconds by kind of
+    op, the wall time, and the share of attention's scores that lie inside a text."""
     from torch.profiler import ProfilerActivity, profile
 
     for batch in traffic:  # untimed: the allocator's and the kernels' first touches
@@ -70,7 +72,7 @@ def split(handler: EmbeddingHandler, traffic: list[list[list[int]]]) -> dict:
     began = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as recording:
         for batch in traffic:
-            scores = share_of_scores_inside_texts(handler.engine.run(batch).calls, [len(ids) for ids in batch])
+            scores = scores_inside_texts(handler.engine.run(batch).calls, [len(ids) for ids in batch])
             inside, computed = inside + scores[0], computed + scores[1]
     wall = time.perf_counter() - began
     for event in recording.key_averages():

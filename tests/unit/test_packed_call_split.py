@@ -3,7 +3,7 @@ a packed call's attention scores that lie inside a text's own block."""
 
 from fakes import ready_handler
 
-from ts_compiled_handlers.benchmarks.packed_call_split import kind, share_of_scores_inside_texts
+from ts_compiled_handlers.benchmarks.packed_call_split import kind, scores_inside_texts
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
 
@@ -22,7 +22,7 @@ def test_the_scores_inside_texts_are_each_text_s_block_against_every_score_its_c
     def scores(batch: list[list[int]], dynamic: str = "all") -> tuple[int, int]:
         compile_options = {"enable": False, "dynamic": dynamic}
         handler = ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets=grid, compile=compile_options)
-        return share_of_scores_inside_texts(handler.engine.run(batch).calls, [len(ids) for ids in batch])
+        return scores_inside_texts(handler.engine.run(batch).calls, [len(ids) for ids in batch])
 
     assert scores([[5] * 10, [6] * 6]) == (10**2 + 6**2, 16**2)  # 10 + 6 tokens: one packed row of 16
     # past the budget, a text gets a row of its own, padded to the 32 bucket
