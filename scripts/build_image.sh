@@ -58,13 +58,13 @@ DOCKER=$(buildkit_client || true)
 if [ -z "$DOCKER" ]; then
   as_root "no docker client with BuildKit (buildx) was found" "install docker.io (Debian) or docker-buildx-plugin"
   say "installing Debian's docker.io (a docker client with BuildKit built in, and dockerd)"
-  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >&2
+  bash scripts/apt_install.sh docker.io >&2
   DOCKER=/usr/bin/docker
 fi
 if ! "$DOCKER" info >/dev/null 2>&1; then
   as_root "no Docker daemon answers" "start dockerd (or: sudo bash $0)"
   if ! command -v dockerd >/dev/null; then
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >&2
+    bash scripts/apt_install.sh docker.io >&2
   fi
   say "starting dockerd on the default socket (log: /var/log/hfserve-dockerd.log); it stays running for later builds"
   nohup dockerd >/var/log/hfserve-dockerd.log 2>&1 9<&- &  # without the build lock: it outlives this build
@@ -84,7 +84,7 @@ local_base() {
     return
   fi
   as_root "the base image cannot be pulled" "set BASE_IMAGE to a Debian 12 image with python3 and venv"
-  command -v debootstrap >/dev/null || { apt-get update -q && apt-get install -y -q debootstrap >&2; }
+  command -v debootstrap >/dev/null || bash scripts/apt_install.sh debootstrap >&2
   local mirror rootfs
   mirror=$(host_mirror)
   mirror="${mirror:-http://deb.debian.org/debian}"

@@ -35,7 +35,7 @@ if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ]; then
     exit 1
   fi
   echo "Java 17 not found: installing openjdk-17-jre-headless" >&2
-  sh -c "$install_java"
+  bash scripts/apt_install.sh openjdk-17-jre-headless
 fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

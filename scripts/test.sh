@@ -12,15 +12,7 @@
 # why it failed. With arguments, one plain pytest run takes them (`bash scripts/test.sh tests/unit -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
 VENV="${VENV:-.venv}"
-"$VENV/bin/ruff" check .
-"$VENV/bin/ruff" format --check .
-# pytest's own command, not `python -m pytest`: the repository's root stays off sys.path, so the
-# tests import the package as a user does, by its name (a stray `import handlers` fails here).
-if [ $# -gt 0 ]; then
-  exec "$VENV/bin/pytest" -q "$@"
-fi
 scratch=$(mktemp -d)
 # On any exit (^C included) no niced pytest or image build is left behind. The script's own status
 # is kept: under `set -e` a failing command here (kill of a job that already ended) would replace it.
@@ -34,14 +26,26 @@ stop_background() {
   exit "$status"
 }
 trap stop_background EXIT
+# The image builds from the start: the install below keeps one core busy (pip), and a fresh
+# machine's image build (a Debian base, Java, torch, the dependencies) takes the other, not the
+# servers' CPU later. The two scripts' apt-get calls wait for each other (scripts/apt_install.sh).
+if [ $# -eq 0 ] && { [ "$(id -u)" -eq 0 ] || docker info >/dev/null 2>&1; }; then
+  bash scripts/build_image.sh >"$scratch/image.log" 2>&1 &
+fi
+bash scripts/install.sh
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+# pytest's own command, not `python -m pytest`: the repository's root stays off sys.path, so the
+# tests import the package as a user does, by its name (a stray `import handlers` fails here).
+if [ $# -gt 0 ]; then
+  "$VENV/bin/pytest" -q "$@"
+  exit
+fi
 export TEST_INDUCTOR_CACHE="${TEST_INDUCTOR_CACHE:-$scratch/inductor-cache}"
 # Inductor compiles in its own process instead of a pool of two that each import torch, started
 # anew by each of the run's many compiles: with every core taken by the two halves, the pool only
 # cost CPU (three compile-heavy test files: 105 s against 114 s). Read when torch is imported.
 export TORCHINDUCTOR_COMPILE_THREADS="${TORCHINDUCTOR_COMPILE_THREADS:-1}"
-if [ "$(id -u)" -eq 0 ] || docker info >/dev/null 2>&1; then
-  bash scripts/build_image.sh >"$scratch/image.log" 2>&1 &
-fi
 nice -n 19 "$VENV/bin/pytest" -q -n 2 tests/unit >"$scratch/unit.log" 2>&1 &
 unit_tests=$!
 integration=0
