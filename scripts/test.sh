@@ -8,8 +8,8 @@
 #   while the servers wait (on Java, Ray, Docker, sockets, restarts: about a third of their time),
 #   and both cores once the servers are done. Their output follows the servers'.
 # Both share one inductor cache. Where Docker can run, the image of test_image.py starts building
-# at once (disk and network more than CPU); that test finds it built, or builds it again and says
-# why it failed. With arguments, one plain pytest run takes them (`bash scripts/test.sh tests/unit -x`).
+# first, beside the install (below); that test finds it built, or builds it again and says why it
+# failed. With arguments, one plain pytest run takes them (`bash scripts/test.sh tests/unit -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
@@ -26,8 +26,8 @@ stop_background() {
   exit "$status"
 }
 trap stop_background EXIT
-# The image builds from the start: the install below keeps one core busy (pip), and a fresh
-# machine's image build (a Debian base, Java, torch, the dependencies) takes the other, not the
+# The image builds from the start: the install keeps one core busy (pip), and a fresh machine's
+# image build (a Debian base, Java, torch, the dependencies) takes the other instead of the
 # servers' CPU later. The two scripts' apt-get calls wait for each other (scripts/apt_install.sh).
 if [ $# -eq 0 ] && { [ "$(id -u)" -eq 0 ] || docker info >/dev/null 2>&1; }; then
   bash scripts/build_image.sh >"$scratch/image.log" 2>&1 &
