@@ -39,27 +39,39 @@ if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ]; then
 fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+# pip byte-compiles what it installs one file at a time: about half of the install's CPU (torch,
+# transformers, Ray). The installs below skip that; compile_all does the same work at the end, on
+# every core.
+pip_install() { "$VENV/bin/python" -m pip install -q --no-compile "$@"; }
+compile_all() {
+  local site
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # A few files only later Pythons read (torch's py312 test helpers) fail to compile, as under
+  # pip, which skips them too: its status is not the install's.
+  "$VENV/bin/python" -m compileall -qq -j 0 "$site" || true
+}
 if [ -n "$TORCH_INDEX_URL" ]; then
-  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
+  pip_install "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
 else
-  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+  pip_install "$TORCH_SPEC"
 fi
 if [ "$INSTALL" = wheel ]; then
   rm -rf build "$DIST"/ts_compiled_handlers-*.whl   # setuptools' build/ would carry files since removed
   "$VENV/bin/python" -m pip wheel -q --no-deps --wheel-dir "$DIST" .
-  "$VENV/bin/python" -m pip install -q "$DIST"/ts_compiled_handlers-*.whl   # with its dependencies
+  pip_install "$DIST"/ts_compiled_handlers-*.whl   # with its dependencies
   # the same version number over an earlier install: pip would keep the old files
-  "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$DIST"/ts_compiled_handlers-*.whl
+  pip_install --force-reinstall --no-deps "$DIST"/ts_compiled_handlers-*.whl
 else
-  "$VENV/bin/python" -m pip install -q -e ".[test]"
+  pip_install -e ".[test]"
   # The KServe and Kubernetes API models, read as source by scripts/validate_manifests.py; without
   # their (heavy, server-side) dependencies, which the check does not need.
-  "$VENV/bin/python" -m pip install -q --no-deps kserve==0.21.0 kubernetes==37.0.2
+  pip_install --no-deps kserve==0.21.0 kubernetes==37.0.2
   # LangChain's TEI client, for the TEI tests: 1.2.1, the last release that takes a server's URL as
   # `model` (1.2.2 refuses URLs: langchain-ai/docs#4364). It caps huggingface_hub below the 2.x
   # that transformers brings; its one call, InferenceClient.feature_extraction, works on 2.x.
-  "$VENV/bin/python" -m pip install -q --no-deps langchain-huggingface==1.2.1
+  pip_install --no-deps langchain-huggingface==1.2.1
 fi
+compile_all
 build=$("$VENV/bin/python" -c 'import torch; print(f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU")')
 case "$build" in
   CPU) other="for a CUDA build, TORCH_INDEX_URL=<PyTorch's wheel index for your CUDA version>" ;;

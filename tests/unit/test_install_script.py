@@ -55,10 +55,10 @@ CUDA_INDEX = "https://download.pytorch.org/whl/cu126"
 @pytest.mark.parametrize(
     "env, torch_install",
     [
-        ({}, "python -m pip install -q torch==2.13.0"),
+        ({}, "python -m pip install -q --no-compile torch==2.13.0"),
         (
             {"TORCH_SPEC": "torch==2.13.0+cu126", "TORCH_INDEX_URL": CUDA_INDEX},
-            f"python -m pip install -q torch==2.13.0+cu126 --index-url {CUDA_INDEX}",
+            f"python -m pip install -q --no-compile torch==2.13.0+cu126 --index-url {CUDA_INDEX}",
         ),
     ],
 )
@@ -66,4 +66,8 @@ def test_torch_comes_first_from_the_configured_spec_and_index(tmp_path, env, tor
     shim(tmp_path / "venv" / "bin" / "python", f'echo "python $*" >> {tmp_path}/calls\n')
     result = run_install(tmp_path, "17.0.9", uid=1000, **env)
     assert result.returncode == 0, result.stderr
-    assert calls(tmp_path)[:2] == [torch_install, "python -m pip install -q -e .[test]"]
+    made = calls(tmp_path)
+    assert made[:2] == [torch_install, "python -m pip install -q --no-compile -e .[test]"]
+    # pip's one-file-at-a-time byte-compiling skipped, then done once, on every core, after the last install
+    last_install = max(index for index, call in enumerate(made) if " pip install " in call)
+    assert "-m compileall -qq -j 0" in made[last_install + 2]  # after the site-packages folder is asked for
