@@ -1,4 +1,4 @@
-"""The tiny archives that tests/integration/conftest.py's shared TorchServe serves."""
+"""The archives that tests/integration/conftest.py's shared TorchServe serves."""
 
 SMALL_GRID = {"dtype": "float32", "buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
 TASK_ARCHIVES = {  # archive name: task (its model: the task's tiny model)
@@ -21,4 +21,13 @@ MODEL_ARCHIVES = {  # archive name: (tiny model, task, handler settings over SMA
 AOT_ARCHIVES = {
     "sparse-embedder-aot": ("sparse-embedding", "sparse-embedding", AUTO_GRID),
     "llm-reranker-aot": ("reranker-causal", "text-classification", AUTO_GRID),
+}
+# The documentation's own archives, where no test above serves one under that name: served eagerly
+# (the examples' answers do not depend on compilation), not on SMALL_GRID (a model `minilm` is
+# MiniLM itself, not a tiny model).
+EAGER = {"compile": {"enable": False}, "buckets": {"seq_lens": [16, 64], "batch_sizes": [1, 8]}}
+DOCUMENTED_ARCHIVES = {
+    "minilm": ("minilm", "embedding", EAGER),
+    "minilm-states": ("minilm", "embedding", {**EAGER, "embedding": {"embed_all": True}}),  # docs/tasks.md's embed_all
+    "clip": ("image-text-embedding", "image-text-embedding", EAGER),
 }

@@ -1,5 +1,6 @@
-"""One TorchServe with a tiny archive of every task and of the models users bring, shared by the
-task, model and fuzz tests of the run; and the wheel install, started as soon as it is needed."""
+"""One TorchServe with a tiny archive of every task and of the models users bring, and the
+documentation's archives, shared by the task, model, fuzz and documentation tests of the run; and
+the wheel install, started as soon as it is needed."""
 
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -8,7 +9,7 @@ import image_build
 import pytest
 import torch
 import wheel_install as wheel_install_module
-from archives import AOT_ARCHIVES, MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
+from archives import AOT_ARCHIVES, DOCUMENTED_ARCHIVES, MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ts_compiled_handlers.scripts.build_mar import build
@@ -48,8 +49,9 @@ def wheel_install():
 
 
 @pytest.fixture(scope="session")
-def task_server(tmp_path_factory, tiny_models):
+def task_server(tmp_path_factory, tiny_models, minilm_dir):
     """Batches of up to 4 requests, gathered for 100 ms, so concurrent requests share batches."""
+    models = {**tiny_models, "minilm": minilm_dir}
     store = tmp_path_factory.mktemp("task_model_store")
     builds = []  # (model folder, task, name, model config, precompile)
     for name, task in TASK_ARCHIVES.items():
@@ -59,13 +61,15 @@ def task_server(tmp_path_factory, tiny_models):
         builds.append((tiny_models[task], task, name, config, None))
     for name, (model, task, settings) in {**MODEL_ARCHIVES, **AOT_ARCHIVES}.items():
         config = {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **settings}}
-        builds.append((tiny_models[model], task, name, config, "aot" if name in AOT_ARCHIVES else None))
+        builds.append((models[model], task, name, config, "aot" if name in AOT_ARCHIVES else None))
+    for name, (model, task, settings) in DOCUMENTED_ARCHIVES.items():
+        builds.append((models[model], task, name, {"handler": settings}, None))
     # Two at a time: a build waits on its archiver's and its AOT export's processes for half its time.
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda item: build(item[0], item[1], item[2], store, item[3], precompile=item[4]), builds))
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("task_torchserve"), store)
     torchserve.start()
-    names = [*TASK_ARCHIVES, *MODEL_ARCHIVES, *AOT_ARCHIVES]
+    names = [*TASK_ARCHIVES, *MODEL_ARCHIVES, *AOT_ARCHIVES, *DOCUMENTED_ARCHIVES]
     try:
         # All at once: their workers' start-ups (interpreter, imports, model load) overlap.
         with ThreadPoolExecutor(len(names)) as pool:

@@ -5,9 +5,10 @@ command of a ```bash block is run (with the documents' addresses pointed at this
 and $MKEY set, as the README sets them), and so is every ```python block. Where a command is
 followed by `# {...}` / `# [...]` lines, its output must have that structure: the same keys, the
 same strings, numbers where numbers are shown, `...` for anything (at the end of a list: any
-number of further items); a line noted `(repeated` stands for one or more answers. The models
-are served eagerly (the examples' answers do not depend on compilation), so the server starts
-in seconds.
+number of further items); a line noted `(repeated` stands for one or more answers. The server is
+the run's shared one (tests/integration/conftest.py): the tiny archives of every task and of the
+models users bring under the documents' names, and MiniLM and the image model of the documents
+(tests/archives.py).
 """
 
 import json
@@ -18,24 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ts_compiled_handlers.scripts.build_mar import build
-from ts_compiled_handlers.scripts.serve import TorchServe
-
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-EAGER = {"handler": {"compile": {"enable": False}, "buckets": {"seq_lens": [16, 64], "batch_sizes": [1, 8]}}}
-MODELS = {"minilm": "embedding", "classifier": "text-classification", "tagger": "token-classification"}
-GENERATOR = {"generator": "text-generation"}
-# docs/tasks.md's models users bring: archive name -> (tiny model, task)
-BROUGHT = {
-    "reranker": ("cross-encoder", "text-classification"),
-    "qwen-embedder": ("embedding-decoder", "embedding"),
-    "long-embedder": ("embedding-long", "embedding"),
-    "colbert": ("colbert", "multi-vector"),
-    "m3": ("m3", "m3-embedding"),
-    "clip": ("image-text-embedding", "image-text-embedding"),
-}
 ANYTHING = "..."
 
 
@@ -101,26 +87,8 @@ def matches(expected, actual) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_models, minilm_dir):
-    store = tmp_path_factory.mktemp("model_store")
-    build(minilm_dir, "embedding", "minilm", store, EAGER)
-    # docs/tasks.md's embed_all example: MiniLM keeping its token states
-    states = {"handler": {**EAGER["handler"], "embedding": {"embed_all": True}}}
-    build(minilm_dir, "embedding", "minilm-states", store, states)
-    for name, task in {**MODELS, **GENERATOR}.items():
-        if name != "minilm":
-            generation = {"generation": {"max_new_tokens": 24}} if name in GENERATOR else {}
-            build(tiny_models[task], task, name, store, {"handler": {**EAGER["handler"], **generation}})
-    for name, (model, task) in BROUGHT.items():
-        build(tiny_models[model], task, name, store, EAGER)
-    torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("torchserve"), store)
-    torchserve.start()
-    try:
-        for name in (*MODELS, "minilm-states", *GENERATOR, *BROUGHT):
-            torchserve.register(f"{name}.mar", workers=1)  # as the README: each archive's batching
-        yield torchserve
-    finally:
-        torchserve.stop()
+def server(task_server):
+    return task_server
 
 
 def parsed(output: str) -> list:
