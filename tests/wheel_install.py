@@ -16,6 +16,7 @@ class WheelInstall:
     def __init__(self, root: Path):
         self.root, self.venv, self.dist = root, root / "venv", root / "dist"
         env = {**os.environ, "INSTALL": "wheel", "VENV": str(self.venv), "DIST": str(self.dist)}
+        env["COMPILE_JOBS"] = "1"  # beside the servers' tests: one core, as pip's own compiling took
         self.log = open(root / "install.log", "w+")  # read back when the install ends
         script = ["bash", str(ROOT / "scripts" / "install.sh")]
         self.installing = subprocess.Popen(script, env=env, stdout=self.log, stderr=subprocess.STDOUT)

@@ -63,7 +63,7 @@ def task_server(tmp_path_factory, tiny_models, minilm_dir):
         config = {"startupTimeout": STARTUP_SECONDS, "handler": {**SMALL_GRID, **settings}}
         builds.append((models[model], task, name, config, "aot" if name in AOT_ARCHIVES else None))
     for name, (model, task, settings) in DOCUMENTED_ARCHIVES.items():
-        builds.append((models[model], task, name, {"handler": settings}, None))
+        builds.append((models[model], task, name, {"startupTimeout": STARTUP_SECONDS, "handler": settings}, None))
     # Two at a time: a build waits on its archiver's and its AOT export's processes for half its time.
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda item: build(item[0], item[1], item[2], store, item[3], precompile=item[4]), builds))
