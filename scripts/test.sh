@@ -28,7 +28,8 @@ stop_background() {
 trap stop_background EXIT
 # The image builds from the start: the install keeps one core busy (pip; both for its last half
 # minute, compiling the venv), and a fresh machine's image build (a Debian base, Java, torch, the
-# dependencies) takes the other instead of the servers' CPU later. The two scripts' apt-get calls wait for each other (scripts/apt_install.sh).
+# dependencies) takes the other instead of the servers' CPU later. The two scripts' apt-get calls
+# wait for each other (scripts/apt_install.sh).
 if [ $# -eq 0 ] && { [ "$(id -u)" -eq 0 ] || docker info >/dev/null 2>&1; }; then
   bash scripts/build_image.sh >"$scratch/image.log" 2>&1 &
 fi

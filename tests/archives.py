@@ -28,6 +28,7 @@ AOT_ARCHIVES = {
 EAGER = {"compile": {"enable": False}, "buckets": {"seq_lens": [16, 64], "batch_sizes": [1, 8]}}
 DOCUMENTED_ARCHIVES = {
     "minilm": ("minilm", "embedding", EAGER),
-    "minilm-states": ("minilm", "embedding", {**EAGER, "embedding": {"embed_all": True}}),  # docs/tasks.md's embed_all
+    # docs/tasks.md's embed_all example: MiniLM keeping its token states
+    "minilm-states": ("minilm", "embedding", {**EAGER, "embedding": {"embed_all": True}}),
     "clip": ("image-text-embedding", "image-text-embedding", EAGER),
 }
