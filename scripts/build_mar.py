@@ -374,7 +374,8 @@ def main(argv=None) -> Path:
     parser.add_argument(
         "--calibration",
         type=Path,
-        help="texts, one a line, for the int8 gate and an embedder's int8/uint8 answer ranges (default: a shipped set)",
+        help="texts, one a line (a reranker's may be `query<TAB>document`), for the int8 gate and an embedder's "
+        "int8/uint8 answer ranges (default: a shipped set)",
     )
     args = parser.parse_args(argv)
     target = args.export_path / f"{args.name}.mar"

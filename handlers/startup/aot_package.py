@@ -113,15 +113,17 @@ def _example_inputs(
 
 @dataclasses.dataclass
 class Reference:
-    """Token ids of probe rows and eager's output rows for them, at the package's dtype; for an
-    int8 package, also `calibration`: the gate's rows and float32's answers to them."""
+    """Probe rows' token ids and eager's output rows for them, at the package's dtype; for an int8
+    package also `calibration`: the gate's rows (a reranker's pairs, with `type_ids`) and float32's."""
 
     token_ids: list[list[int]]
     rows: list[torch.Tensor]
     calibration: "Reference | None" = None
+    type_ids: list[list[int]] | None = None
 
     def tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        tensors = {f"{prefix}ids.{i}": torch.tensor(ids, dtype=torch.long) for i, ids in enumerate(self.token_ids)}
+        ids = {"ids": self.token_ids, "types": self.type_ids or []}
+        tensors = {f"{prefix}{k}.{i}": torch.tensor(row, dtype=torch.long) for k in ids for i, row in enumerate(ids[k])}
         tensors |= {f"{prefix}rows.{i}": row.float().contiguous() for i, row in enumerate(self.rows)}
         return tensors | (self.calibration.tensors("calibration.") if self.calibration else {})
 
@@ -140,9 +142,11 @@ class Reference:
     def read(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> "Reference":
         count = sum(name.startswith(f"{prefix}ids.") for name in tensors)
         ids = [tensors[f"{prefix}ids.{i}"].tolist() for i in range(count)]
+        typed = f"{prefix}types.0" in tensors  # a reranker's calibration pairs
+        types = [tensors[f"{prefix}types.{i}"].tolist() for i in range(count)] if typed else None
         rows = [tensors[f"{prefix}rows.{i}"] for i in range(count)]
         calibrated = not prefix and any(name.startswith("calibration.") for name in tensors)
-        return cls(ids, rows, cls.read(tensors, "calibration.") if calibrated else None)
+        return cls(ids, rows, cls.read(tensors, "calibration.") if calibrated else None, types)
 
 
 @dataclasses.dataclass
@@ -160,10 +164,7 @@ class Package:
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The module's parameters and buffers by every name they have (a tied weight has two, both of
     which export may read): the constants a package built from it needs."""
-    return {
-        **dict(module.named_parameters(remove_duplicate=False)),
-        **dict(module.named_buffers(remove_duplicate=False)),
-    }
+    return dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
 
 
 def as_loaded(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -227,8 +228,7 @@ def load_weights(model_dir: Path, sources: dict, packed: Path, dtype: torch.dtyp
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    loaded = {}
-    by_file: dict[str, list[tuple[str, str]]] = {}
+    loaded, by_file = {}, {}  # by_file: [(name, key)] by file
     for name, (file, key) in sources.items():
         by_file.setdefault(Path(file).name, []).append((name, key))  # never a path outside the archive
     for file, pairs in by_file.items():

@@ -79,7 +79,10 @@ def check_int8_gate(engine: Engine, task: Task, serving: Serving, calibration: a
     held the int8 model (QuantizationRefused below its floor); its figures go to the ready line."""
     if calibration is None:
         return
-    gate = quantizing.Int8Gate(calibration.token_ids, calibration.rows, task.NAME, quantizing.tolerance(serving.config))
+    tolerance = quantizing.tolerance(serving.config)
+    gate = quantizing.Int8Gate(
+        calibration.token_ids, calibration.rows, task.NAME, tolerance, type_ids=calibration.type_ids
+    )
     gate.check(engine)
     gate.release()
     engine.model.int8_gate = gate
@@ -115,7 +118,7 @@ def build_package(task: Task, serving: Serving, eager: Engine) -> dict:
         )
     probe = serving.probes.package_rows()
     gate = eager.model.int8_gate  # an int8 model: its package is frozen and carries the gate's rows
-    calibration = aot_package.Reference(gate.rows, gate.reference) if gate is not None else None
+    calibration = aot_package.Reference(gate.rows, gate.reference, type_ids=gate.type_ids) if gate is not None else None
     reference = aot_package.Reference(probe, eager.run(probe).rows, calibration)
     valid_for = package_manifest(serving, eager.dtype)
     module, options, frozen = eager.model.eager, serving.compile_options, gate is not None

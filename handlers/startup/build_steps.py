@@ -72,7 +72,7 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
     the gate on the calibration texts; else, for `int8`, as `compile.on_failure` says, and for
     `auto`, the model as it was (at `dtype`)."""
     from ts_compiled_handlers.startup import int8_search, quantizing
-    from ts_compiled_handlers.startup.calibration import calibration_texts
+    from ts_compiled_handlers.startup.calibration import calibration_pairs, calibration_rows, calibration_texts
 
     plan, config = serving.plan, serving.config
     unfit = quantizing.unfit(engine, dtype)
@@ -84,9 +84,11 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
     example = serving.probes.filler(plan.seq_lens[-1], plan.batch_sizes[-1])
     try:
         texts = calibration_texts(config.calibration, serving.model_dir)
-        rows = serving.tokenizer(texts, truncation=True, max_length=plan.max_seq_len)["input_ids"]
+        inputs = task.calibration_inputs(texts, calibration_pairs(texts))
+        special = task.tokenizer_options().get("special_tokens", True)
+        rows, types = calibration_rows(serving.tokenizer, inputs, plan.max_seq_len, special, engine.layout.token_types)
         with quantizing.input_ranges(engine.model.eager) as ranges:  # in float32's pass over the texts
-            gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.tolerance(config))
+            gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.tolerance(config), types)
         kept = (
             ()
             if config.quantize == "int8-all"

@@ -5,6 +5,10 @@ few sentences up to a few hundred tokens, numbers and dates, code, product listi
 languages and scripts, shouting and emoji, so that a model's outliers (long texts, rare tokens)
 are met before traffic meets them. A file of the archive (`hfserve build --calibration FILE`: one
 text per line) replaces it with the texts a deployment expects.
+
+A reranker reads (query, document) pairs, never a text alone, so it is calibrated and gated on
+pairs: each text beside the one half the set further on (every text once first, once second), or,
+where every line of the file holds a tab, the pairs the file gives (query, tab, document).
 """
 
 from pathlib import Path
@@ -99,3 +103,23 @@ def calibration_texts(setting: str, model_dir: Path) -> list[str]:
     if len(texts) < MIN_TEXTS:
         raise CalibrationError(f"handler.calibration: {setting} has {len(texts)} texts; give at least {MIN_TEXTS}")
     return texts
+
+
+def calibration_pairs(texts: list[str]) -> list[tuple[str, str]]:
+    """The texts as pairs: a file's own (`query<TAB>document` lines), else each text beside the one
+    half the set on."""
+    if all("\t" in text for text in texts):
+        return [tuple(part.strip() for part in text.split("\t", 1)) for text in texts]
+    half = len(texts) // 2
+    return [(text, texts[(i + half) % len(texts)]) for i, text in enumerate(texts)]
+
+
+def calibration_rows(tokenizer, inputs: list, max_length: int, special_tokens: bool, token_types: bool):
+    """Token ids of texts (or pairs) as the model reads them, cut at `max_length`; each pair's token
+    types too where the model reads them (else None)."""
+    if inputs and isinstance(inputs[0], tuple):
+        firsts, seconds = zip(*inputs, strict=True)
+        encoded = tokenizer(list(firsts), list(seconds), truncation=True, max_length=max_length)
+        return encoded["input_ids"], encoded.get("token_type_ids") if token_types else None
+    encoded = tokenizer(inputs, truncation=True, max_length=max_length, add_special_tokens=special_tokens)
+    return encoded["input_ids"], None

@@ -88,10 +88,9 @@ class _Simulation:
         self.engine, self.gate, self.scales, self.top, self.dtype = engine, gate, scales, top, dtype
 
     def answers(self, quantized, rows: list[int] | None = None) -> list[torch.Tensor]:
-        rows = range(len(self.gate.rows)) if rows is None else rows
         around = torch.autocast(self.engine.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
         with simulated(self.engine.model.eager, self.scales, quantized, self.top), around:
-            return self.engine.run([self.gate.rows[row] for row in rows]).rows
+            return self.gate.answers(self.engine, rows)
 
     def gate_figures(self, rows: list[torch.Tensor]) -> quantizing.GateFigures:
         return quantizing.figures(self.gate.task_name, rows, self.gate.reference, self.gate.tolerance)

@@ -23,8 +23,9 @@ pooling) are removed before annotation: an unread Linear+Tanh breaks the quantiz
 The gate holds the int8 model against float32 on the calibration texts (handlers/startup/
 calibration.py): per-text cosine at least `1 - tolerance` for vectors, label agreement at least
 AGREEMENT for classifiers and taggers, pairwise rank agreement at least AGREEMENT for one-score
-rerankers; for the eager int8 model here and for the compiled one after warm-up (build_steps.warm_up
-finds the `Int8Gate` on the module). Below it, QuantizationRefused, and `compile.on_failure` decides.
+rerankers (on pairs of the texts: a reranker serves pairs); for the eager int8 model here and for
+the compiled one after warm-up (build_steps.warm_up finds the `Int8Gate` on the module). Below it,
+QuantizationRefused, and `compile.on_failure` decides.
 """
 
 import contextlib
@@ -172,7 +173,8 @@ def tolerance(config) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class GateFigures:
-    """What the gate measured: its measure, the value, the floor it must reach, over how many texts."""
+    """What the gate measured: its measure, the value, the floor it must reach, over how many texts
+    (a reranker's, ranked by one score, are pairs)."""
 
     measure: str
     value: float
@@ -180,7 +182,8 @@ class GateFigures:
     texts: int
 
     def __str__(self) -> str:
-        return f"{self.measure} {self.value:.4f} over {self.texts} calibration texts (floor {self.floor:.4f})"
+        inputs = "pairs" if self.measure == "rank agreement" else "texts"
+        return f"{self.measure} {self.value:.4f} over {self.texts} calibration {inputs} (floor {self.floor:.4f})"
 
 
 def _least_cosine(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor]) -> float:
@@ -219,21 +222,31 @@ def figures(task_name: str, int8_rows: list[torch.Tensor], float_rows: list[torc
 class Int8Gate:
     """The int8 model held against float32's answers on the calibration rows (computed once, by the
     float32 engine, so that model need not stay): the eager int8 module at quantization, the
-    compiled one after warm-up (build_steps.warm_up); `last`: what it measured."""
+    compiled one after warm-up (build_steps.warm_up); `last`: what it measured. A reranker's rows
+    are text pairs, with their token types where the model reads them (`type_ids`)."""
 
     rows: list[list[int]]
     reference: list[torch.Tensor]  # float32's answers on `rows`
     task_name: str
     tolerance: float
     last: GateFigures | None = None
+    type_ids: list[list[int]] | None = None
 
     @classmethod
-    def over(cls, float_engine: Engine, rows: list[list[int]], task_name: str, tolerance: float) -> "Int8Gate":
-        return cls(rows, float_engine.run(rows).rows, task_name, tolerance)
+    def over(cls, float_engine: Engine, rows, task_name: str, tolerance: float, type_ids=None) -> "Int8Gate":
+        gate = cls(rows, [], task_name, tolerance, type_ids=type_ids)
+        gate.reference = gate.answers(float_engine)
+        return gate
+
+    def answers(self, engine: Engine, picked=None) -> list[torch.Tensor]:
+        """The engine's answers on the rows (those `picked`, by index), pairs with their types."""
+        picked = range(len(self.rows)) if picked is None else picked
+        types = None if self.type_ids is None else [self.type_ids[row] for row in picked]
+        return engine.run([self.rows[row] for row in picked], type_ids=types).rows
 
     def check(self, engine: Engine) -> GateFigures:
         """The engine's answers on the rows against float32's; QuantizationRefused below the floor."""
-        found = figures(self.task_name, engine.run(self.rows).rows, self.reference, self.tolerance)
+        found = figures(self.task_name, self.answers(engine), self.reference, self.tolerance)
         if found.value < found.floor:
             raise QuantizationRefused(f"int8 vs float32: {found}")
         self.last = found
@@ -241,7 +254,7 @@ class Int8Gate:
 
     def release(self) -> None:
         """Drop the rows and float32's answers once the last check is done (`last` stays)."""
-        self.rows, self.reference = [], []
+        self.rows, self.reference, self.type_ids = [], [], None
 
 
 def unfit(engine: Engine, dtype: torch.dtype) -> str | None:

@@ -106,6 +106,11 @@ class Task:
         """The texts the model reads for a request (a task may prepend a prompt)."""
         return request.texts
 
+    def calibration_inputs(self, texts: list[str], pairs: list[tuple[str, str]]) -> list:
+        """What `quantize` calibrates and gates the model on (handlers/startup/calibration.py): the
+        calibration texts, or the pairs made of them, as the model reads them."""
+        return texts
+
     def tei_model_type(self) -> dict | None:
         """The model's kind as TEI's `info` names it (None: not one of TEI's)."""
         return None

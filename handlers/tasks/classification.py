@@ -92,6 +92,10 @@ class ClassificationTask(Task):
         texts = request.texts
         return self.pair_texts(texts) if texts and isinstance(texts[0], tuple) else texts
 
+    def calibration_inputs(self, texts: list[str], pairs: list[tuple[str, str]]) -> list:
+        """A reranker (one label) is calibrated on pairs, as it serves; a classifier on single texts."""
+        return self.pair_texts(pairs) if len(self.id2label) == 1 else texts
+
     def engine(self, model: ModelRunner, serving: "Serving", dtype: torch.dtype, layout: Layout) -> Engine:
         token_types = self.token_types and not self.pair_texts.chat  # a rendered pair is one text
         return super().engine(model, serving, dtype, dataclasses.replace(layout, token_types=token_types))

@@ -20,10 +20,19 @@ from ts_compiled_handlers.scripts.cli import UserError
 from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.servers.torchserve.sparse_embedding_handler import SparseEmbeddingHandler
-from ts_compiled_handlers.startup import aot_package, aot_start, compile_cache, int8_search, quantizing, warmup
-from ts_compiled_handlers.startup.calibration import DEFAULT_TEXTS, CalibrationError
+from ts_compiled_handlers.startup import (
+    aot_package,
+    aot_start,
+    build_steps,
+    compile_cache,
+    int8_search,
+    quantizing,
+    warmup,
+)
+from ts_compiled_handlers.startup.calibration import DEFAULT_TEXTS, CalibrationError, calibration_pairs
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.startup.config import ConfigError, parse
+from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.startup.serving import Serving
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
@@ -145,7 +154,7 @@ def test_the_gate_measures_vectors_by_cosine_labels_by_agreement_and_one_score_b
     # scores 1 < 2 < 3 < 4 against 1 < 2 < 4 < 3: one of the six pairs swapped
     order = quantizing.figures("text-classification", rows([1], [2], [3], [4]), rows([1], [2], [4], [3]), 0.01)
     assert order.measure == "rank agreement" and order.value == pytest.approx(5 / 6)
-    assert order.floor == quantizing.AGREEMENT and "rank agreement 0.8333 over 4 calibration texts" in str(order)
+    assert order.floor == quantizing.AGREEMENT and "rank agreement 0.8333 over 4 calibration pairs" in str(order)
 
 
 EAGER_INT8 = {"buckets": GRID, "quantize": "int8", "compile": {"enable": False}}  # the gate, without compiling
@@ -161,6 +170,30 @@ def test_a_classifier_and_a_reranker_are_gated_by_their_answers_agreement(tiny_m
     assert quantized_linears(handler.engine.model.eager) > 0
     answers = answered(handler, [{"inputs": "the cat sat"}, {"inputs": "where does alice walk " * 8}])
     assert len(answers) == 2 and not any(isinstance(answer, dict) and "error" in answer for answer in answers)
+
+
+def test_calibration_pairs_put_each_text_once_first_and_once_second_or_are_a_file_s_tab_separated_lines():
+    texts = [f"text {i}" for i in range(5)]
+    pairs = calibration_pairs(texts)
+    assert [first for first, _ in pairs] == texts and sorted(second for _, second in pairs) == texts
+    assert all(first != second for first, second in pairs)
+    given = calibration_pairs(["where is it\tit is here ", "why\tbecause\tof this"])
+    assert given == [("where is it", "it is here"), ("why", "because\tof this")]
+
+
+def test_a_reranker_is_calibrated_and_gated_on_pairs_with_their_token_types_which_its_package_keeps(tiny_models):
+    placement = Placement(tiny_models["cross-encoder"], "test", {"handler": {"dtype": "float32", **EAGER_INT8}})
+    task, serving, _ = ClassificationHandler.worker_class.read(placement, ClassificationHandler.task_class)
+    gate = build_steps.eager_engine(task, serving).model.int8_gate
+    firsts, seconds = zip(*calibration_pairs(list(DEFAULT_TEXTS)), strict=True)
+    wanted = serving.tokenizer(list(firsts), list(seconds), truncation=True, max_length=serving.plan.max_seq_len)
+    assert gate.rows == wanted["input_ids"] and gate.type_ids == wanted["token_type_ids"]
+    assert all(set(types) == {0, 1} for types in gate.type_ids) and gate.last.measure == "rank agreement"
+    # an int8 package carries the pairs' types beside their ids, and a worker's gate reads them back
+    calibration = aot_package.Reference(gate.rows, gate.reference, type_ids=gate.type_ids)
+    read = aot_package.Reference.read(aot_package.Reference([[101, 102]], [torch.ones(1)], calibration).tensors())
+    assert read.type_ids is None and read.calibration.token_ids == gate.rows
+    assert read.calibration.type_ids == gate.type_ids
 
 
 def test_smoothing_keeps_the_product_moves_the_outlier_channel_and_is_undone_after_quantizing():
