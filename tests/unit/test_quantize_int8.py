@@ -196,6 +196,16 @@ def test_a_reranker_is_calibrated_and_gated_on_pairs_with_their_token_types_whic
     assert read.calibration.type_ids == gate.type_ids
 
 
+def test_an_llm_reranker_is_gated_on_the_pairs_its_chat_template_renders_tokenized_as_it_serves(tiny_models):
+    placement = Placement(tiny_models["reranker-causal-chat"], "test", {"handler": {"dtype": "float32", **EAGER_INT8}})
+    task, serving, _ = ClassificationHandler.worker_class.read(placement, ClassificationHandler.task_class)
+    gate = build_steps.eager_engine(task, serving).model.int8_gate
+    rendered = task.pair_texts(calibration_pairs(list(DEFAULT_TEXTS)))
+    assert all(text.startswith("instruct: ") and "\nquery: " in text and "\ndocument: " in text for text in rendered)
+    wanted = serving.tokenizer(rendered, add_special_tokens=False, truncation=True, max_length=serving.plan.max_seq_len)
+    assert gate.rows == wanted["input_ids"] and gate.type_ids is None and gate.last.measure == "rank agreement"
+
+
 def test_smoothing_keeps_the_product_moves_the_outlier_channel_and_is_undone_after_quantizing():
     linear = torch.nn.Linear(4, 3)
     tied, original = linear.weight, linear.weight.detach().clone()
