@@ -26,3 +26,15 @@ def logged_lines(workdir: Path, pattern: str, at_least: int = 1, seconds: float 
         if len(lines) >= at_least or time.monotonic() > deadline:
             return lines
         time.sleep(0.1)
+
+
+def metrics_after(server, settled, seconds: float = 10) -> str:
+    """The metrics text once `settled(text)` holds, or the last one read after `seconds`: the
+    frontend reads a worker's metric lines from its log stream, apart from the answers, so a
+    metric may arrive a little after the answer that it counts."""
+    deadline = time.monotonic() + seconds
+    text = server.metrics()
+    while not settled(text) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        text = server.metrics()
+    return text

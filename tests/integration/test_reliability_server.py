@@ -334,18 +334,6 @@ def metric(text: str, name: str, **labels) -> float:
     return total
 
 
-def metrics_after(server, settled, seconds: float = 10) -> str:
-    """The metrics text once `settled(text)` holds, or the last one read after `seconds`: the
-    frontend reads a worker's metric lines from its log stream, apart from the answers, so a
-    metric may arrive a little after the answer that it counts."""
-    deadline = time.monotonic() + seconds
-    text = server.metrics()
-    while not settled(text) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        text = server.metrics()
-    return text
-
-
 def test_prometheus_metrics_show_compile_state_and_requests_per_bucket(server):
     before = server.metrics()
     assert server.predict("truncating", {"inputs": ["a cat", "a dog", "a mat"]}).status_code == 200
@@ -357,7 +345,7 @@ def test_prometheus_metrics_show_compile_state_and_requests_per_bucket(server):
             before, "BucketRequests", ModelName="truncating", Bucket="packed 1x32"
         )
 
-    after = metrics_after(server, lambda text: added(text) >= 4)
+    after = server_logs.metrics_after(server, lambda text: added(text) >= 4)
     assert added(after) == 4
     assert metric(after, "CompileFallback", ModelName="broken") == 1
     assert metric(after, "CompileFallback", ModelName="truncating") == 0
