@@ -364,7 +364,9 @@ class HandlerConfig:
         "default",
         meaning="the texts `quantize: int8` is held against float32 on: `default`, a varied set shipped in the "
         "package (handlers/startup/calibration.py), or a file of the archive, one text a line "
-        "(`hfserve build --calibration FILE` puts it there)",
+        "(`hfserve build --calibration FILE` puts it there); a reranker is calibrated and gated on pairs, as it "
+        "serves: each text beside the one half the set on, or a file's own pairs where every line is "
+        "`query<TAB>document`",
         why="a gate on real texts meets the model's outliers (long texts, rare tokens) before traffic does; "
         "random token ids miss them",
     )
