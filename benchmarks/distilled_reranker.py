@@ -11,7 +11,7 @@ passage gives two queries: one of its sentences (taken out of the passage), and 
 words. Passages are split by a seeded draw; the held-out ones and their queries are what
 benchmarks/int8_rerank_quality.py ranks.
 
-    python benchmarks/distilled_reranker.py --out runs/distilled-reranker     # about 10 minutes on 2 cores
+    python benchmarks/distilled_reranker.py --out runs/distilled-reranker     # 18 minutes on 2 cores (2026-11-29)
 
 Writes the model in sentence-transformers' CrossEncoder layout (never committed) and, beside it,
 `eval_queries.json`: the held-out queries, each with its passage and nine hard candidates.
