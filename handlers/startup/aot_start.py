@@ -79,9 +79,9 @@ def check_int8_gate(engine: Engine, task: Task, serving: Serving, calibration: a
     held the int8 model (QuantizationRefused below its floor); its figures go to the ready line."""
     if calibration is None:
         return
-    tolerance = quantizing.tolerance(serving.config)
+    floors = quantizing.floors(serving.config)
     gate = quantizing.Int8Gate(
-        calibration.token_ids, calibration.rows, task.NAME, tolerance, type_ids=calibration.type_ids
+        calibration.token_ids, calibration.rows, task.NAME, floors, type_ids=calibration.type_ids
     )
     gate.check(engine)
     gate.release()

@@ -88,7 +88,7 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
         special = task.tokenizer_options().get("special_tokens", True)
         rows, types = calibration_rows(serving.tokenizer, inputs, plan.max_seq_len, special, engine.layout.token_types)
         with quantizing.input_ranges(engine.model.eager) as ranges:  # in float32's pass over the texts
-            gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.tolerance(config), types)
+            gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.floors(config), types)
         kept = (
             ()
             if config.quantize == "int8-all"

@@ -62,6 +62,12 @@ def fraction(value, key) -> float:
     return float(value)
 
 
+def share(value, key) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(key, value, "a number above 0, up to 1")
+    return float(value)
+
+
 def sorted_ints(value, key) -> tuple[int, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(key, value, "a non-empty list of integers >= 1")

@@ -21,9 +21,9 @@ the compiled model drifts from the quantized reference. Ops nothing reads (BERT'
 pooling) are removed before annotation: an unread Linear+Tanh breaks the quantizer's fusion pass.
 
 The gate holds the int8 model against float32 on the calibration texts (handlers/startup/
-calibration.py): per-text cosine at least `1 - tolerance` for vectors, label agreement at least
-AGREEMENT for classifiers and taggers, pairwise rank agreement at least AGREEMENT for one-score
-rerankers (on pairs of the texts: a reranker serves pairs); for the eager int8 model here and for
+calibration.py): per-text cosine at least `1 - warmup.tolerance` for vectors, label agreement at
+least `agreement` for classifiers and taggers, pairwise rank agreement at least `agreement` for
+one-score rerankers (on pairs of the texts: a reranker serves pairs); for the eager int8 model here and for
 the compiled one after warm-up (build_steps.warm_up finds the `Int8Gate` on the module). Below it,
 QuantizationRefused, and `compile.on_failure` decides.
 """
@@ -43,7 +43,6 @@ from ts_compiled_handlers.runtime import hardware
 logger = logging.getLogger(__name__)
 
 DEFAULT_TOLERANCE = 0.01  # 1 - the least cosine to float32 the gate passes
-AGREEMENT = 0.95  # the least share of labels (and of text pairs' order) the gate passes
 AROUND_INT8 = (torch.float32, torch.bfloat16)  # the dtypes the rest of an int8 model may run at
 
 
@@ -172,6 +171,20 @@ def tolerance(config) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
+class GateFloors:
+    """The least the gate passes: per-text cosine for vectors; the share of labels, or of pairs'
+    order, kept for classifiers, taggers and rerankers."""
+
+    cosine: float
+    agreement: float
+
+
+def floors(config) -> GateFloors:
+    """The archive's floors: `1 - warmup.tolerance` (else the default) and `agreement`."""
+    return GateFloors(1 - tolerance(config), config.agreement)
+
+
+@dataclasses.dataclass(frozen=True)
 class GateFigures:
     """What the gate measured: its measure, the value, the floor it must reach, over how many texts
     (a reranker's, ranked by one score, are pairs)."""
@@ -208,14 +221,15 @@ def _rank_agreement(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor
     return same.float().mean().item() if same.numel() else 1.0
 
 
-def figures(task_name: str, int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor], tolerance: float):
+def figures(task_name: str, int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor], floors: GateFloors):
     """The gate's figures for the task: least per-text cosine for vectors, label agreement for
     classifiers (per token for taggers), pairwise rank agreement for one-score rerankers."""
+    texts = len(float_rows)
     if task_name == "text-classification" and float_rows[0].numel() == 1:
-        return GateFigures("rank agreement", _rank_agreement(int8_rows, float_rows), AGREEMENT, len(float_rows))
+        return GateFigures("rank agreement", _rank_agreement(int8_rows, float_rows), floors.agreement, texts)
     if task_name in ("text-classification", "token-classification"):
-        return GateFigures("label agreement", _label_agreement(int8_rows, float_rows), AGREEMENT, len(float_rows))
-    return GateFigures("least cosine", _least_cosine(int8_rows, float_rows), 1 - tolerance, len(float_rows))
+        return GateFigures("label agreement", _label_agreement(int8_rows, float_rows), floors.agreement, texts)
+    return GateFigures("least cosine", _least_cosine(int8_rows, float_rows), floors.cosine, texts)
 
 
 @dataclasses.dataclass
@@ -228,13 +242,13 @@ class Int8Gate:
     rows: list[list[int]]
     reference: list[torch.Tensor]  # float32's answers on `rows`
     task_name: str
-    tolerance: float
+    floors: GateFloors
     last: GateFigures | None = None
     type_ids: list[list[int]] | None = None
 
     @classmethod
-    def over(cls, float_engine: Engine, rows, task_name: str, tolerance: float, type_ids=None) -> "Int8Gate":
-        gate = cls(rows, [], task_name, tolerance, type_ids=type_ids)
+    def over(cls, float_engine: Engine, rows, task_name: str, floors: GateFloors, type_ids=None) -> "Int8Gate":
+        gate = cls(rows, [], task_name, floors, type_ids=type_ids)
         gate.reference = gate.answers(float_engine)
         return gate
 
@@ -246,7 +260,7 @@ class Int8Gate:
 
     def check(self, engine: Engine) -> GateFigures:
         """The engine's answers on the rows against float32's; QuantizationRefused below the floor."""
-        found = figures(self.task_name, self.answers(engine), self.reference, self.tolerance)
+        found = figures(self.task_name, self.answers(engine), self.reference, self.floors)
         if found.value < found.floor:
             raise QuantizationRefused(f"int8 vs float32: {found}")
         self.last = found

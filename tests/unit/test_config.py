@@ -43,6 +43,8 @@ def test_pt2_compile_can_turn_compilation_off():
         ({"handler": {"compile": {"regional": 1}}}, "handler.compile.regional", "1"),
         ({"handler": {"compile": {"cache_dir": "cache"}}}, "handler.compile.cache_dir", "'cache'"),
         ({"handler": {"warmup": {"tolerance": 2}}}, "handler.warmup.tolerance", "2"),
+        ({"handler": {"agreement": 0}}, "handler.agreement", "0"),
+        ({"handler": {"agreement": 1.5}}, "handler.agreement", "1.5"),
         ({"pt2": {"compile": {"options": {}}}}, "pt2.compile.options", "{}"),
         ({"handler": {"compile": "on"}}, "handler.compile", "'on'"),
     ],
@@ -82,7 +84,8 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
     documented = {row.split(" | ")[0].strip("| `"): row.split(" | ")[1] for row in rows}
     defaults = HandlerConfig()
     assert set(documented) == {
-        "task", "dtype", "threads", "max_inputs", "max_response_bytes", "quantize", "smoothing", "calibration",
+        "task", "dtype", "threads", "max_inputs", "max_response_bytes", "quantize", "smoothing", "agreement",
+        "calibration",
         "buckets.seq_lens",
         "buckets.batch_sizes", "buckets.max_tokens", "buckets.overflow", "buckets.pack_tokens",
         "buckets.histogram_every", "embedding.dimensions", "embedding.embed_all", "compile.enable", "compile.backend",

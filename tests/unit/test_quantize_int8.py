@@ -144,17 +144,32 @@ def rows(*values) -> list[torch.Tensor]:
     return [torch.tensor(value, dtype=torch.float32) for value in values]
 
 
+FLOORS = quantizing.GateFloors(cosine=0.99, agreement=0.95)
+
+
 def test_the_gate_measures_vectors_by_cosine_labels_by_agreement_and_one_score_by_pairwise_order():
-    vectors = quantizing.figures("embedding", rows([1, 0], [0, 1]), rows([1, 0], [1, 1]), 0.01)
+    vectors = quantizing.figures("embedding", rows([1, 0], [0, 1]), rows([1, 0], [1, 1]), FLOORS)
     assert vectors.measure == "least cosine" and vectors.value == pytest.approx(2**-0.5) and vectors.floor == 0.99
-    labels = quantizing.figures("text-classification", rows([2, 1], [0, 3], [1, 0]), rows([2, 1], [0, 3], [0, 1]), 0.01)
+    labels = quantizing.figures(
+        "text-classification", rows([2, 1], [0, 3], [1, 0]), rows([2, 1], [0, 3], [0, 1]), FLOORS
+    )
     assert labels.measure == "label agreement" and labels.value == pytest.approx(2 / 3) and labels.texts == 3
-    tokens = quantizing.figures("token-classification", rows([[1, 0], [0, 1]]), rows([[1, 0], [1, 0]]), 0.01)
+    tokens = quantizing.figures("token-classification", rows([[1, 0], [0, 1]]), rows([[1, 0], [1, 0]]), FLOORS)
     assert tokens.measure == "label agreement" and tokens.value == pytest.approx(0.5)  # per token
     # scores 1 < 2 < 3 < 4 against 1 < 2 < 4 < 3: one of the six pairs swapped
-    order = quantizing.figures("text-classification", rows([1], [2], [3], [4]), rows([1], [2], [4], [3]), 0.01)
+    order = quantizing.figures("text-classification", rows([1], [2], [3], [4]), rows([1], [2], [4], [3]), FLOORS)
     assert order.measure == "rank agreement" and order.value == pytest.approx(5 / 6)
-    assert order.floor == quantizing.AGREEMENT and "rank agreement 0.8333 over 4 calibration pairs" in str(order)
+    assert order.floor == 0.95 and "rank agreement 0.8333 over 4 calibration pairs" in str(order)
+
+
+def test_the_gate_s_floors_are_the_archive_s_tolerance_and_agreement():
+    assert quantizing.floors(parse({})) == quantizing.GateFloors(1 - quantizing.DEFAULT_TOLERANCE, 0.95)
+    tight = parse({"handler": {"agreement": 1, "warmup": {"tolerance": 0.002}}})
+    assert quantizing.floors(tight) == quantizing.GateFloors(0.998, 1.0)
+    order = quantizing.figures(
+        "text-classification", rows([1], [2], [3]), rows([1], [3], [2]), quantizing.floors(tight)
+    )
+    assert order.value < order.floor == 1.0
 
 
 EAGER_INT8 = {"buckets": GRID, "quantize": "int8", "compile": {"enable": False}}  # the gate, without compiling
@@ -166,7 +181,7 @@ EAGER_INT8 = {"buckets": GRID, "quantize": "int8", "compile": {"enable": False}}
 def test_a_classifier_and_a_reranker_are_gated_by_their_answers_agreement(tiny_models, model, measure):
     handler = fakes.ready_handler(ClassificationHandler, tiny_models[model], **EAGER_INT8)
     gate = handler.engine.model.eager.int8_gate
-    assert gate.last.measure == measure and gate.last.value >= quantizing.AGREEMENT
+    assert gate.last.measure == measure and gate.last.value >= gate.floors.agreement == 0.95
     assert quantized_linears(handler.engine.model.eager) > 0
     answers = answered(handler, [{"inputs": "the cat sat"}, {"inputs": "where does alice walk " * 8}])
     assert len(answers) == 2 and not any(isinstance(answer, dict) and "error" in answer for answer in answers)
