@@ -1,5 +1,6 @@
 """The documentation's shape: the README stays a front door, the pages it sends readers to exist,
-and every relative link (and #anchor) of README.md, docs/*.md and deploy/kserve/README.md resolves.
+every relative link (and #anchor) of README.md, docs/*.md and deploy/kserve/README.md resolves,
+and every flag they write after `hfserve COMMAND` is one that command takes.
 
 The examples inside those files are run by tests/integration/test_readme_examples.py.
 """
@@ -156,3 +157,61 @@ def test_a_relative_link_resolves(document, target):
     assert resolved.exists(), f"{document}: {target} -> {resolved.relative_to(ROOT)} does not exist"
     if anchor and resolved.suffix == ".md":
         assert anchor in anchors(resolved), f"{document}: no heading of {path or document} has the anchor #{anchor}"
+
+
+CODE = re.compile(r"```.*?```|`[^`\n]+`", re.DOTALL)
+COMMAND_LINE = re.compile(r"hfserve ([a-z][a-z-]*)([^#|;&`\n]*)")  # up to a comment, a pipe, the next command
+
+
+def flags_written(text: str) -> list[tuple[str, str]]:
+    """(command, flag) for every `--flag` written after `hfserve COMMAND` in the text's code."""
+    found = []
+    for span in CODE.findall(text):
+        for call in COMMAND_LINE.finditer(span):
+            found += [(call.group(1), flag) for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", call.group(2))]
+    return found
+
+
+class _Parsed(Exception):
+    def __init__(self, parser):
+        self.parser = parser
+
+
+def command_flags(command: str) -> set[str]:
+    """The flags `hfserve COMMAND` takes, read from the parser its module builds (stopped before parsing)."""
+    import argparse
+    import importlib
+
+    from ts_compiled_handlers.scripts.cli import COMMANDS
+
+    module_name, subcommand, _ = COMMANDS[command]
+
+    def stop(parser, *_):
+        raise _Parsed(parser)
+
+    main = importlib.import_module(f"ts_compiled_handlers.{module_name}").main
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Parsed) as parsed:
+        patch.setattr(argparse.ArgumentParser, "parse_args", stop)
+        main([subcommand] if subcommand else [])
+    parser = parsed.value.parser
+    if subcommand:
+        commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+        parser = commands.choices[subcommand]
+    return {flag for action in parser._actions for flag in action.option_strings}
+
+
+def test_the_flag_reader_takes_each_command_s_own_flags():
+    text = "`hfserve build --model X --quantize int8 # --not-this` and\n```\nhfserve start --bind a | grep --x\n```"
+    assert flags_written(text) == [("build", "--model"), ("build", "--quantize"), ("start", "--bind")]
+    assert {"--quantize", "--calibration"} <= command_flags("build") and "--bind" not in command_flags("build")
+    assert "--workers" in command_flags("scale") and "--bind" in command_flags("init")
+
+
+def test_every_hfserve_flag_the_documents_write_exists():
+    from ts_compiled_handlers.scripts.cli import COMMANDS
+
+    written = {(document.name, *pair) for document in documents() for pair in flags_written(document.read_text())}
+    commands = {command for _, command, _ in written if command in COMMANDS}
+    taken = {command: command_flags(command) for command in commands}
+    unknown = sorted(entry for entry in written if entry[1] in taken and entry[2] not in taken[entry[1]])
+    assert len(written) > 50 and not unknown, f"flags the commands do not take: {unknown}"
