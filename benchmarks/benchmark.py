@@ -86,7 +86,7 @@ def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list
     handler = ready_handler(handler_class, model_dir, **config)
     ready_seconds = time.perf_counter() - began
     engine = handler.engine
-    reference = handler.worker.task.build_model(model_dir).eval().to(engine.device)  # float32, never cast
+    reference = handler.worker.task.load_model(model_dir).eval().to(engine.device)  # float32, never cast
     if engine.layout.packed:  # the served module's inputs: packed rows
         reference = packing.PackedModel(reference)
     eager = engine.on(EagerRunner(engine.model.eager))

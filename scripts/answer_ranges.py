@@ -28,7 +28,7 @@ def embedded_texts(model_dir: Path, texts: list[str], config: HandlerConfig) -> 
     task = EmbeddingTask(config)
     task.pooling = pooling_modes(model_dir)
     task.read_prompts(model_dir)
-    model = task.build_model(model_dir).eval()
+    model = task.load_model(model_dir).eval()
     if task.PER_TOKEN:  # an archive that keeps token states pools after its call; here, as its graph would
         model = SentenceEmbedder(model.encoder, task.pooling)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

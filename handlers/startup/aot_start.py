@@ -67,7 +67,7 @@ def _eager_loader(task: Task, serving: Serving, dtype: torch.dtype, layout: Layo
 
     def load() -> torch.nn.Module:
         began = time.perf_counter()
-        module = task.build_model(serving.model_dir).eval().to(serving.device, dtype)
+        module = task.load_model(serving.model_dir).eval().to(serving.device, dtype)
         logger.info("Eager model loaded in %.1fs", time.perf_counter() - began)
         return packing.PackedModel(module) if layout.packed else module
 

@@ -85,8 +85,8 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
     try:
         texts = calibration_texts(config.calibration, serving.model_dir)
         inputs = task.calibration_inputs(texts, calibration_pairs(texts))
-        special = task.tokenizer_options().get("special_tokens", True)
-        rows, types = calibration_rows(serving.tokenizer, inputs, plan.max_seq_len, special, engine.layout.token_types)
+        options = task.tokenizer_options()
+        rows, types = calibration_rows(serving.tokenizer, inputs, plan.max_seq_len, options, engine.layout.token_types)
         with quantizing.input_ranges(engine.model.eager) as ranges:  # in float32's pass over the texts
             gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.floors(config), types)
         kept = (
@@ -108,7 +108,7 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
 
 def load_model(task: Task, serving: Serving) -> tuple[torch.nn.Module, torch.dtype]:
     """The eager model on the device at the chosen dtype."""
-    module = task.build_model(serving.model_dir).eval().to(serving.device)
+    module = task.load_model(serving.model_dir).eval().to(serving.device)
     dtype = choose_dtype(task, serving, module)
     return module.to(dtype if serving.config.quantize == "none" else torch.float32), dtype
 

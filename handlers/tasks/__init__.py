@@ -7,6 +7,7 @@ One subclass per task (handlers/tasks/registry.py names them all): embeddings, s
 multi-vector (ColBERT) embeddings, classification, token classification, generation.
 """
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,12 @@ from ts_compiled_handlers.request.tokenizing import SIDES, Accepted, Tokenized
 if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
     from ts_compiled_handlers.startup.config import HandlerConfig
 
+
+# One model load at a time in a process: transformers' from_pretrained swaps class-wide functions
+# (PreTrainedModel.tie_weights, torch's init functions) for no-ops while it loads, and two loads in
+# threads can leave them swapped for good (transformers 5.24; its PR 44940): every later model's
+# tied weights (a masked LM's decoder, an LM head) then stay on the meta device.
+MODEL_LOADING = threading.RLock()
 
 # Per request: `truncate: false` refuses a text over the limit (413) whatever `buckets.overflow`
 # says, `true` cuts it; `truncation_direction` says which end is cut (TEI's and vLLM's names).
@@ -63,6 +70,11 @@ class Task:
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         """The float32 module to compile: forward(input_ids, attention_mask) -> (batch, ...)."""
         raise NotImplementedError
+
+    def load_model(self, model_dir: Path) -> torch.nn.Module:
+        """`build_model`, never beside another model load of the process (MODEL_LOADING)."""
+        with MODEL_LOADING:
+            return self.build_model(model_dir)
 
     def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
         """The model's own length limit, if it has one; it caps the largest bucket."""

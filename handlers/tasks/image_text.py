@@ -31,7 +31,7 @@ from ts_compiled_handlers.request.images import ImageLimits, decode_image
 from ts_compiled_handlers.request.payload import boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.runtime import process_settings
-from ts_compiled_handlers.tasks import Task
+from ts_compiled_handlers.tasks import MODEL_LOADING, Task
 from ts_compiled_handlers.tasks.image_bodies import (
     ImageCohereProtocol,
     ImageEmbeddingsProtocol,
@@ -328,7 +328,8 @@ def load_clip(model_dir: Path) -> torch.nn.Module:
     """The whole model (both towers) in float32, from safetensors only."""
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
+    with MODEL_LOADING:  # its vision tower is loaded apart from build_model: no load beside it either
+        model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
     if getattr(model.config.vision_config, "vision_use_head", True) is False:
         raise ValueError("this SigLIP has no vision head (vision_use_head: false): no image embedding to serve")
     return model
