@@ -8,7 +8,9 @@ text per line) replaces it with the texts a deployment expects.
 
 A reranker reads (query, document) pairs, never a text alone, so it is calibrated and gated on
 pairs: each text beside the one half the set further on (every text once first, once second), or,
-where every line of the file holds a tab, the pairs the file gives (query, tab, document).
+where every line of the file holds a tab, the pairs the file gives (query, tab, document). A pair
+that a chat template renders into one text (an LLM reranker) is never cut, since its score is read
+at its end: the rendered pairs longer than the largest bucket are left out, as a server refuses them.
 """
 
 from pathlib import Path
@@ -114,12 +116,23 @@ def calibration_pairs(texts: list[str]) -> list[tuple[str, str]]:
     return [(text, texts[(i + half) % len(texts)]) for i, text in enumerate(texts)]
 
 
-def calibration_rows(tokenizer, inputs: list, max_length: int, special_tokens: bool, token_types: bool):
+def calibration_rows(tokenizer, inputs: list, max_length: int, options: dict, token_types: bool):
     """Token ids of texts (or pairs) as the model reads them, cut at `max_length`; each pair's token
-    types too where the model reads them (else None)."""
+    types too where the model reads them (else None). `options`: the task's tokenizer options
+    (`special_tokens`; `truncates: False` for texts a cut would break, such as a chat-rendered pair
+    whose end is where its score is read: those longer than `max_length` are left out, as a request
+    with them is refused)."""
+    truncates = options.get("truncates", True)
     if inputs and isinstance(inputs[0], tuple):
         firsts, seconds = zip(*inputs, strict=True)
         encoded = tokenizer(list(firsts), list(seconds), truncation=True, max_length=max_length)
         return encoded["input_ids"], encoded.get("token_type_ids") if token_types else None
-    encoded = tokenizer(inputs, truncation=True, max_length=max_length, add_special_tokens=special_tokens)
-    return encoded["input_ids"], None
+    special = options.get("special_tokens", True)
+    encoded = tokenizer(inputs, truncation=truncates, max_length=max_length, add_special_tokens=special)
+    rows = [row for row in encoded["input_ids"] if len(row) <= max_length]
+    if len(rows) < min(MIN_TEXTS, len(inputs)):
+        raise CalibrationError(
+            f"handler.calibration: {len(rows)} of {len(inputs)} calibration texts fit in {max_length} tokens uncut "
+            f"(this model's texts are never cut); give at least {MIN_TEXTS} shorter ones, or a longer largest bucket"
+        )
+    return rows, None
