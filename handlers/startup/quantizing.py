@@ -23,9 +23,9 @@ pooling) are removed before annotation: an unread Linear+Tanh breaks the quantiz
 The gate holds the int8 model against float32 on the calibration texts (handlers/startup/
 calibration.py): per-text cosine at least `1 - warmup.tolerance` for vectors, label agreement at
 least `agreement` for classifiers and taggers, pairwise rank agreement at least `agreement` for
-one-score rerankers (on pairs of the texts: a reranker serves pairs); for the eager int8 model here and for
-the compiled one after warm-up (build_steps.warm_up finds the `Int8Gate` on the module). Below it,
-QuantizationRefused, and `compile.on_failure` decides.
+one-score rerankers (on pairs of the texts: a reranker serves pairs); for the eager int8 model here
+and for the compiled one after warm-up (build_steps.warm_up finds the `Int8Gate` on the module).
+Below it, QuantizationRefused, and `compile.on_failure` decides.
 """
 
 import contextlib
