@@ -129,6 +129,8 @@ def calibration_rows(tokenizer, inputs: list, max_length: int, options: dict, to
         return encoded["input_ids"], encoded.get("token_type_ids") if token_types else None
     special = options.get("special_tokens", True)
     encoded = tokenizer(inputs, truncation=truncates, max_length=max_length, add_special_tokens=special)
+    if truncates:
+        return encoded["input_ids"], None
     rows = [row for row in encoded["input_ids"] if len(row) <= max_length]
     if len(rows) < min(MIN_TEXTS, len(inputs)):
         raise CalibrationError(
