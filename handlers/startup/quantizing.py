@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import math
 import os
 
 import torch
@@ -200,10 +201,11 @@ class GateFigures:
 
 
 def _least_cosine(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor]) -> float:
-    return min(
-        torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
+    cosines = [
+        torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0)
         for a, b in zip(int8_rows, float_rows, strict=True)
-    )
+    ]
+    return torch.stack(cosines).min().item()  # NaN if any is: Python's min() would skip it
 
 
 def _label_agreement(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor]) -> float:
@@ -223,13 +225,17 @@ def _rank_agreement(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor
 
 def figures(task_name: str, int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor], floors: GateFloors):
     """The gate's figures for the task: least per-text cosine for vectors, label agreement for
-    classifiers (per token for taggers), pairwise rank agreement for one-score rerankers."""
+    classifiers (per token for taggers), pairwise rank agreement for one-score rerankers; NaN, which
+    no floor passes, where an int8 answer holds NaN or infinity (argmax and signs would not see it)."""
     texts = len(float_rows)
     if task_name == "text-classification" and float_rows[0].numel() == 1:
-        return GateFigures("rank agreement", _rank_agreement(int8_rows, float_rows), floors.agreement, texts)
-    if task_name in ("text-classification", "token-classification"):
-        return GateFigures("label agreement", _label_agreement(int8_rows, float_rows), floors.agreement, texts)
-    return GateFigures("least cosine", _least_cosine(int8_rows, float_rows), floors.cosine, texts)
+        found = GateFigures("rank agreement", _rank_agreement(int8_rows, float_rows), floors.agreement, texts)
+    elif task_name in ("text-classification", "token-classification"):
+        found = GateFigures("label agreement", _label_agreement(int8_rows, float_rows), floors.agreement, texts)
+    else:
+        found = GateFigures("least cosine", _least_cosine(int8_rows, float_rows), floors.cosine, texts)
+    finite = all(torch.isfinite(row).all() for row in int8_rows)
+    return found if finite else dataclasses.replace(found, value=math.nan)
 
 
 @dataclasses.dataclass
@@ -261,8 +267,9 @@ class Int8Gate:
     def check(self, engine: Engine) -> GateFigures:
         """The engine's answers on the rows against float32's; QuantizationRefused below the floor."""
         found = figures(self.task_name, self.answers(engine), self.reference, self.floors)
-        if found.value < found.floor:
-            raise QuantizationRefused(f"int8 vs float32: {found}")
+        if not found.value >= found.floor:  # NaN included
+            broken = " (an answer holds NaN or infinity)" if math.isnan(found.value) else ""
+            raise QuantizationRefused(f"int8 vs float32: {found}{broken}")
         self.last = found
         return found
 

@@ -8,6 +8,7 @@ that warm-up and every check (compiled vs eager, `dtype: auto`, packed vs alone,
 
 import dataclasses
 import logging
+import math
 import time
 from typing import Callable
 
@@ -145,21 +146,23 @@ def _check_graph_count(graphs: int, expected: int, plan: buckets.BucketPlan) -> 
 
 
 def drift(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
-    """1 - the smallest cosine similarity between matching output rows (0 means identical)."""
+    """1 - the smallest cosine similarity between matching output rows (0 means identical; infinity
+    where a row holds NaN or infinity, which would otherwise slip past every comparison)."""
     worst = 0.0
     for got, want in zip(outputs, reference, strict=True):
-        cosine = torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0)
-        worst = max(worst, 1.0 - cosine.item())
+        cosine = torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0).item()
+        worst = max(worst, 1.0 - cosine if math.isfinite(cosine) else math.inf)
     return worst
 
 
 def check_error(name: str, outputs: list[torch.Tensor], reference: list[torch.Tensor], tolerance: float) -> float:
     """The largest absolute difference relative to the reference's largest value, checked: cosine
     alone passes a row of one or two logits whose signs agree, whatever their sizes."""
-    measured = max(
+    ratios = [
         (got.float() - want.float()).abs().max().item() / max(want.float().abs().max().item(), 1e-6)
         for got, want in zip(outputs, reference, strict=True)
-    )
+    ]
+    measured = max(math.inf if math.isnan(ratio) else ratio for ratio in ratios)  # max() would skip a NaN
     if measured > tolerance:
         raise WarmupError(f"{name}: outputs differ by {measured:.2e} of their size, tolerance {tolerance:.0e}")
     return measured

@@ -5,8 +5,10 @@ measure per task and its calibration texts; the build's flags; the int8 AOT pack
 import dataclasses
 import json
 import logging
+import math
 import re
 import shutil
+import types
 import zipfile
 from pathlib import Path
 
@@ -166,6 +168,25 @@ def test_the_gate_measures_vectors_by_cosine_labels_by_agreement_and_one_score_b
     order = quantizing.figures("text-classification", rows([1], [2], [3], [4]), rows([1], [2], [4], [3]), FLOORS)
     assert order.measure == "rank agreement" and order.value == pytest.approx(5 / 6)
     assert order.floor == 0.95 and "rank agreement 0.8333 over 4 calibration pairs" in str(order)
+
+
+@pytest.mark.parametrize(
+    "task, nan_row",
+    [("embedding", [1, math.nan]), ("text-classification", [math.nan, 0]), ("text-classification", [math.inf])],
+)
+def test_an_answer_with_nan_or_infinity_never_passes_the_gate_nor_a_check(task, nan_row):
+    """min() and max() skip a NaN, argmax reads it as the largest: each measure would have passed these."""
+    good = [1, 0] if len(nan_row) == 2 else [1]
+    found = quantizing.figures(task, rows(good, nan_row, good), rows(good, good, good), FLOORS)
+    assert math.isnan(found.value)
+    gate = quantizing.Int8Gate([[1], [2], [3]], rows(good, good, good), task, FLOORS)
+    broken = types.SimpleNamespace(run=lambda ids, type_ids=None: types.SimpleNamespace(rows=rows(good, nan_row, good)))
+    with pytest.raises(quantizing.QuantizationRefused, match="an answer holds NaN or infinity"):
+        gate.check(broken)
+    with pytest.raises(warmup.WarmupError, match="drift inf"):
+        warmup.check_drift("compiled vs eager", rows(good, nan_row, good), rows(good, good, good), 0.01)
+    with pytest.raises(warmup.WarmupError, match="differ by inf"):
+        warmup.check_error("packed vs alone", rows(good, nan_row, good), rows(good, good, good), 0.1)
 
 
 def test_the_gate_s_floors_are_the_archive_s_tolerance_and_agreement():
