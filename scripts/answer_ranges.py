@@ -15,8 +15,9 @@ from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.startup.calibration import calibration_texts
 from ts_compiled_handlers.startup.config import HandlerConfig
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-from ts_compiled_handlers.tasks.pooling import SentenceEmbedder, normalizes, pooling_modes
+from ts_compiled_handlers.tasks.pooling import SentenceEmbedder
 from ts_compiled_handlers.tasks.precisions import AnswerRanges
+from ts_compiled_handlers.tasks.sentence_head import read_head
 
 BATCH = 8  # texts per model call: a large model's calibration never holds many padded texts at once
 
@@ -26,12 +27,12 @@ def embedded_texts(model_dir: Path, texts: list[str], config: HandlerConfig) -> 
     from transformers import AutoTokenizer
 
     task = EmbeddingTask(config)
-    task.pooling = pooling_modes(model_dir)
-    task.read_prompts(model_dir)
+    task.read_sentence_files(model_dir)
     model = task.load_model(model_dir).eval()
     if task.PER_TOKEN:  # an archive that keeps token states pools after its call; here, as its graph would
-        model = SentenceEmbedder(model.encoder, task.pooling)
+        model = SentenceEmbedder(model.encoder, task.pooling, task.head.layers)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "right"  # as the engine pads, and SentenceEmbedder's last token assumes
     limit = task.max_seq_len(model_dir, config) or tokenizer.model_max_length
     texts = sorted(task.model_texts(Request(texts, {}, None)), key=len)  # less padding; ranges ignore order
     pooled = []
@@ -41,7 +42,7 @@ def embedded_texts(model_dir: Path, texts: list[str], config: HandlerConfig) -> 
             tensors = {key: torch.tensor(batch[key]) for key in ("input_ids", "attention_mask")}
             pooled.append(model(tensors["input_ids"], tensors["attention_mask"]).float())
     embeddings = torch.cat(pooled)
-    if normalizes(model_dir):
+    if task.normalize_default:
         embeddings = torch.nn.functional.normalize(embeddings, dim=-1)
     return embeddings.numpy()
 
@@ -49,6 +50,6 @@ def embedded_texts(model_dir: Path, texts: list[str], config: HandlerConfig) -> 
 def write_ranges(staging: Path, config: HandlerConfig) -> AnswerRanges:
     """The ranges of the staged archive's model over its calibration texts, written beside it."""
     texts = calibration_texts(config.calibration, staging)
-    ranges = AnswerRanges.of(embedded_texts(staging, texts, config), normalizes(staging))
+    ranges = AnswerRanges.of(embedded_texts(staging, texts, config), read_head(staging).normalizes)
     ranges.write(staging)
     return ranges

@@ -114,6 +114,31 @@ def make_long_embedding(folder: Path) -> Path:
     return folder
 
 
+DENSE_SIZE = 8  # the Dense-headed embedder's answers
+DENSE_ACTIVATION = "torch.nn.modules.activation.Tanh"
+
+
+def make_dense_embedding(folder: Path) -> Path:
+    """The test embedder with a Dense module between its pooling and Normalize, as LaBSE and stella
+    have: a linear with bias to DENSE_SIZE values, then Tanh (sentence-transformers' default)."""
+    import torch
+    from safetensors.torch import save_file
+
+    make_embedding(folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    dense = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    modules = [*modules[:2], dense, {**modules[2], "idx": 3, "name": "3", "path": "3_Normalize"}]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
+    (folder / "2_Dense").mkdir(exist_ok=True)
+    config = {"in_features": hidden, "out_features": DENSE_SIZE, "bias": True}
+    (folder / "2_Dense" / "config.json").write_text(json.dumps(config | {"activation_function": DENSE_ACTIVATION}))
+    weight, bias = torch.randn(DENSE_SIZE, hidden) * 2 / hidden**0.5, torch.randn(DENSE_SIZE)
+    weights = {"linear.weight": weight, "linear.bias": bias}
+    save_file(weights, str(folder / "2_Dense" / "model.safetensors"))
+    return folder
+
+
 def make_cross_encoder(folder: Path) -> Path:
     """A reranker: a BERT sequence classifier with one label, scoring (query, passage) pairs as
     sentence-transformers' CrossEncoder does (sigmoid of the logit)."""
@@ -588,6 +613,7 @@ MAKERS = {
     "text-classification-distilbert": make_distilbert_classification,
     "text-generation": make_text_generation,
     "embedding-long": make_long_embedding,
+    "embedding-dense": make_dense_embedding,
     "cross-encoder": make_cross_encoder,
     "embedding-decoder": make_decoder_embedding,
     "text-classification-deberta": make_deberta_classification,

@@ -29,12 +29,12 @@ from ts_compiled_handlers.tasks.model_files import named_prompts, read_json
 from ts_compiled_handlers.tasks.pooling import (
     SentenceEmbedder,
     TokenStates,
-    normalizes,
     pooled_rows,
     pooling_modes,
     unit_rows,
 )
 from ts_compiled_handlers.tasks.precisions import INTEGER_BYTES, PRECISIONS, quantized, read_ranges, values_per_text
+from ts_compiled_handlers.tasks.sentence_head import read_head
 
 if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
     from ts_compiled_handlers.startup.config import HandlerConfig
@@ -76,12 +76,17 @@ class EmbeddingTask(Task):
 
     def read_settings(self, serving) -> None:
         model_dir, model_config = serving.model_dir, serving.model_config
-        self.normalize_default = normalizes(model_dir)
-        self.pooling = pooling_modes(model_dir)
-        self.read_prompts(model_dir)
-        self.size = model_config.get_text_config().hidden_size * len(self.pooling)
+        self.read_sentence_files(model_dir)
+        self.size = self.head.size or model_config.get_text_config().hidden_size * len(self.pooling)
         self.dimension_sizes = self._dimension_sizes(model_config)
         self.ranges = read_ranges(model_dir)
+
+    def read_sentence_files(self, model_dir: Path) -> None:
+        """The pooling, the modules after it (Dense, Normalize) and the prompts, as `encode` reads them."""
+        self.pooling = pooling_modes(model_dir)
+        self.head = read_head(model_dir)
+        self.normalize_default = self.head.normalizes
+        self.read_prompts(model_dir)
 
     def read_prompts(self, model_dir: Path) -> None:
         """The model's named prompts and its default one (config_sentence_transformers.json)."""
@@ -168,7 +173,9 @@ class EmbeddingTask(Task):
         encoder = AutoModel.from_pretrained(
             model_dir, dtype=torch.float32, use_safetensors=True, trust_remote_code=False
         )
-        return TokenStates(encoder) if self.PER_TOKEN else SentenceEmbedder(encoder, self.pooling)
+        if self.PER_TOKEN:
+            return TokenStates(encoder)
+        return SentenceEmbedder(encoder, self.pooling, read_head(model_dir).layers)  # its own: cast with the model
 
     def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
         return read_json(model_dir / "sentence_bert_config.json", {}).get("max_seq_length")
@@ -186,7 +193,7 @@ class EmbeddingTask(Task):
         if self.PER_TOKEN:
             if accepted.request.token_states:
                 return self.token_states(accepted, rows)
-            rows = pooled_rows(rows, self.pooling)
+            rows = pooled_rows(rows, self.pooling, self.head.layers)
         precisions, names = params.get("precision", "float32"), precision_names(params)
         if accepted.request.protocol is not None:  # answered as JSON (Ray Data's batches are arrays)
             self._check_size(len(rows), params.get("dimensions", rows[0].shape[-1]), names, accepted)

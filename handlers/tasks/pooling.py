@@ -52,29 +52,32 @@ def normalizes(model_dir: Path) -> bool:
 class SentenceEmbedder(torch.nn.Module):
     """The transformer and its pooling, as one module so that both are compiled together."""
 
-    def __init__(self, encoder: torch.nn.Module, modes: tuple[str, ...]):
+    def __init__(self, encoder: torch.nn.Module, modes: tuple[str, ...], head: torch.nn.Module | None = None):
         super().__init__()
         self.encoder = encoder
         self.modes = modes
+        self.head = head  # sentence-transformers' modules after the pooling (handlers/tasks/sentence_head.py)
 
     def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         """Each packed text's pooled embedding (rows, slots, H * modes), under a 4-D mask."""
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
-        return pool_per_text(hidden, segments, self.modes)
+        pooled = pool_per_text(hidden, segments, self.modes)
+        return pooled if self.head is None else self.head(pooled)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
         counts = mask.sum(dim=1).clamp(min=1e-9)  # (B, 1)
         last = (attention_mask.sum(dim=1) - 1).clamp(min=0)  # (B,) each right-padded row's last token
-        pooled = {
+        pools = {
             "cls": lambda: hidden[:, 0],
             "max": lambda: hidden.masked_fill(mask == 0, -1e9).max(dim=1).values,
             "mean": lambda: (hidden * mask).sum(dim=1) / counts,
             "mean_sqrt_len_tokens": lambda: (hidden * mask).sum(dim=1) / counts.sqrt(),
             "lasttoken": lambda: hidden[torch.arange(hidden.shape[0], device=hidden.device), last],
         }
-        return torch.cat([pooled[mode]() for mode in self.modes], dim=-1)  # (B, H * len(modes))
+        pooled = torch.cat([pools[mode]() for mode in self.modes], dim=-1)  # (B, H * len(modes))
+        return pooled if self.head is None else self.head(pooled)
 
 
 class TokenStates(torch.nn.Module):
@@ -94,8 +97,9 @@ class TokenStates(torch.nn.Module):
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def pooled_rows(states: list[torch.Tensor], modes: tuple[str, ...]) -> list[torch.Tensor]:
-    """Each text's embedding from its tokens' states (T, H), as SentenceEmbedder pools inside its graph."""
+def pooled_rows(states: list[torch.Tensor], modes: tuple[str, ...], head: torch.nn.Module | None) -> list[torch.Tensor]:
+    """Each text's embedding from its tokens' states (T, H), as SentenceEmbedder pools inside its
+    graph, and through the modules after the pooling (`head`, float32, outside the graph)."""
     pools = {
         "cls": lambda row: row[0],
         "max": lambda row: row.max(dim=0).values,
@@ -103,4 +107,8 @@ def pooled_rows(states: list[torch.Tensor], modes: tuple[str, ...]) -> list[torc
         "mean_sqrt_len_tokens": lambda row: row.sum(dim=0) / len(row) ** 0.5,
         "lasttoken": lambda row: row[-1],
     }
-    return [torch.cat([pools[mode](row) for mode in modes]) for row in states]
+    pooled = [torch.cat([pools[mode](row) for mode in modes]) for row in states]
+    if head is None:
+        return pooled
+    with torch.inference_mode():
+        return list(head(torch.stack(pooled).float()).unbind())
