@@ -306,6 +306,7 @@ def build(
         left_out = stage(model_dir, config, staging)
         if calibration is not None:
             shutil.copy2(calibration, staging / CALIBRATION_FILE)
+        check_staged_calibration(parse(config).calibration, staging)
         if task == "embedding":  # int8/uint8 answers' ranges (handlers/tasks/precisions.py)
             answer_ranges.write_ranges(staging, parse(config))
         handler = staging / package_files.NAME / HANDLER_FILES[task]
@@ -325,11 +326,23 @@ def build(
 
 
 def check_calibration(path: Path) -> None:
-    """A calibration file the worker will read: refused now, not at the worker's start."""
+    """A calibration file the worker will read: refused now, not at the worker's start (by its
+    absolute path: a file named `default` is a file, not the shipped set)."""
     try:
-        calibration_texts(Path(path).name, Path(path).parent)
+        calibration_texts(str(Path(path).resolve()), Path("."))
     except CalibrationError as error:
         raise BuildError(str(error).replace("handler.calibration: ", "--calibration: ")) from error
+
+
+def check_staged_calibration(setting: str, staging: Path) -> None:
+    """The archive's `handler.calibration` (named by --config too) readable inside the staged archive:
+    a file the model's folder does not carry into it would fail every worker at its start."""
+    if setting == "default":
+        return
+    try:
+        calibration_texts(setting, staging)
+    except CalibrationError as error:
+        raise BuildError(f"{error} (give the file with --calibration FILE: it is carried into the archive)") from error
 
 
 def main(argv=None) -> Path:

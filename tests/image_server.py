@@ -20,7 +20,7 @@ def png(seed: int = 0) -> bytes:
 class Pictures(http.server.BaseHTTPRequestHandler):
     """/cat.png an image; /moved a redirect to it; /huge a Content-Length over the limit; /endless
     a body with no length that runs past it; /slow an answer after 3 s; /drip a body sent a byte at
-    a time; anything else 404."""
+    a time; /garbled a reply that is not HTTP; anything else 404."""
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         if self.path == "/moved":
@@ -40,6 +40,10 @@ class Pictures(http.server.BaseHTTPRequestHandler):
                     self.wfile.write(b"x")
                     self.wfile.flush()
                     time.sleep(0.3)
+        elif self.path == "/garbled":  # no status line: http.client raises BadStatusLine
+            with contextlib.suppress(OSError):
+                self.wfile.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+                self.close_connection = True
         elif self.path == "/huge":
             self.answer(b"x" * 10, 10**9)
         elif self.path == "/endless":

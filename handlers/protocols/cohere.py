@@ -98,7 +98,7 @@ def embedding_types(value: Any) -> tuple[str, ...]:
 
 
 def truncation(value: Any) -> dict:
-    if value not in TRUNCATE:
+    if not isinstance(value, str) or value not in TRUNCATE:  # a list or object is no name (nor hashable)
         raise RequestError(400, f"'truncate' must be one of: {', '.join(TRUNCATE)}", "truncate")
     return TRUNCATE[value]
 
@@ -107,7 +107,7 @@ def prompt(input_type: Any, prompts: dict) -> dict:
     """The model's prompt for Cohere's `input_type` (none named: the model's default prompt)."""
     if input_type is None:
         return {}
-    if input_type not in INPUT_TYPES:
+    if not isinstance(input_type, str) or input_type not in INPUT_TYPES:
         raise RequestError(400, f"'input_type' must be one of: {', '.join(INPUT_TYPES)}", "input_type")
     name = next((name for name in INPUT_TYPES[input_type] if name in prompts), None)
     return {} if name is None else {"prompt_name": name}

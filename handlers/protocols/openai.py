@@ -68,8 +68,9 @@ class EmbeddingsProtocol(OpenAIProtocol):
         value = self.body_object(value, spec)
         if "input" not in value:
             raise RequestError(400, "'input' is required: a string, a list of strings, or token ids", "input")
-        encoding = value.get("encoding_format") or "float"
-        if encoding not in ENCODINGS:
+        encoding = value.get("encoding_format")
+        encoding = "float" if encoding is None else encoding  # only null means the default: {} or 0 is no name
+        if not isinstance(encoding, str) or encoding not in ENCODINGS:
             raise RequestError(400, f"'encoding_format' must be one of {', '.join(ENCODINGS)}", "encoding_format")
         params = check_params({key: item for key, item in value.items() if key not in EMBEDDING_FIELDS}, spec.params)
         form = EmbeddingsForm(encoding)

@@ -29,9 +29,9 @@ from typing import Any
 from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served
 from ts_compiled_handlers.protocols.rerank import RerankForm, ranked
 from ts_compiled_handlers.request.payload import RequestError, boolean_param, check_params, check_texts
+from ts_compiled_handlers.request.tokenizing import CHARACTERS_PER_TOKEN
 
 ERROR_TYPES = {429: "Overloaded", 503: "Overloaded"}  # other 4xx: Validation, other 5xx: Backend
-CHARACTERS_PER_TOKEN = 250  # TEI tokenizes at most this many characters per token of max_input_length
 # The fewest bytes one token takes in a tokenize answer: {"id":0,"text":"","special":true,"start":0,"stop":0},
 TOKEN_BYTES = 53
 
@@ -180,7 +180,7 @@ class TeiTokenizeProtocol(TeiProtocol):
         prompt = body.pop("prompt_name", None)
         check_params(body, {})
         if prompt is not None:
-            if prompt not in spec.prompts:
+            if not isinstance(prompt, str) or prompt not in spec.prompts:
                 raise RequestError(422, "'prompt_name' must name one of the model's prompts", "prompt_name")
             texts = [spec.prompts[prompt] + text for text in texts]
         encoded = encodings(texts, special, spec)

@@ -9,6 +9,7 @@ it, is refused before the rest arrives. What comes back is then decoded as a sen
 (handlers/request/images.py).
 """
 
+import http.client
 import time
 import urllib.error
 import urllib.request
@@ -55,7 +56,8 @@ def fetch_image(url: str, field: str, fetch_from: tuple[str, ...], seconds: int,
             data = read_until(answer, max_bytes + 1, deadline)
     except urllib.error.HTTPError as error:
         raise RequestError(400, f"'{field}' could not be fetched: HTTP {error.code} ({error.msg})", field) from None
-    except (urllib.error.URLError, OSError, ValueError) as error:  # refused, unresolved, timed out, cut
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
+        # refused, unresolved, timed out, cut short, or not HTTP (a bad status line, an over-long header)
         reason = getattr(error, "reason", error)
         what = f"timed out after {seconds} s" if isinstance(reason, TimeoutError) else type(reason).__name__
         raise RequestError(400, f"'{field}' could not be fetched ({what})", field) from None

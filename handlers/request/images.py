@@ -29,11 +29,14 @@ DATA_URI = re.compile(r"data:image/[a-z0-9.+-]+;base64,", re.IGNORECASE)
 
 @dataclasses.dataclass(frozen=True)
 class ImageLimits:
-    """The most bytes an image may take (as sent, before base64 is decoded: 4/3 of them) and the
-    most pixels it may decode to. 40 megapixels holds any camera's photo; the model sees 224 x 224."""
+    """The most bytes an image may take (as sent, before base64 is decoded: 4/3 of them), the
+    most pixels it may decode to, and how many times longer than wide (or wide than high) it may be.
+    40 megapixels holds any camera's photo; the model sees 224 x 224. A processor that scales the
+    shorter side to 224 would make a 40,000,000 x 1 strip (a 155 KB PNG) gigabytes of pixels."""
 
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000
+    max_aspect: int = 100
     fetch_from: tuple[str, ...] = ()  # origins whose URLs are fetched (`images.fetch_from`)
     fetch_seconds: int = 5
 
@@ -99,6 +102,9 @@ def _check_header(image, field: str, limits: ImageLimits) -> None:
         raise RequestError(
             413, f"'{field}' is {width} x {height} pixels; at most {limits.max_pixels} pixels are decoded", field
         )
+    if max(width, height) > limits.max_aspect * min(width, height):
+        most = f"one side may be at most {limits.max_aspect} times the other"
+        raise RequestError(413, f"'{field}' is {width} x {height} pixels; {most}", field)
     if getattr(image, "n_frames", 1) > 1:
         raise RequestError(
             400, f"'{field}' is an animated {image.format} ({image.n_frames} frames); send one frame", field

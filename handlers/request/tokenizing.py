@@ -10,6 +10,10 @@ from tokenizers import Encoding, Tokenizer
 from ts_compiled_handlers.request.payload import RequestError
 
 SIDES = ("right", "left")
+# Characters read per token of the limit, as TEI bounds what it tokenizes: a longer text would be cut
+# anyway (no real tokenizer's first `limit` tokens span that much), so it is cut to that before the
+# tokenizer reads it, or refused where it must not be cut. A 6 MB text took seconds to tokenize.
+CHARACTERS_PER_TOKEN = 250
 
 
 def direct_backend(tokenizer) -> Tokenizer | None:
@@ -91,6 +95,7 @@ class TextTokenizer:
         offsets: bool = True,
     ):
         self.limit = limit
+        self.reads_offsets = offsets
         self.offsets = offsets or not hasattr(Tokenizer, "encode_batch_fast")  # tokenizers < 0.20 lacks it
         self.reject = reject
         self.truncates = truncates
@@ -109,6 +114,7 @@ class TextTokenizer:
     def __call__(self, texts: list, truncate: bool | None = None, side: str | None = None) -> Tokenized:
         side = side or self.default_side
         cut = self.limit + 1 if self._rejects(truncate) else self.limit  # one over tells an over-long text
+        texts = self._bounded(texts, self._rejects(truncate), side)
         pairs = bool(texts) and isinstance(texts[0], tuple)
         special = self.special_tokens or pairs
         if self.backend is not None:
@@ -123,6 +129,27 @@ class TextTokenizer:
         token_ids = [encoding.ids for encoding in encodings]
         self._check_lengths(token_ids)
         return Tokenized(encodings, token_ids, [encoding.type_ids for encoding in encodings] if pairs else None)
+
+    def _bounded(self, texts: list, rejects: bool, side: str) -> list:
+        """The texts at most CHARACTERS_PER_TOKEN characters per token of the limit: a longer one
+        cut on `side` (each text of a pair), or refused with 413 where over-long texts are, and
+        where a cut at the start would move the characters that answers' offsets count."""
+        most = CHARACTERS_PER_TOKEN * self.limit
+        rejects = rejects or (side == "left" and self.reads_offsets)
+
+        def bounded(position: int, text: str) -> str:
+            if len(text) <= most:
+                return text
+            if rejects:
+                remedy = "shorten it, or send truncate: true" if self.truncates else "shorten it"
+                message = f"text {position} has {len(text)} characters, more than {self.limit} tokens can hold"
+                raise RequestError(413, f"{message} ({most}); {remedy}")
+            return text[-most:] if side == "left" else text[:most]
+
+        return [
+            tuple(bounded(position, part) for part in text) if isinstance(text, tuple) else bounded(position, text)
+            for position, text in enumerate(texts)
+        ]
 
     def _backend(self, side: str, cut: int):
         """The Rust tokenizer set up as the tokenizer's own call sets it for `truncation=True,

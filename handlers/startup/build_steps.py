@@ -28,6 +28,7 @@ from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.runtime import hardware, process_settings
 from ts_compiled_handlers.startup import aot_start, compile_cache, eager_fallback, warmup
 from ts_compiled_handlers.startup.compiling import CompiledModel
+from ts_compiled_handlers.startup.quantizing import QuantizationRefused
 from ts_compiled_handlers.startup.serving import Serving, Started
 from ts_compiled_handlers.tasks import Task
 
@@ -44,19 +45,34 @@ CACHE_SOURCES = {
 }
 
 
+class WithoutInt8(Exception):
+    """The compiled int8 model failed its gate where the policy serves the model without int8."""
+
+
 def build_engine(task: Task, serving: Serving, progress=None) -> tuple[Engine, Started]:
     """The engine a worker serves: from the archive's AOT package where it can, else compiled."""
     began = time.perf_counter()
     served = aot_start.serve_package(task, serving, began, progress)
     if served is None:
-        engine = eager_engine(task, serving)
-        load_seconds = time.perf_counter() - began
-        graphs_needed = task.graphs_needed(serving.plan)
-        engine = engine.on(CompiledModel(engine.model.eager, serving.compile_options, graphs_needed, task.FREEZES))
-        served = engine, compile_and_warm_up(engine, serving, load_seconds, progress)
+        try:
+            served = compiled_engine(task, serving, began, progress)
+        except WithoutInt8 as error:  # the compiled model's gate refused: `auto`, or `on_failure: eager`
+            logger.warning("quantize: %s: the model is built again without int8: %s", serving.config.quantize, error)
+            serving = dataclasses.replace(serving, config=dataclasses.replace(serving.config, quantize="none"))
+            served = compiled_engine(task, serving, began, progress)
     packages = aot_start.side_packages(serving, served[0].dtype)
     task.build_side_models(serving, served[0].dtype, warmup.check_drift, packages)
     return served
+
+
+def compiled_engine(task: Task, serving: Serving, began: float, progress=None) -> tuple[Engine, Started]:
+    """The model loaded, compiled over the grid and warmed (eagerly where compiling fails, as
+    `compile.on_failure` says)."""
+    engine = eager_engine(task, serving)
+    load_seconds = time.perf_counter() - began
+    graphs_needed = task.graphs_needed(serving.plan)
+    engine = engine.on(CompiledModel(engine.model.eager, serving.compile_options, graphs_needed, task.FREEZES))
+    return engine, compile_and_warm_up(engine, serving, load_seconds, progress)
 
 
 def eager_engine(task: Task, serving: Serving) -> Engine:
@@ -81,10 +97,10 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
         return quantizing.unquantized(engine, dtype)
     if not quantizing.has_vnni():
         logger.warning("quantize: int8 on a CPU without VNNI or AMX: 7-bit activations, and little faster than float32")
-    example = serving.probes.filler(plan.seq_lens[-1], plan.batch_sizes[-1])
+    example = export_example(serving)
     try:
         texts = calibration_texts(config.calibration, serving.model_dir)
-        inputs = task.calibration_inputs(texts, calibration_pairs(texts))
+        inputs = task.calibration_inputs(texts, lambda: calibration_pairs(texts))
         options = task.tokenizer_options()
         rows, types = calibration_rows(serving.tokenizer, inputs, plan.max_seq_len, options, engine.layout.token_types)
         with quantizing.input_ranges(engine.model.eager) as ranges:  # in float32's pass over the texts
@@ -102,8 +118,21 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
             on_failure(config.compile.on_failure, error)
         logger.warning("quantize: %s keeps %s: %s", config.quantize, str(dtype).removeprefix("torch."), error)
     except Exception as error:  # the export or the quantizer failed on this model: a bug to see
-        on_failure(config.compile.on_failure, error)
+        if config.quantize != "auto":
+            on_failure(config.compile.on_failure, error)
+        else:  # `auto` keeps the model as it is whatever stopped int8, and says why
+            logger.error("quantize: auto keeps %s: int8 failed", str(dtype).removeprefix("torch."), exc_info=error)
     return quantizing.unquantized(engine, dtype)
+
+
+def export_example(serving: Serving) -> list[list[int]]:
+    """The texts int8's export traces, one call of them, each in a row of its own: the longest
+    length whose calls hold two rows or more, as many as they hold. A call of one row would fix
+    the export's batch at 1 (torch.export specializes a size of 1), and every larger call would fail
+    its guard: a plan whose longest length fits one row per call (`max_tokens`) did so."""
+    plan = serving.plan
+    seq_len = next((length for length in reversed(plan.seq_lens) if plan.rows_for(length) >= 2), plan.seq_lens[-1])
+    return serving.probes.filler(seq_len, plan.rows_for(seq_len))
 
 
 def load_model(task: Task, serving: Serving) -> tuple[torch.nn.Module, torch.dtype]:
@@ -160,7 +189,7 @@ def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: 
 def on_failure(policy: str, error: Exception) -> None:
     """Log a failed compile or check (with its traceback unless it is a failed comparison) and
     raise it again if the policy is `fail`."""
-    known = isinstance(error, warmup.WarmupError)
+    known = isinstance(error, (warmup.WarmupError, QuantizationRefused))
     logger.error(
         "Compile or warm-up check failed (on_failure=%s): %s: %s",
         policy,
@@ -220,6 +249,10 @@ def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupRep
     except Exception as error:  # a compile error can be of any type; all follow on_failure
         if not config.compile.enable:
             raise
+        if isinstance(error, QuantizationRefused):  # int8's compiled answers: built again without int8
+            if config.quantize != "auto":
+                on_failure(config.compile.on_failure, error)
+            raise WithoutInt8(str(error)) from error
         on_failure(config.compile.on_failure, error)
         model.fall_back_to_eager(eager_fallback.fallback_of(error))
         report = warmup.run_grid(engine, 1, serving.probes.filler, None)

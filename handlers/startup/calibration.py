@@ -13,6 +13,7 @@ that a chat template renders into one text (an LLM reranker) is never cut, since
 at its end: the rendered pairs longer than the largest bucket are left out, as a server refuses them.
 """
 
+import re
 from pathlib import Path
 
 
@@ -92,28 +93,39 @@ DEFAULT_TEXTS = (
 
 
 def calibration_texts(setting: str, model_dir: Path) -> list[str]:
-    """The texts `handler.calibration` names: the default set, or a file of the archive (one text a
-    line, blank lines skipped; at most MAX_TEXTS are used)."""
+    """The texts `handler.calibration` names: the default set, or a file of the archive (UTF-8, a
+    byte-order mark skipped; one text a line, ended by a newline alone: a form feed or U+2028 inside
+    a text does not end it; blank lines skipped; spaces cut around a text and around its first tab,
+    which stays: a pair's; at most MAX_TEXTS are used)."""
     if setting == "default":
         return list(DEFAULT_TEXTS)
     path = Path(model_dir) / setting
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = re.split(r"\r?\n", path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as error:
         raise CalibrationError(f"handler.calibration: cannot read {setting} in the archive: {error}") from error
-    texts = [line.strip() for line in lines if line.strip()][:MAX_TEXTS]
+    cleaned = ("\t".join(part.strip() for part in line.split("\t", 1)) for line in lines)
+    texts = [text for text in cleaned if text.strip()][:MAX_TEXTS]
     if len(texts) < MIN_TEXTS:
         raise CalibrationError(f"handler.calibration: {setting} has {len(texts)} texts; give at least {MIN_TEXTS}")
     return texts
 
 
 def calibration_pairs(texts: list[str]) -> list[tuple[str, str]]:
-    """The texts as pairs: a file's own (`query<TAB>document` lines), else each text beside the one
-    half the set on."""
-    if all("\t" in text for text in texts):
-        return [tuple(part.strip() for part in text.split("\t", 1)) for text in texts]
-    half = len(texts) // 2
-    return [(text, texts[(i + half) % len(texts)]) for i, text in enumerate(texts)]
+    """The texts as pairs: a file's own (`query<TAB>document` lines, every one), else each text
+    beside the one half the set on. A file of pairs with a line that is not one is refused: read as
+    single texts instead, its pairs would be wrong and nobody would know."""
+    if not any("\t" in text for text in texts):
+        half = len(texts) // 2
+        return [(text, texts[(i + half) % len(texts)]) for i, text in enumerate(texts)]
+    pairs = [tuple(part.strip() for part in text.split("\t", 1)) if "\t" in text else None for text in texts]
+    broken = next((n for n, pair in enumerate(pairs, 1) if pair is None or not all(pair)), None)
+    if broken is not None:
+        raise CalibrationError(
+            f"handler.calibration: text {broken} is not a query<TAB>document pair where others are; "
+            "give every line as one (neither side empty), or none"
+        )
+    return pairs
 
 
 def calibration_rows(tokenizer, inputs: list, max_length: int, options: dict, token_types: bool):

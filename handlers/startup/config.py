@@ -183,7 +183,8 @@ class WarmupConfig:
         values.tolerance,
         None,
         shown="`auto`",
-        meaning="largest allowed 1 - cosine; auto = 1e-4 (float32), 2e-3 (bf16/fp16)",
+        meaning="largest allowed 1 - cosine; auto = 1e-4 (float32), 2e-3 (bf16/fp16); with `quantize`, "
+        "also the int8 gate's allowance (`auto`: 0.01), so raising it for int8 loosens every check",
         why="what MiniLM and the test models pass in each dtype (the test suite runs with it)",
     )
 
@@ -431,6 +432,8 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
     config = _parse_section(HandlerConfig, {**handler, "compile": own_compile}, "handler")
     if config.quantize != "none" and config.task == "text-generation":
         raise ConfigError("handler.quantize", config.quantize, "none for text-generation (int8 serves encoders)")
+    if config.quantize != "none" and config.compile.regional:
+        raise ConfigError("handler.compile.regional", True, "false with quantize (the int8 graph has no blocks)")
     if (config.generation.default_new_tokens or 0) > config.generation.max_new_tokens:
         raise ConfigError(
             "handler.generation.default_new_tokens",

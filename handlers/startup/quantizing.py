@@ -148,7 +148,7 @@ def int8_module(engine: Engine, example_rows: list[list[int]], kept: tuple[str, 
 
     module = engine.model.eager
     capture = _Capture(module)
-    engine.on(capture).run(example_rows)
+    engine.on(capture).run(example_rows, one_per_row=True)  # one call (build_steps.export_example)
     inputs = {
         name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in capture.inputs.items()
     }  # not inference tensors

@@ -118,9 +118,10 @@ class Task:
         """The texts the model reads for a request (a task may prepend a prompt)."""
         return request.texts
 
-    def calibration_inputs(self, texts: list[str], pairs: list[tuple[str, str]]) -> list:
+    def calibration_inputs(self, texts: list[str], pairs: Callable[[], list[tuple[str, str]]]) -> list:
         """What `quantize` calibrates and gates the model on (handlers/startup/calibration.py): the
-        calibration texts, or the pairs made of them, as the model reads them."""
+        calibration texts, or the pairs made of them (`pairs()`: a file's tab-separated lines, read
+        as pairs only by a task that takes pairs), as the model reads them."""
         return texts
 
     def tei_model_type(self) -> dict | None:

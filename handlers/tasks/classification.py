@@ -92,9 +92,9 @@ class ClassificationTask(Task):
         texts = request.texts
         return self.pair_texts(texts) if texts and isinstance(texts[0], tuple) else texts
 
-    def calibration_inputs(self, texts: list[str], pairs: list[tuple[str, str]]) -> list:
+    def calibration_inputs(self, texts: list[str], pairs) -> list:
         """A reranker (one label) is calibrated on pairs, as it serves; a classifier on single texts."""
-        return self.pair_texts(pairs) if len(self.id2label) == 1 else texts
+        return self.pair_texts(pairs()) if len(self.id2label) == 1 else texts
 
     def engine(self, model: ModelRunner, serving: "Serving", dtype: torch.dtype, layout: Layout) -> Engine:
         token_types = self.token_types and not self.pair_texts.chat  # a rendered pair is one text

@@ -126,6 +126,9 @@ class ImageEmbeddingsProtocol(EmbeddingsProtocol):
         return Request([], params, self, form=EmbeddingsForm(encoding), images=decoded)
 
 
+MAX_TEMPLATE = 1000  # characters: each label's text repeats it (63 labels x a 6 MB template would not fit)
+
+
 @dataclasses.dataclass(frozen=True)
 class ZeroShotForm:
     labels: list[str]
@@ -151,10 +154,10 @@ class ZeroShotProtocol(Protocol):
         labels = value["candidate_labels"]
         labels = check_texts(labels if isinstance(labels, list) else [labels], spec.max_inputs - 1, "candidate_labels")
         template = value.get("hypothesis_template", PIPELINE_TEMPLATE)
-        if not isinstance(template, str) or "{}" not in template:
-            raise RequestError(
-                400, "'hypothesis_template' must be text with '{}' where a label goes", "hypothesis_template"
-            )
+        if not isinstance(template, str) or template.count("{}") != 1 or len(template) > MAX_TEMPLATE:
+            message = f"'hypothesis_template' must be text of at most {MAX_TEMPLATE} characters, with one '{{}}'"
+            field = "hypothesis_template"
+            raise RequestError(400, message + " where a label goes (the pipeline's format fills one)", field)
         texts = [template.replace("{}", label) for label in labels]
         images = self.read_images([value["image"]], ["image"], [0])
         return Request(texts, {}, self, form=ZeroShotForm(labels), images=images)
@@ -202,11 +205,12 @@ class ImageCohereProtocol(Protocol):
         if ("texts" in body) == ("images" in body):
             raise RequestError(400, "send 'texts' or 'images', one of them", "images")
         kinds = body.get("embedding_types", ["float"])
-        if not isinstance(kinds, list) or not kinds or not set(kinds) <= set(COHERE_TYPES):
+        if not isinstance(kinds, list) or not kinds or not all(kind in COHERE_TYPES for kind in kinds):
             raise RequestError(
                 400, f"'embedding_types' must be a list of: {', '.join(COHERE_TYPES)}", "embedding_types"
             )
-        if body.get("input_type", "image") not in (*INPUT_TYPES, "image"):
+        input_type = body.get("input_type", "image")
+        if not isinstance(input_type, str) or input_type not in (*INPUT_TYPES, "image"):
             raise RequestError(400, f"'input_type' must be one of: {', '.join((*INPUT_TYPES, 'image'))}", "input_type")
         params = check_params(truncation(body.get("truncate", "END")), spec.params)
         form = CohereForm(tuple(dict.fromkeys(kinds)))

@@ -80,7 +80,7 @@ def weights_param(value: Any, name: str) -> tuple[float, float, float]:
     numbers = isinstance(value, list) and all(
         isinstance(item, (int, float)) and not isinstance(item, bool) and 0 <= item < float("inf") for item in value
     )
-    if not numbers or len(value) != 3 or sum(value) <= 0:
+    if not numbers or len(value) != 3 or not 0 < sum(value) < float("inf"):  # 1e308 three times overflows
         message = f"parameter '{name}' must be 3 numbers >= 0, not all 0: the dense, sparse and colbert weights"
         raise RequestError(400, message, name)
     return tuple(float(item) for item in value)

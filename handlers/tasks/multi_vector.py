@@ -90,6 +90,8 @@ class MultiVectorTask(EmbeddingTask):
         return TokenVectors(encoder, self.projection, self.colbert.unattended_id)
 
     def check_request(self, request: Request) -> None:
+        if request.params.get("truncation_direction", "right") != "right":  # Cohere's truncate: START
+            raise RequestError(400, "'truncate': a text keeps its prefix, so only its END is cut (or NONE)", "truncate")
         if request.token_ids is not None:
             raise RequestError(400, "'input': a multi-vector model takes texts (it adds their prefix), not token ids")
         form = request.form

@@ -155,6 +155,7 @@ def huge_png() -> bytes:
 HOSTILE = {
     "truncated": (data_uri(picture(1)[:200]), 400, "truncated or corrupt PNG"),
     "bomb": (data_uri(huge_png()), 413, "has more pixels than 40000000"),
+    "strip": (data_uri(picture(1, size=(20000, 1))), 413, "20000 x 1 pixels; one side may be at most 100 times"),
     "animated": (data_uri(animated_gif(), "gif"), 400, "animated GIF (3 frames)"),
     "cmyk": (data_uri(picture(2, mode="CMYK", image_format="JPEG"), "jpeg"), 415, "colour mode CMYK"),
     "not an image": (data_uri(b"%PDF-1.4 not a picture at all"), 415, "not an image in a format served here"),
@@ -259,9 +260,12 @@ def test_zero_shot_scores_equal_transformers_pipeline_in_the_same_order(handler,
         [answer] = ask(handler, [{"image": data_uri(data), "candidate_labels": labels}], ["zero-shot"])
         assert [item["label"] for item in answer] == [item["label"] for item in expected]
         assert max(abs(got["score"] - want["score"]) for got, want in zip(answer, expected, strict=True)) <= 1e-4
-    template = {"image": data_uri(picture(1)), "candidate_labels": ["cat"], "hypothesis_template": "{0} {x}"}
-    ask(handler, [template, {"image": data_uri(picture(1))}], ["zero-shot", "zero-shot"])
-    assert [status(handler.context, index) for index in range(2)] == [400, 400]
+    bodies = [
+        {"image": data_uri(picture(1)), "candidate_labels": ["cat"], "hypothesis_template": template}
+        for template in ("{0} {x}", "{}" * 4000, "a photo of {}." + "x" * 1000)  # a label per '{}' grew quadratically
+    ]
+    ask(handler, [*bodies, {"image": data_uri(picture(1))}], ["zero-shot"] * 4)
+    assert [status(handler.context, index) for index in range(4)] == [400] * 4
 
 
 def test_kserve_v2_takes_images_as_a_bytes_tensor_named_image(handler, reference):
@@ -298,6 +302,9 @@ def test_cohere_v2_embed_takes_images_or_texts(handler, reference):
         {"texts": TEXTS[:1], "images": [data_uri(pictures[0])]},
         {"images": [data_uri(pictures[0])], "embedding_types": ["int8"]},
         {"images": ["https://example.com/cat.png"]},
+        {"images": [data_uri(pictures[0])], "embedding_types": [["float"]]},  # unhashable: a 500 once
+        {"texts": TEXTS[:1], "truncate": {}},
+        {"texts": TEXTS[:1], "input_type": []},
     ]
     answers = ask(handler, bodies, ["v2/embed"] * len(bodies))
     floats = answers[0]["embeddings"]["float"]
@@ -306,7 +313,9 @@ def test_cohere_v2_embed_takes_images_or_texts(handler, reference):
     np.testing.assert_array_equal(np.array(packed), np.array(floats, dtype=np.float32))
     assert answers[0]["meta"]["billed_units"]["images"] == 2 and answers[0]["texts"] == []
     assert min(cosines(answers[1]["embeddings"]["float"], texts(TEXTS[:2]))) >= 0.9999
-    assert [status(handler.context, index) for index in range(2, 5)] == [400, 400, 400]
+    assert [status(handler.context, index) for index in range(2, 8)] == [400] * 6
+    for index, field in ((5, "embedding_types"), (6, "truncate"), (7, "input_type")):
+        assert f"'{field}'" in answers[index]["message"]
     assert "one of them" in answers[2]["message"] and "images are not fetched" in answers[4]["message"]
 
 

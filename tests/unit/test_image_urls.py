@@ -45,6 +45,7 @@ def test_an_allowed_origins_image_is_fetched_and_decoded(image_server):
         ("/endless", None, 413, "is over 4096 bytes"),
         ("/slow", None, 400, "could not be fetched (timed out after 1 s)"),
         ("/drip", None, 400, "could not be fetched (timed out after 1 s)"),
+        ("/garbled", None, 400, "could not be fetched (BadStatusLine)"),  # a 500 once
     ],
 )
 def test_every_other_url_is_refused_by_name(image_server, path, limits, code, reason):

@@ -89,6 +89,7 @@ def test_tei_embed_and_embed_sparse_answer_one_output_each(handler):
         ({"query": "a", "documents": ["b"], "weights": [1, 1]}, "", "weights"),
         ({"query": "a", "documents": ["b"], "weights": [0, 0, 0]}, "", "weights"),
         ({"query": "a", "documents": ["b"], "weights": [1, -1, 1]}, "", "weights"),
+        ({"query": "a", "documents": ["b"], "weights": [1e308, 1e308, 1e308]}, "", "weights"),  # their sum overflows
         ({"inputs": "a", "normalize": False}, "embed", "must be true"),  # the dense vector is always normalized
         ({"inputs": "a", "dimensions": 8}, "", "allowed: "),  # names are not echoed
         ({"inputs": "a", "precision": "int8"}, "", "allowed: "),

@@ -83,6 +83,7 @@ def test_openai_and_cohere_routes_take_the_input_type(handler):
         ({"input": [[101, 102]], "model": "test", "input_type": "query"}, "v1/embeddings", "input"),
         ({"input": "a", "model": "test", "input_type": "query", "encoding_format": "base64"}, "v1/embeddings", None),
         ({"texts": ["a"], "input_type": "search_query", "embedding_types": ["int8"]}, "v2/embed", None),
+        ({"texts": ["a"], "input_type": "search_document", "truncate": "START"}, "v2/embed", "truncate"),  # cuts [D]
     ],
 )
 def test_bad_input_gets_a_400_naming_it_and_its_batch_mate_is_answered(handler, body, route, field):

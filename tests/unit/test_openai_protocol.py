@@ -50,6 +50,8 @@ def test_embedding_inputs_in_every_form():
         ({"input": [True]}, 400, "input"),
         ({"input": ["a"] * 5}, 413, "input"),
         ({"input": "a", "encoding_format": "bits"}, 400, "encoding_format"),
+        ({"input": "a", "encoding_format": {}}, 400, "encoding_format"),  # empty is no name: not the default
+        ({"input": "a", "encoding_format": ["float"]}, 400, "encoding_format"),
         ({"input": "a", "dimensions": 9}, 400, "dimensions"),
         ("text", 400, None),
     ],

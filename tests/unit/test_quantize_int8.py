@@ -33,9 +33,11 @@ from ts_compiled_handlers.startup import (
 )
 from ts_compiled_handlers.startup.calibration import (
     DEFAULT_TEXTS,
+    MIN_TEXTS,
     CalibrationError,
     calibration_pairs,
     calibration_rows,
+    calibration_texts,
 )
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.startup.config import ConfigError, parse
@@ -148,6 +150,47 @@ def test_auto_quantizes_only_where_the_cpu_has_vnni_and_keeps_float32_when_refus
     assert "quantize: auto keeps float32: int8 vs float32: least cosine" in caplog.text
 
 
+def test_a_plan_whose_longest_length_holds_one_row_a_call_is_quantized_dynamic_in_batch(tiny_bert):
+    """`max_tokens` 32 over lengths 8 and 32: a call of 32 tokens holds one row. The export, traced on
+    a call of one row, fixed the batch at 1, and every call of more rows failed its guard."""
+    buckets = {"seq_lens": [8, 32], "batch_sizes": [1, 4], "max_tokens": 32}
+    strict = {"compile": {"enable": False, "on_failure": "fail"}, "warmup": {"tolerance": 0.5}}
+    handler = fakes.ready_handler(EmbeddingHandler, tiny_bert, buckets=buckets, quantize="int8", **strict)
+    assert handler.engine.model.int8_gate is not None and handler.engine.plan.rows_for(32) == 1
+    answers = answered(handler, [{"inputs": ["a cat", "a dog", "the sun", "moon"]}, {"inputs": "hello world " * 5}])
+    assert [len(answer["embedding"]) for answer in [*answers[0], answers[1]]] == [32] * 5
+
+
+@pytest.mark.parametrize("quantize, policy", [("auto", "fail"), ("int8", "eager"), ("int8", "fail")])
+def test_a_compiled_int8_model_its_gate_refuses_is_served_without_int8_or_fails(
+    tiny_bert, monkeypatch, caplog, quantize, policy
+):
+    """As configuration.md says: `auto` keeps the model as it is, `int8` follows on_failure: the
+    model at its dtype without int8 (not the eager int8 one), or the worker fails."""
+    check = quantizing.Int8Gate.check
+
+    def refuse_compiled(gate, engine):
+        if getattr(engine.model, "is_compiled", False):
+            raise quantizing.QuantizationRefused("int8 vs float32: the compiled model, refused by this test")
+        return check(gate, engine)
+
+    monkeypatch.setattr(quantizing.Int8Gate, "check", refuse_compiled)
+    monkeypatch.setattr(quantizing, "has_vnni", lambda: True)
+    config = {"buckets": {"seq_lens": [8], "batch_sizes": [1, 2]}, "quantize": quantize, "dtype": "float32"}
+    config |= {"compile": {"on_failure": policy}, "warmup": {"tolerance": 0.5}}
+    if policy == "fail" and quantize == "int8":
+        with pytest.raises(quantizing.QuantizationRefused, match="refused by this test"):
+            fakes.ready_handler(EmbeddingHandler, tiny_bert, **config)
+        return
+    with caplog.at_level(logging.WARNING):
+        handler = fakes.ready_handler(EmbeddingHandler, tiny_bert, **config)
+    assert f"quantize: {quantize}: the model is built again without int8" in caplog.text
+    model = handler.engine.model
+    assert model.is_compiled and model.int8_gate is None
+    assert not isinstance(int8_graph(model.eager), torch.fx.GraphModule)  # the model as loaded, not int8
+    assert len(answered(handler, [{"inputs": "the cat sat"}])[0]["embedding"]) == 32
+
+
 def rows(*values) -> list[torch.Tensor]:
     return [torch.tensor(value, dtype=torch.float32) for value in values]
 
@@ -221,6 +264,18 @@ def test_calibration_pairs_put_each_text_once_first_and_once_second_or_are_a_fil
     assert all(first != second for first, second in pairs)
     given = calibration_pairs(["where is it\tit is here ", "why\tbecause\tof this"])
     assert given == [("where is it", "it is here"), ("why", "because\tof this")]
+
+
+def test_a_calibration_file_is_read_a_line_a_text_and_a_broken_pair_is_refused_by_its_number(tmp_path):
+    lines = [f"query {index}\tdocument {index} \f with a form feed" for index in range(MIN_TEXTS)]
+    (tmp_path / "pairs.txt").write_bytes(("\ufeff" + "\r\n".join(lines) + "\r\n\r\n").encode())
+    texts = calibration_texts("pairs.txt", tmp_path)
+    assert len(texts) == MIN_TEXTS and texts[0].startswith("query 0\tdocument 0")  # no BOM, no split at \f
+    assert calibration_pairs(texts)[1] == ("query 1", "document 1 \f with a form feed")
+    for broken in ("query 9\t", "query 9 without its document"):  # the tab of an empty document once stripped
+        (tmp_path / "broken.txt").write_text("\n".join([*lines[:-1], broken]))
+        with pytest.raises(CalibrationError, match=f"text {MIN_TEXTS} is not a query<TAB>document pair"):
+            calibration_pairs(calibration_texts("broken.txt", tmp_path))
 
 
 def test_a_reranker_is_calibrated_and_gated_on_pairs_with_their_token_types_which_its_package_keeps(tiny_models):
@@ -307,6 +362,8 @@ def test_calibration_names_a_file_inside_the_archive_and_generation_is_not_quant
             parse({"handler": {"calibration": outside}})
     with pytest.raises(ConfigError, match="none for text-generation"):
         parse({"handler": {"task": "text-generation", "quantize": "int8"}})
+    with pytest.raises(ConfigError, match="handler.compile.regional.*false with quantize"):
+        parse({"handler": {"quantize": "int8", "compile": {"regional": True}}})
 
 
 def test_hfserve_build_quantize_and_calibration_carry_the_texts_into_the_archive(tiny_bert, tmp_path):
@@ -319,8 +376,16 @@ def test_hfserve_build_quantize_and_calibration_carry_the_texts_into_the_archive
         config = archive.read("model-config.yaml").decode()
     assert "quantize: int8" in config and f"calibration: {build_mar.CALIBRATION_FILE}" in config
     texts.write_text("just one\n")
-    with pytest.raises(UserError, match="--calibration: my texts.txt has 1 texts"):
+    with pytest.raises(UserError, match="--calibration: .*my texts.txt has 1 texts"):
         build_mar.main([*common, "--name", "few", "--quantize", "int8", "--calibration", str(texts)])
+    named_default = tmp_path / "default"  # a file, not the shipped set: checked as one
+    named_default.write_text("just one\n")
+    with pytest.raises(UserError, match="default has 1 texts"):
+        build_mar.main([*common, "--name", "few", "--quantize", "int8", "--calibration", str(named_default)])
+    config = tmp_path / "config.yaml"  # a file the model's folder does not carry into the archive
+    config.write_text("handler:\n  quantize: int8\n  calibration: texts.txt\n")
+    with pytest.raises(UserError, match="cannot read texts.txt in the archive.*give the file with --calibration"):
+        build_mar.main([*common, "--name", "named", "--config", str(config)])
 
 
 def test_int8_keeps_in_floating_point_only_the_linear_that_drifts_and_int8_all_is_refused(tiny_bert, tmp_path, caplog):

@@ -122,6 +122,8 @@ def test_cohere_v2_embed_answers_every_type_and_base64_decodes_to_the_floats(han
         ({"texts": TEXTS, "embedding_types": ["int4"]}, "embedding_types"),
         ({"texts": TEXTS, "embedding_types": "float"}, "embedding_types"),
         ({"texts": TEXTS, "truncate": "MIDDLE"}, "truncate"),
+        ({"texts": TEXTS, "truncate": []}, "truncate"),  # unhashable: a 500 once
+        ({"texts": TEXTS, "input_type": {}}, "input_type"),
         ({"texts": TEXTS, "max_tokens": 4}, "max_tokens"),
         ({"images": ["data:image/png;base64,AAAA"]}, "images"),
         ({"texts": "one text"}, "texts"),

@@ -4,7 +4,8 @@ encodings must be the ones transformers' own call makes, for every tokenizer the
 import pytest
 from transformers import AutoTokenizer
 
-from ts_compiled_handlers.request.tokenizing import TextTokenizer, direct_backend
+from ts_compiled_handlers.request.payload import RequestError
+from ts_compiled_handlers.request.tokenizing import CHARACTERS_PER_TOKEN, TextTokenizer, direct_backend
 
 TEXTS = [
     "the cat sat on the mat",
@@ -85,3 +86,22 @@ def test_a_tokenizer_whose_class_rewrites_the_call_is_called_as_it_is(minilm_dir
     assert tokenize(["the cat sat"]).token_ids == [
         AutoTokenizer.from_pretrained(minilm_dir)("the cat sat")["input_ids"]
     ]
+
+
+def test_a_text_past_the_characters_its_limit_can_hold_is_cut_before_tokenizing_or_refused(tiny_models):
+    """A 6 MB text took seconds to tokenize for 40 tokens: it is cut to CHARACTERS_PER_TOKEN per token
+    first, with the same ids; refused where over-long texts are, or where a cut at its start would move
+    the characters an answer's offsets count."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["embedding"])
+    most = CHARACTERS_PER_TOKEN * LIMIT
+    long = "the cat sat on the mat " * (most // 10)
+    cutting = TextTokenizer(tokenizer, LIMIT, reject=False, offsets=False)
+    for side in ("right", "left"):
+        assert cutting([long], side=side).token_ids == [reference(tokenizer, [long], side, LIMIT, True)[0][0]]
+    pair = cutting([("a query", long)]).token_ids
+    assert pair == [reference(tokenizer, [("a query", long)], "right", LIMIT, True)[0][0]]
+    refusing = TextTokenizer(tokenizer, LIMIT, reject=True)
+    for tokenize, side in ((refusing, "right"), (TextTokenizer(tokenizer, LIMIT, reject=False), "left")):
+        with pytest.raises(RequestError) as refused:
+            tokenize(["fine", long], side=side)
+        assert refused.value.status == 413 and f"text 1 has {len(long)} characters" in refused.value.message
