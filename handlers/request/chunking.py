@@ -2,9 +2,12 @@
 
 A chunk is a character span of its document: it starts and ends on token boundaries, never inside
 a token, and where it can, on a word's start (after whitespace), so that the chunk's text, read on
-its own, tokenizes into the same tokens. Consecutive chunks share `overlap` tokens. Every token of
-the document lies in a chunk; a document that fits is one chunk, the whole text. The chunk's text
-is what gets embedded, so its vector is the embedding of `text[start:end]` as any client would get it.
+its own, tokenizes into the same tokens. Where it cannot (a long run without whitespace: chemistry,
+URLs, code), the chunk's first piece is read as a word's start and may split into more tokens than
+were counted; `fitting_spans` then cuts that document again, smaller, until every chunk fits.
+Consecutive chunks share up to `overlap` tokens. Every token of the document lies in a chunk; a
+document that fits is one chunk, the whole text. The chunk's text is what gets embedded, so its
+vector is the embedding of `text[start:end]` as any client would get it.
 """
 
 import dataclasses
@@ -53,3 +56,19 @@ def chunk_spans(offsets: list[tuple[int, int]], text_length: int, size: ChunkSiz
         following = max(end - size.overlap, first + 1)
         # the next chunk starts at a word's start within the overlap where there is one
         first = next((index for index in range(following, end) if starts[index]), following)
+
+
+def fitting_spans(text: str, offsets: list[tuple[int, int]], size: ChunkSize, count) -> list[tuple[int, int]]:
+    """`chunk_spans` whose every chunk's text, read alone, holds at most `size.tokens` tokens
+    (`count(texts)`: their token counts): a document with a chunk over it is cut again, its chunks
+    smaller by the excess, until none is (a chunk of 1 token cannot grow)."""
+    cut = size
+    while True:
+        spans = chunk_spans(offsets, len(text), cut)
+        if len(spans) == 1 and len(offsets) <= size.tokens:
+            return spans  # the whole text, as counted
+        excess = max(count([text[start:end] for start, end in spans])) - size.tokens
+        if excess <= 0 or cut.tokens == 1:
+            return spans
+        tokens = max(1, cut.tokens - excess)
+        cut = ChunkSize(tokens, min(cut.overlap, tokens - 1))

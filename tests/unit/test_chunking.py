@@ -6,7 +6,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from ts_compiled_handlers.request.chunking import ChunkSize, chunk_spans
+from ts_compiled_handlers.request.chunking import ChunkSize, chunk_spans, fitting_spans
 
 WORDS = "alice walks to paris quickly, the cat sat on 3.5 red mats; unbelievably zürich-bound €20 emoji 🙂".split()
 
@@ -54,3 +54,23 @@ def test_an_overlap_not_below_the_size_or_a_size_over_the_limit_is_refused_namin
     with pytest.raises(ValueError, match="--chunk-tokens"):
         ChunkSize(0).check(510)
     ChunkSize(510, 509).check(510)
+
+
+@pytest.mark.parametrize("size", [ChunkSize(16, 0), ChunkSize(16, 4), ChunkSize(32, 8)])
+def test_a_run_without_word_starts_is_cut_again_until_each_chunk_read_alone_fits(tokenizer, size):
+    """A chunk that starts inside a word (a long run of no whitespace: chemistry, URLs, code) reads
+    its first piece as a word's start: WordPiece may split it into more tokens than were counted,
+    and a chunk over the archive's limit failed the whole job."""
+    text = "see " + "Pneumonoultramicroscopicsilicovolcanoconiosis-hydroxymethylpyrimidinephosphatase" * 6 + " end"
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+
+    def counts(texts: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    naive = chunk_spans(offsets, len(text), size)
+    assert max(counts([text[start:end] for start, end in naive])) > size.tokens  # the case this guards
+    spans = fitting_spans(text, offsets, size, counts)
+    assert max(counts([text[start:end] for start, end in spans])) <= size.tokens
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    for start, end in offsets:  # still every token inside a chunk
+        assert any(chunk_start <= start and end <= chunk_end for chunk_start, chunk_end in spans)

@@ -15,7 +15,7 @@ import numpy as np
 import ray
 
 from ts_compiled_handlers.protocols import Request
-from ts_compiled_handlers.request.chunking import ChunkSize, chunk_spans
+from ts_compiled_handlers.request.chunking import ChunkSize, fitting_spans
 from ts_compiled_handlers.request.payload import RequestError, check_params
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
@@ -114,9 +114,15 @@ class ChunkEmbedder(Embedder):
         return self.worker.engine.plan.max_seq_len - specials - prompt_tokens
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        documents = [str(text) for text in batch[self.text_column]]
+        documents = list(batch[self.text_column])
+        for row, text in enumerate(documents):
+            if not isinstance(text, str):  # str() would embed a null as the word "None"
+                raise ValueError(f"{self.text_column}[{row}] is {type(text).__name__}, not text")
         offsets = self.tokenizer(documents, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        spans = [chunk_spans(marks, len(text), self.size) for marks, text in zip(offsets, documents, strict=True)]
+        spans = [
+            fitting_spans(text, marks, self.size, self.token_counts)
+            for marks, text in zip(offsets, documents, strict=True)
+        ]
         texts = [text[start:end] for text, pieces in zip(documents, spans, strict=True) for start, end in pieces]
         vectors = np.stack([answer["embedding"] for answer in self.answers(texts, self.params)])
         counts = [len(pieces) for pieces in spans]
@@ -127,6 +133,9 @@ class ChunkEmbedder(Embedder):
         rows["chunk"] = np.concatenate([np.arange(count) for count in counts])
         rows["chunk_start"], rows["chunk_end"] = np.array([span for pieces in spans for span in pieces]).T
         return {**rows, self.output_column: vectors}
+
+    def token_counts(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def pooled(self, vectors: np.ndarray, counts: list[int]) -> np.ndarray:
         means = np.stack([part.mean(axis=0) for part in np.split(vectors, np.cumsum(counts)[:-1])])
@@ -219,10 +228,11 @@ class ImageEmbedder(ArchiveBatches):
 
     task = "image-text-embedding"
 
-    def __init__(self, archive: str, image_column: str = "image", output_column: str = "embedding", normalize=False):
+    def __init__(self, archive: str, image_column: str = "image", output_column: str = "embedding", normalize=None):
+        """`normalize`: None answers as the archive does (a sentence-transformers folder's Normalize)."""
         super().__init__(archive, image_column)
         self.output_column = output_column
-        self.params = self.checked({"normalize": normalize})
+        self.params = self.checked({} if normalize is None else {"normalize": normalize})
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         task, column = self.worker.task, self.text_column

@@ -1,0 +1,33 @@
+"""Ray Data's ChunkEmbedder in process (no cluster: an actor's code, called as Ray calls it) on
+MiniLM's archive (its real WordPiece vocabulary), served eagerly: a run of no whitespace chunked so
+that each chunk, read alone, fits the archive's limit (a chunk of it once came to 33 tokens and a
+413 failed the job); a null text refused by its row, never embedded as "None"."""
+
+import numpy as np
+import pytest
+
+from ts_compiled_handlers.scripts.build_mar import build
+from ts_compiled_handlers.servers.ray.data import ChunkEmbedder
+
+EAGER = {"handler": {"dtype": "float32", "compile": {"enable": False}, "buckets": {"seq_lens": [16, 32]}}}
+RUN = "Pneumonoultramicroscopicsilicovolcanoconiosis-hydroxymethylpyrimidinephosphatase" * 3
+
+
+@pytest.fixture(scope="module")
+def embedder(minilm_dir, tmp_path_factory):
+    archive = build(minilm_dir, "embedding", "chunked", tmp_path_factory.mktemp("chunked"), EAGER)
+    return ChunkEmbedder(str(archive), chunk_tokens=30, chunk_overlap=4)
+
+
+def test_every_chunk_of_a_run_without_whitespace_fits_the_archive_and_is_embedded(embedder):
+    assert embedder.text_limit() == 30  # 32 less [CLS] and [SEP]: the chunk size may take all of it
+    documents = np.array(["see " + RUN + " end", "a short one"], dtype=object)
+    rows = embedder({"text": documents, "id": np.array([7, 8])})
+    chunks = list(rows["text"])
+    assert max(embedder.token_counts(chunks)) <= 30 and len(rows["embedding"]) == len(chunks) > 2
+    assert list(rows["id"]).count(8) == 1 and chunks[-1] == "a short one"
+
+
+def test_a_null_text_fails_the_batch_naming_its_row(embedder):
+    with pytest.raises(ValueError, match=r"text\[1\] is NoneType, not text"):
+        embedder({"text": np.array(["fine", None], dtype=object)})
