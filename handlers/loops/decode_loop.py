@@ -134,9 +134,28 @@ class DecodeLoop:
             for running in self.running.values():
                 if running.phase is Phase.RUNNING and not running.done:
                     self._end_with_error(running, internal_error())
-        replies = [self._answer(request_id) for request_id in ids]
+        replies = [self._answer_alone(request_id) for request_id in ids]
         self.worker.report_recompiles()
         return replies
+
+    def _answer_alone(self, request_id: str) -> Reply:
+        """`_answer`; where making it fails (a defect: its final text, its protocol's shape), a 500
+        for that request alone, which ends it: its last answer, or a plain one before its first (as
+        a refusal's, closed when the frontend sends the request once more)."""
+        running = self.running[request_id]
+        opened = running.opened  # before `_answer` marks it
+        try:
+            return self._answer(request_id)
+        except Exception as error:
+            logger.error("Answering a request failed; it ends: %s", describe(error), exc_info=error)
+            body = as_json({"error": internal_error().message, "code": 500})
+            if opened:
+                self._end(request_id)
+                return Reply(body, 500, "application/json", last=True)
+            if running.phase is Phase.RUNNING:
+                self._move(running, Phase.FINISHED)  # its slots freed
+            self._move(running, Phase.CLOSING)
+            return Reply(body, 500, "application/json", last=None)
 
     # -- requests in and out ---------------------------------------------------------------
     def _move(self, running: Running, phase: Phase) -> None:

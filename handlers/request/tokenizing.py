@@ -93,6 +93,7 @@ class TextTokenizer:
         special_tokens: bool = True,
         truncates: bool = True,
         offsets: bool = True,
+        embeddings: int | None = None,
     ):
         self.limit = limit
         self.reads_offsets = offsets
@@ -106,7 +107,10 @@ class TextTokenizer:
                 self.by_side[side] = copy.deepcopy(tokenizer)
                 self.by_side[side].truncation_side = side
         self.default_side = tokenizer.truncation_side
-        self.vocabulary = len(tokenizer)
+        # the ids a client may send: the tokenizer's, within the model's embedding table (`embeddings`:
+        # tokens added to a tokenizer but not to its model would index past it: a 500, on CUDA an
+        # assert that breaks every later call)
+        self.vocabulary = min(len(tokenizer), embeddings or len(tokenizer))
         self.backend = direct_backend(tokenizer)
         self.split_special = getattr(tokenizer, "split_special_tokens", False)
         self.backends = {}  # (side, most tokens): the backend truncating there

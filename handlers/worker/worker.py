@@ -105,6 +105,7 @@ class Worker:
                     engine.plan.max_seq_len,
                     config.buckets.overflow == "reject",
                     offsets=task.OFFSETS,
+                    embeddings=getattr(serving.model_config.get_text_config(), "vocab_size", None),
                     **task.tokenizer_options(),
                 ),
             ),

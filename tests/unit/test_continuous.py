@@ -169,3 +169,35 @@ def test_sliding_window_models_are_refused_with_continuous_batching():
         refuse_sliding_window(MistralConfig(sliding_window=8), continuous=True)
     refuse_sliding_window(LlamaConfig(), continuous=True)  # full attention: served
     refuse_sliding_window(MistralConfig(sliding_window=8), continuous=False)  # request batches: served
+
+
+def test_an_answer_that_fails_to_be_made_ends_its_own_request_only(handler, monkeypatch):
+    """A defect in one request's final answer (not the model call): a 500 for it, and the loop goes on."""
+    final = handler.loop._final_text
+
+    def broken(jobs):
+        if jobs[0].accepted.request.texts == ["the dog"]:
+            raise ValueError("a defect in making this answer")
+        return final(jobs)
+
+    monkeypatch.setattr(handler.loop, "_final_text", broken)
+    front = Frontend(handler)
+    front.submit("good", {"inputs": "the cat", "max_new_tokens": 3})
+    front.submit("broken", {"inputs": "the dog", "max_new_tokens": 3})
+    front.run()
+    assert front.statuses == {"good": 200, "broken": 500}
+    assert "internal error" in json.loads(front.body("broken"))["error"]
+    assert json.loads(front.body("good"))["generated_tokens"] == 3
+    assert handler.loop.free_slots == 2 and not handler.loop.running
+
+
+def test_a_defect_in_the_loop_s_call_answers_every_request_of_it_with_a_500(handler, monkeypatch):
+    def broken(requests):
+        raise RuntimeError("a defect past the loop's own boundaries")
+
+    monkeypatch.setattr(handler.loop, "call", broken)
+    front = Frontend(handler)
+    front.submit("a", {"inputs": "the cat", "max_new_tokens": 3})
+    front.submit("b", {"inputs": "the dog", "max_new_tokens": 3})
+    front.call()  # answered plainly, as refusals are
+    assert front.statuses == {"a": 500, "b": 500} and "internal error" in json.loads(front.body("a"))["error"]

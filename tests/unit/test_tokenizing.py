@@ -105,3 +105,13 @@ def test_a_text_past_the_characters_its_limit_can_hold_is_cut_before_tokenizing_
         with pytest.raises(RequestError) as refused:
             tokenize(["fine", long], side=side)
         assert refused.value.status == 413 and f"text 1 has {len(long)} characters" in refused.value.message
+
+
+def test_token_ids_a_client_sends_stay_within_the_model_s_embedding_table(tiny_models):
+    """A tokenizer may know tokens its model has no embedding for (added, the model not resized)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["embedding"])
+    tokenize = TextTokenizer(tokenizer, LIMIT, reject=False, embeddings=10)
+    assert tokenize.ids([[5, 9]]).token_ids == [[5, 9]]
+    with pytest.raises(RequestError, match=r"outside the vocabulary \(0 to 9\)"):
+        tokenize.ids([[5, 9], [5, 10]])
+    assert TextTokenizer(tokenizer, LIMIT, reject=False, embeddings=10**6).vocabulary == len(tokenizer)
