@@ -228,7 +228,8 @@ def _host_cache(engine: Engine, serving: Serving) -> compile_cache.HostCache | N
     valid_for = compile_cache.manifest(
         hardware.detect(), engine.dtype, engine.plan, serving.compile_options, serving.model_dir
     )
-    return compile_cache.HostCache(root, valid_for)
+    int8 = {"quantize": serving.config.quantize, "smoothing": serving.config.smoothing}  # another model
+    return compile_cache.HostCache(root, {**valid_for, **int8})
 
 
 def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupReport:

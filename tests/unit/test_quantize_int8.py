@@ -483,3 +483,17 @@ def test_an_int8_aot_package_holds_its_weights_serves_without_dynamo_and_is_gate
     for setting, other in [("quantize", "none"), ("quantize", "int8-all"), ("smoothing", 0.0)]:
         with pytest.raises(aot_package.PackageError, match=setting):
             aot_package.load(packed, {**manifest["valid_for"], setting: other}, model, torch.device("cpu"))
+
+
+def test_an_int8_model_keys_this_host_s_compile_cache_apart_from_its_float_model(tiny_bert, tmp_path):
+    """Same weights, same grid, another model: the float archive's cache is no hit for the int8 one."""
+    keys = []
+    for quantize in ("none", "int8", "int8-all"):
+        handler_config = {"dtype": "float32", "quantize": quantize, "compile": {"cache_dir": str(tmp_path)}}
+        placement = Placement(tiny_bert, "test", {"handler": handler_config})
+        _, serving, _ = EmbeddingHandler.worker_class.read(placement, EmbeddingHandler.task_class)
+        engine = types.SimpleNamespace(dtype=torch.float32, plan=serving.plan)
+        valid_for = build_steps._host_cache(engine, serving).valid_for
+        assert valid_for["quantize"] == quantize and valid_for["smoothing"] == 0.6
+        keys.append(compile_cache.manifest_key(valid_for))
+    assert len(set(keys)) == 3
