@@ -343,10 +343,11 @@ class HandlerConfig:
         "bfloat16); `int8-all`: every linear in int8, no search (MiniLM's least cosine 0.988, refused at the "
         "default tolerance); both experimental: "
         "refused (then `compile.on_failure`) where its answers on the calibration texts drift from float32's "
-        "past its gate (per-text cosine `1 - warmup.tolerance`, 0.99 by default; `agreement` for classifiers, "
-        "taggers and rerankers); `auto`: int8 where the CPU has VNNI or AMX and the gate passes, else the "
-        "model as it is; `hfserve build --precompile aot` packs the int8 model (frozen, weights inside, gated again "
-        "at start); CPU only, needs torchao (`pip install ts-compiled-handlers[int8]`)",
+        "past its gate (per-text cosine, per token for ColBERT and bge-m3, `1 - warmup.tolerance`, 0.99 by "
+        "default; `agreement` for classifiers, taggers and rerankers); `auto`: int8 where the CPU has VNNI or "
+        "AMX and the gate passes, else the model as it is; `hfserve build --precompile aot` packs the int8 "
+        "model (frozen, weights inside, gated again at start); CPU only, needs torchao "
+        "(`pip install ts-compiled-handlers[int8]`)",
         why="int8 trades answers for speed, a trade each model must pass: off until asked for",
     )
     smoothing: float = _option(

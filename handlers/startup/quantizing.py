@@ -21,11 +21,11 @@ the compiled model drifts from the quantized reference. Ops nothing reads (BERT'
 pooling) are removed before annotation: an unread Linear+Tanh breaks the quantizer's fusion pass.
 
 The gate holds the int8 model against float32 on the calibration texts (handlers/startup/
-calibration.py): per-text cosine at least `1 - warmup.tolerance` for vectors, label agreement at
-least `agreement` for classifiers and taggers, pairwise rank agreement at least `agreement` for
-one-score rerankers (on pairs of the texts: a reranker serves pairs); for the eager int8 model here
-and for the compiled one after warm-up (build_steps.warm_up finds the `Int8Gate` on the module).
-Below it, QuantizationRefused, and `compile.on_failure` decides.
+calibration.py): per-text cosine (per token for per-token rows) at least `1 - warmup.tolerance`
+for vectors, label agreement at least `agreement` for classifiers and taggers, pairwise rank
+agreement at least `agreement` for one-score rerankers (on pairs of the texts: a reranker serves
+pairs); for the eager int8 model here and for the compiled one after warm-up (build_steps.warm_up
+finds the `Int8Gate` on the module). Below it, QuantizationRefused, and `compile.on_failure` decides.
 """
 
 import contextlib
@@ -201,8 +201,13 @@ class GateFigures:
 
 
 def _least_cosine(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor]) -> float:
+    """The least cosine of a text's vector, or of any token's where a row is per token (T, D): a
+    ColBERT or bge-m3 answer is its tokens' vectors, and one over the whole text would average a
+    token's drift (bge-m3's dense vector is its first token's) away."""
     cosines = [
-        torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0)
+        torch.nn.functional.cosine_similarity(
+            a.float().reshape(-1, a.shape[-1]), b.float().reshape(-1, b.shape[-1]), dim=-1
+        ).min()
         for a, b in zip(int8_rows, float_rows, strict=True)
     ]
     return torch.stack(cosines).min().item()  # NaN if any is: Python's min() would skip it

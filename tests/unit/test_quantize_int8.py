@@ -232,6 +232,18 @@ def test_an_answer_with_nan_or_infinity_never_passes_the_gate_nor_a_check(task, 
         warmup.check_error("packed vs alone", rows(good, nan_row, good), rows(good, good, good), 0.1)
 
 
+def test_per_token_rows_are_gated_token_by_token():
+    """A ColBERT or bge-m3 row is (tokens, values): one token turned around is a changed answer, which a
+    cosine over the whole flattened row (0.8 here) would have passed at a loose floor."""
+    wanted = torch.eye(10)  # ten tokens, each its own direction
+    got = wanted.clone()
+    got[3] = -got[3]
+    found = quantizing.figures("multi-vector", [got], [wanted], FLOORS)
+    assert found.measure == "least cosine" and found.value == pytest.approx(-1.0)
+    flat = torch.nn.functional.cosine_similarity(got.flatten(), wanted.flatten(), dim=0).item()
+    assert flat == pytest.approx(0.8)
+
+
 def test_the_gate_s_floors_are_the_archive_s_tolerance_and_agreement():
     assert quantizing.floors(parse({})) == quantizing.GateFloors(1 - quantizing.DEFAULT_TOLERANCE, 0.95)
     tight = parse({"handler": {"agreement": 1, "warmup": {"tolerance": 0.002}}})
