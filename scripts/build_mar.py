@@ -148,6 +148,8 @@ def unfrozen_for_cache(config: dict, kind: str | None) -> dict:
         return config
     if config["handler"].get("compile", {}).get("freezing") is True:
         raise BuildError("--precompile cache with compile.freezing: true: inductor caches no frozen graph")
+    if config["handler"].get("quantize", "none") != "none":  # oneDNN's int8 kernels come with freezing only
+        raise BuildError("--precompile cache with --quantize: int8 runs unfrozen there, slower; use --precompile aot")
     return merge(config, {"handler": {"compile": {"freezing": False}}})
 
 

@@ -88,6 +88,8 @@ def embedder(args):
         ChunkSize(args.chunk_tokens, args.chunk_overlap).check(model_limit=args.chunk_tokens)
     except ValueError as error:
         raise UserError(str(error)) from None
+    if args.per_document and args.precision != "float32":  # checked here, before a cluster starts
+        raise UserError("--per-document mean pools float32 vectors: leave --precision at float32")
     chunking = {"chunk_tokens": args.chunk_tokens, "chunk_overlap": args.chunk_overlap}
     return ChunkEmbedder, {**kwargs, **chunking, "per_document": args.per_document}
 

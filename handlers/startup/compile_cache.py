@@ -18,6 +18,7 @@ folder refused) the worker serves without it, says why once in the log and count
 `CompileCacheErrors`, rather than fail its start, be restarted and compile again forever.
 """
 
+import atexit
 import contextlib
 import dataclasses
 import errno
@@ -52,8 +53,8 @@ FORMAT = 1
 # Inductor builds its C++ kernels for the vector ISA these flags allow (read from /proc/cpuinfo:
 # asking inductor itself compiles a probe program, seconds at every start).
 CPU_VECTOR_FLAGS = (
-    "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-    "amx_tile", "amx_bf16", "amx_int8",
+    "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx_vnni", "avx512_bf16",
+    "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
 )  # fmt: skip
 
 
@@ -328,9 +329,11 @@ def _throwaway_folder() -> Path | None:
     """An inductor cache folder for a worker without the host cache (None if none can be made):
     never inductor's default `<tmp>/torchinductor_<user>`, which another user may have made first."""
     try:
-        return Path(tempfile.mkdtemp(prefix="hfserve-inductor-"))
+        folder = Path(tempfile.mkdtemp(prefix="hfserve-inductor-"))
     except OSError:
         return None
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # its kernels serve until the worker exits
+    return folder
 
 
 def open_lock(path: Path) -> int:

@@ -54,6 +54,7 @@ class EmbeddingTask(Task):
 
     NAME = "embedding"
     ranges = None  # int8 and uint8 answers' AnswerRanges, read from the archive (None: built without)
+    lower_case = False  # sentence_bert_config.json's do_lower_case (read_sentence_files)
 
     protocols = (
         KServeV2Protocol(),
@@ -87,6 +88,8 @@ class EmbeddingTask(Task):
         self.head = read_head(model_dir)
         self.normalize_default = self.head.normalizes
         self.read_prompts(model_dir)
+        # sentence-transformers lowercases what it tokenizes (the prompt too) where its config says so
+        self.lower_case = bool(read_json(model_dir / "sentence_bert_config.json", {}).get("do_lower_case"))
 
     def read_prompts(self, model_dir: Path) -> None:
         """The model's named prompts and its default one (config_sentence_transformers.json)."""
@@ -183,7 +186,8 @@ class EmbeddingTask(Task):
     def model_texts(self, request: Request) -> list:
         """Each text after the request's prompt (or the model's default prompt), as `encode` reads it."""
         prompt = self.prompts.get(request.params.get("prompt_name", self.default_prompt), "")
-        return [prompt + text for text in request.texts] if prompt else request.texts
+        texts = [prompt + text for text in request.texts] if prompt else request.texts
+        return [text.lower() for text in texts] if self.lower_case else texts
 
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         """In numpy: after the model call every small op runs on cold caches, and torch's each go

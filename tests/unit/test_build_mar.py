@@ -156,3 +156,6 @@ def test_an_archive_that_ships_a_compile_cache_compiles_unfrozen_graphs():
     asked = model_config("embedding", {"handler": {"compile": {"freezing": True}}})
     with pytest.raises(BuildError, match="inductor caches no frozen graph"):
         unfrozen_for_cache(asked, "cache")
+    int8 = model_config("embedding", {"handler": {"quantize": "int8"}})  # its int8 kernels need freezing
+    with pytest.raises(BuildError, match="--precompile cache with --quantize.*use --precompile aot"):
+        unfrozen_for_cache(int8, "cache")

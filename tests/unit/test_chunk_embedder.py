@@ -1,7 +1,8 @@
 """Ray Data's ChunkEmbedder in process (no cluster: an actor's code, called as Ray calls it) on
 MiniLM's archive (its real WordPiece vocabulary), served eagerly: a run of no whitespace chunked so
 that each chunk, read alone, fits the archive's limit (a chunk of it once came to 33 tokens and a
-413 failed the job); a null text refused by its row, never embedded as "None"."""
+413 failed the job); a null text refused by its row, never embedded as "None"; embed-corpus's
+flags that the actors would refuse, refused before a cluster starts."""
 
 import numpy as np
 import pytest
@@ -31,3 +32,14 @@ def test_every_chunk_of_a_run_without_whitespace_fits_the_archive_and_is_embedde
 def test_a_null_text_fails_the_batch_naming_its_row(embedder):
     with pytest.raises(ValueError, match=r"text\[1\] is NoneType, not text"):
         embedder({"text": np.array(["fine", None], dtype=object)})
+
+
+def test_embed_corpus_refuses_pooled_int8_before_any_cluster_starts(tmp_path):
+    from ts_compiled_handlers.scripts import embed_corpus
+    from ts_compiled_handlers.scripts.cli import UserError
+
+    archive = tmp_path / "m.mar"
+    archive.write_bytes(b"")
+    argv = ["in.jsonl", "out.parquet", "--archive", str(archive), "--chunk-tokens", "64", "--per-document", "mean"]
+    with pytest.raises(UserError, match="--per-document mean pools float32 vectors"):
+        embed_corpus.embedder(embed_corpus.parse_args([*argv, "--precision", "int8"]))

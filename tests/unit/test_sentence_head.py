@@ -116,3 +116,19 @@ def test_answer_ranges_are_measured_on_the_vectors_the_archive_serves(tiny_model
     reference = SentenceTransformer(str(folder), device="cpu").encode([texts[index] for index in order])
     cosines = torch.nn.functional.cosine_similarity(torch.tensor(measured), torch.tensor(reference), dim=1)
     assert cosines.min().item() > 0.9999
+
+
+def test_do_lower_case_lowercases_what_is_tokenized_as_encode_does(tiny_models, tmp_path):
+    folder = tmp_path / "model"  # a cased tokenizer (the tiny BERT's lowercases by itself)
+    shutil.copytree(tiny_models["embedding-decoder"], folder)
+    settings = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps({**settings, "do_lower_case": True}))
+    texts = ["Alice Walks To PARIS", "the CAT sat"]
+    cased = ready_handler(EmbeddingHandler, tiny_models["embedding-decoder"], **EAGER)
+    assert cased.tokenize(texts).token_ids != cased.tokenize([text.lower() for text in texts]).token_ids
+    handler = ready_handler(EmbeddingHandler, folder, **EAGER)
+    (answers,) = answered(handler, [{"inputs": texts}])
+    reference = SentenceTransformer(str(folder), device="cpu").encode(texts)
+    np.testing.assert_allclose([answer["embedding"] for answer in answers], reference, atol=1e-5)
+    (lowered,) = answered(handler, [{"inputs": [text.lower() for text in texts]}])
+    assert lowered == answers
