@@ -48,6 +48,19 @@ logger = logging.getLogger(__name__)
 NULL_SINK = MetricsSink()
 
 
+def text_tokenizer(task: Task, serving, limit: int) -> TextTokenizer:
+    """The request path's tokenizer: the plan's length limit, the overflow policy, the task's
+    options, and token ids bounded by the model's embedding table as well as its vocabulary."""
+    return TextTokenizer(
+        serving.tokenizer,
+        limit,
+        serving.config.buckets.overflow == "reject",
+        offsets=task.OFFSETS,
+        embeddings=getattr(serving.model_config.get_text_config(), "vocab_size", None),
+        **task.tokenizer_options(),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Worker:
     """One model served: what was built for it, and the request path's three steps."""
@@ -100,14 +113,7 @@ class Worker:
                     task.prompts,
                     task.budget,  # one limit, checked before an answer is made and on its text
                 ),
-                TextTokenizer(
-                    serving.tokenizer,
-                    engine.plan.max_seq_len,
-                    config.buckets.overflow == "reject",
-                    offsets=task.OFFSETS,
-                    embeddings=getattr(serving.model_config.get_text_config(), "vocab_size", None),
-                    **task.tokenizer_options(),
-                ),
+                text_tokenizer(task, serving, engine.plan.max_seq_len),
             ),
             LengthStats(placement.model_name, config.buckets.histogram_every),
             metrics,

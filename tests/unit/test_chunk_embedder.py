@@ -1,23 +1,30 @@
-"""Ray Data's ChunkEmbedder in process (no cluster: an actor's code, called as Ray calls it) on
-MiniLM's archive (its real WordPiece vocabulary), served eagerly: a run of no whitespace chunked so
+"""Ray Data's ChunkEmbedder in process (no cluster: an actor's code, called as Ray calls it) over
+MiniLM's worker (its real WordPiece vocabulary), built from its folder and served eagerly (opening an
+archive is tests/integration/test_ray.py's): a run of no whitespace chunked so
 that each chunk, read alone, fits the archive's limit (a chunk of it once came to 33 tokens and a
 413 failed the job); a null text refused by its row, never embedded as "None"; embed-corpus's
 flags that the actors would refuse, refused before a cluster starts."""
 
 import numpy as np
 import pytest
+from fakes import ready_handler
 
-from ts_compiled_handlers.scripts.build_mar import build
-from ts_compiled_handlers.servers.ray.data import ChunkEmbedder
+from ts_compiled_handlers.servers.ray.data import ArchiveBatches, ChunkEmbedder
+from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
-EAGER = {"handler": {"dtype": "float32", "compile": {"enable": False}, "buckets": {"seq_lens": [16, 32]}}}
 RUN = "Pneumonoultramicroscopicsilicovolcanoconiosis-hydroxymethylpyrimidinephosphatase" * 3
 
 
 @pytest.fixture(scope="module")
-def embedder(minilm_dir, tmp_path_factory):
-    archive = build(minilm_dir, "embedding", "chunked", tmp_path_factory.mktemp("chunked"), EAGER)
-    return ChunkEmbedder(str(archive), chunk_tokens=30, chunk_overlap=4)
+def embedder(minilm_dir):
+    handler = ready_handler(EmbeddingHandler, minilm_dir, compile={"enable": False}, buckets={"seq_lens": [16, 32]})
+
+    def from_the_handler(self, archive: str, text_column: str = "text"):  # what an actor opens, built already
+        self.worker, self.text_column = handler.worker, text_column
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ArchiveBatches, "__init__", from_the_handler)
+        return ChunkEmbedder("minilm.mar", chunk_tokens=30, chunk_overlap=4)
 
 
 def test_every_chunk_of_a_run_without_whitespace_fits_the_archive_and_is_embedded(embedder):

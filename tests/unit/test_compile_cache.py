@@ -299,7 +299,8 @@ def test_a_worker_whose_cache_fails_starts_serving_and_counts_it(tmp_path, caplo
         plan=SimpleNamespace(dynamic="all", seq_lens=(8,), batch_sizes=(1,)),
     )
     compile_options = SimpleNamespace(enable=True, cache_dir="auto", mode="default", regional=False)
-    serving = SimpleNamespace(config=SimpleNamespace(compile=compile_options), model_dir=tmp_path, compile_options=None)
+    config = SimpleNamespace(compile=compile_options, quantize="none", smoothing=0.6)
+    serving = SimpleNamespace(config=config, model_dir=tmp_path, compile_options=None)
 
     def compiled(engine, serving, progress=None):
         fake_inductor_cache(Path(os.environ[process_settings.INDUCTOR_CACHE_ENV]))
