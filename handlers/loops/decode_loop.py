@@ -147,15 +147,14 @@ class DecodeLoop:
         try:
             return self._answer(request_id)
         except Exception as error:
-            logger.error("Answering a request failed; it ends: %s", describe(error), exc_info=error)
-            body = as_json({"error": internal_error().message, "code": 500})
+            reply = self.worker.refused("", error, "postprocess")  # counted and logged, a plain 500
             if opened:
                 self._end(request_id)
-                return Reply(body, 500, "application/json", last=True)
+                return dataclasses.replace(reply, last=True)
             if running.phase is Phase.RUNNING:
                 self._move(running, Phase.FINISHED)  # its slots freed
             self._move(running, Phase.CLOSING)
-            return Reply(body, 500, "application/json", last=None)
+            return reply
 
     # -- requests in and out ---------------------------------------------------------------
     def _move(self, running: Running, phase: Phase) -> None:

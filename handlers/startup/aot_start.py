@@ -26,9 +26,8 @@ logger = logging.getLogger(__name__)
 
 def package_manifest(serving: Serving, dtype: torch.dtype) -> dict:
     """What an AOT package must have been built for to serve this worker."""
-    int8 = {"quantize": serving.config.quantize, "smoothing": serving.config.smoothing}
-    options, model_dir = serving.compile_options, serving.model_dir
-    return aot_package.manifest(hardware.detect(), dtype, serving.plan, options, model_dir, int8)
+    options, variant = serving.compile_options, quantizing.variant(serving.config)
+    return aot_package.manifest(hardware.detect(), dtype, serving.plan, options, serving.model_dir, variant)
 
 
 def side_packages(serving: Serving, dtype: torch.dtype) -> SidePackages | None:

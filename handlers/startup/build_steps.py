@@ -26,9 +26,8 @@ from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.runtime import hardware, process_settings
-from ts_compiled_handlers.startup import aot_start, compile_cache, eager_fallback, warmup
+from ts_compiled_handlers.startup import aot_start, compile_cache, eager_fallback, quantizing, warmup
 from ts_compiled_handlers.startup.compiling import CompiledModel
-from ts_compiled_handlers.startup.quantizing import QuantizationRefused
 from ts_compiled_handlers.startup.serving import Serving, Started
 from ts_compiled_handlers.tasks import Task
 
@@ -87,7 +86,7 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
     """The float32 engine over its int8 module, run at `dtype` around the int8 linears, if it passes
     the gate on the calibration texts; else, for `int8`, as `compile.on_failure` says, and for
     `auto`, the model as it was (at `dtype`)."""
-    from ts_compiled_handlers.startup import int8_search, quantizing
+    from ts_compiled_handlers.startup import int8_search
     from ts_compiled_handlers.startup.calibration import calibration_pairs, calibration_rows, calibration_texts
 
     plan, config = serving.plan, serving.config
@@ -189,7 +188,7 @@ def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: 
 def on_failure(policy: str, error: Exception) -> None:
     """Log a failed compile or check (with its traceback unless it is a failed comparison) and
     raise it again if the policy is `fail`."""
-    known = isinstance(error, (warmup.WarmupError, QuantizationRefused))
+    known = isinstance(error, (warmup.WarmupError, quantizing.QuantizationRefused))
     logger.error(
         "Compile or warm-up check failed (on_failure=%s): %s: %s",
         policy,
@@ -228,8 +227,7 @@ def _host_cache(engine: Engine, serving: Serving) -> compile_cache.HostCache | N
     valid_for = compile_cache.manifest(
         hardware.detect(), engine.dtype, engine.plan, serving.compile_options, serving.model_dir
     )
-    int8 = {"quantize": serving.config.quantize, "smoothing": serving.config.smoothing}  # another model
-    return compile_cache.HostCache(root, {**valid_for, **int8})
+    return compile_cache.HostCache(root, {**valid_for, **quantizing.variant(serving.config)})
 
 
 def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupReport:
@@ -250,7 +248,7 @@ def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupRep
     except Exception as error:  # a compile error can be of any type; all follow on_failure
         if not config.compile.enable:
             raise
-        if isinstance(error, QuantizationRefused):  # int8's compiled answers: built again without int8
+        if isinstance(error, quantizing.QuantizationRefused):  # int8's compiled answers: built again without int8
             if config.quantize != "auto":
                 on_failure(config.compile.on_failure, error)
             raise WithoutInt8(str(error)) from error

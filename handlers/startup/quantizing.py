@@ -180,6 +180,12 @@ class GateFloors:
     agreement: float
 
 
+def variant(config) -> dict:
+    """What makes the archive's compiled model another than its float one's, for the manifests of
+    AOT packages and of this host's compile cache: int8's settings."""
+    return {"quantize": config.quantize, "smoothing": config.smoothing}
+
+
 def floors(config) -> GateFloors:
     """The archive's floors: `1 - warmup.tolerance` (else the default) and `agreement`."""
     return GateFloors(1 - tolerance(config), config.agreement)

@@ -25,9 +25,7 @@ from ts_compiled_handlers.loops.decode_loop import DecodeLoop
 from ts_compiled_handlers.loops.request_batches import Batch
 from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
 from ts_compiled_handlers.loops.start import start
-from ts_compiled_handlers.request.outcome import internal_error
 from ts_compiled_handlers.request.payload import phrase
-from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.servers.torchserve import async_replies, messages, settings
 from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 from ts_compiled_handlers.startup.config import parse
@@ -90,8 +88,7 @@ class TorchServeHandler(BaseHandler):
             try:
                 replies = self.loop.call(requests)
             except Exception as error:  # a defect past the loop's own boundaries: still answer everyone
-                logger.error("The decode loop's call failed; every request of it gets a 500", exc_info=error)
-                replies = [Reply(as_json({"error": internal_error().message, "code": 500}), 500) for _ in data]
+                replies = [self.worker.refused("", error, "handle") for _ in data]
             return write(replies, context, stream_next=True)
         try:
             batch = self.inference(self.preprocess(data))
