@@ -17,13 +17,21 @@ def png(seed: int = 0) -> bytes:
     return out.getvalue()
 
 
+SENT = {}  # path -> bytes the dripping answers had written when the client went away
+HOSTS = []  # the Host header of each request, in order
+
+
 class Pictures(http.server.BaseHTTPRequestHandler):
     """/cat.png an image; /moved a redirect to it; /huge a Content-Length over the limit; /endless
     a body with no length that runs past it; /slow an answer after 3 s; /drip a body sent a byte at
-    a time; /garbled a reply that is not HTTP; anything else 404."""
+    a time; /drip-body and /drip-headers a byte every 0.2 s for 20 s, of the body or the headers,
+    counting what was written (`SENT`); /garbled a reply that is not HTTP; anything else 404."""
 
     def do_GET(self):  # noqa: N802 (http.server's name)
-        if self.path == "/moved":
+        HOSTS.append(self.headers.get("Host"))
+        if self.path in ("/drip-body", "/drip-headers"):
+            self.drip(self.path)
+        elif self.path == "/moved":
             self.send_response(302)
             self.send_header("Location", "/cat.png")
             self.end_headers()
@@ -53,6 +61,20 @@ class Pictures(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(b"\0" * 5000)
         else:
             self.send_error(404)
+
+    def drip(self, path: str) -> None:
+        """A byte every 0.2 s, 100 of them, after the status line (headers) or the headers (body)."""
+        self.wfile.write(b"HTTP/1.0 200 OK\r\n")
+        if path == "/drip-body":
+            self.wfile.write(b"Content-Type: image/png\r\nContent-Length: 100\r\n\r\n")
+        SENT[path] = 0
+        with contextlib.suppress(OSError):
+            for _ in range(100):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                SENT[path] += 1
+                time.sleep(0.2)
+        self.close_connection = True
 
     def answer(self, data: bytes, length: int) -> None:
         self.send_response(200)

@@ -1,7 +1,8 @@
 """The request-batch loop: a server hands over a batch of requests, and gets one reply per request, in order.
 
 Three steps, each overridable (TorchServe's handler shape, handlers/servers/torchserve/adapter.py):
-- preprocess: per request, the worker reads and tokenizes it (`RequestReader.accept`);
+- preprocess: per request, the worker reads and tokenizes it (`RequestReader.accept`); a batch's
+  images are counted against the task's budget (`images.batch_images`), a request past it a 503;
 - inference: the worker runs the accepted requests in one call, a failing call split until only
   the culprit fails (`Worker.run_each`);
 - postprocess: per request, the worker's answer (Python values; `replies` encodes them once).
@@ -13,6 +14,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
+from ts_compiled_handlers.request.images import HeldImages
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.worker.messages import USAGE_HEADER, Incoming, Reply
@@ -73,13 +75,17 @@ class RequestBatches:
     def preprocess(self, incoming: list[Incoming]) -> Batch:
         """Read, check and tokenize each request in its own boundary."""
         batch = Batch.of(incoming)
+        task = self.worker.task
+        held = HeldImages(task.images_budget) if task.images_budget is not None else None
         for index, request in enumerate(incoming):
             with self.guard(batch, index, "preprocess"):
                 accepted = self.worker.reader.accept(request, index)
                 if isinstance(accepted, Reply):  # answered without the model
                     batch.replies[index] = accepted
-                else:
-                    batch.accepted.append(accepted)
+                    continue
+                if held is not None:  # the batch's images within the budget, or this one's 503
+                    held.take(task.images_held(accepted), "images")
+                batch.accepted.append(accepted)
         return batch
 
     def inference(self, batch: Batch) -> Batch:

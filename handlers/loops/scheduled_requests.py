@@ -4,7 +4,8 @@ Where a server hands requests over one at a time, as they arrive, on an event lo
 `asyncCommunication: true`, a Ray Serve replica), a request is read and tokenized in the reader
 thread, queued in the token scheduler (handlers/loops/token_scheduler.py), and answered once its
 call is done; model work runs in the worker's one model thread (handlers/loops/model_thread.py). A
-queue at `scheduler.max_queue` (requests being read count) answers 503 at once, before any reading.
+queue at `scheduler.max_queue` (requests being read count) answers 503 at once, before any reading;
+so does a request whose images would pass what the queue may hold (`images.batch_images`).
 
 The reader thread keeps the event loop free while a large body is decoded and tokenized (on the
 loop, one such body stalled every request of the replica, `/ping` included), and reads one body
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
+from ts_compiled_handlers.request.images import HeldImages
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.worker.messages import Incoming, Reply
@@ -43,6 +45,7 @@ class ScheduledRequests:
         )
         self.reader_thread = ThreadPoolExecutor(1, thread_name_prefix="request-reader")
         self.reading = 0  # requests in the reader thread, held as much as queued ones
+        self.held = HeldImages(worker.task.images_budget or 0)  # an image task's queued images
 
     @property
     def full(self) -> bool:
@@ -62,9 +65,10 @@ class ScheduledRequests:
             if isinstance(accepted, Reply):  # answered without the model
                 return accepted
             stage = "inference"
-            rows = await self.scheduler.submit(accepted, accepted.work)
-            stage = "postprocess"
-            return self.worker.reply(accepted, rows)
+            with self.held.holding(self.worker.task.images_held(accepted), "images"):  # queued images, budgeted
+                rows = await self.scheduler.submit(accepted, accepted.work)
+                stage = "postprocess"
+                return self.worker.reply(accepted, rows)
         except Exception as error:  # its own failure (the scheduler isolates a failing call)
             return self.worker.refused(incoming.route, error, stage)
 

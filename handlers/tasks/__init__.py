@@ -147,6 +147,16 @@ class Task:
         """Each request's output rows with its images' rows in place (tasks that take images)."""
         return rows
 
+    def images_held(self, accepted: Accepted) -> int:
+        """How many images the request holds until it is answered, counted against
+        `images_budget` (handlers/request/images.py's HeldImages) by the loops."""
+        return 0
+
+    @property
+    def images_budget(self) -> int | None:
+        """The most images the worker may hold read and not yet answered; None: no images."""
+        return None
+
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         """One answer per text of the request, from its output rows (one per text, in order)."""
         raise NotImplementedError

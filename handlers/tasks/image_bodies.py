@@ -35,7 +35,7 @@ class ImageInputs:
     """A request's images: where each stands among its inputs, and their pixels, preprocessed."""
 
     positions: list[int]
-    pixels: Any  # (images, 3, H, W) float32 tensor
+    pixels: Any  # (images, 3, H, W): the processor's 8-bit pixels, not yet normalized (or float32 ones)
     tokens: int = 0  # what the vision tower reads of them: each image's patches and its class token
 
 

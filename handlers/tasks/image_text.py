@@ -27,7 +27,7 @@ from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
-from ts_compiled_handlers.request.images import ImageLimits, decode_image
+from ts_compiled_handlers.request.images import ImageLimits, read_images
 from ts_compiled_handlers.request.payload import boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.runtime import process_settings
@@ -90,12 +90,14 @@ class VisionRunner:
     def __init__(self, model, dtype: torch.dtype, batch_sizes: tuple[int, ...], device: torch.device, source: str):
         self.model, self.dtype, self.batch_sizes, self.device, self.source = model, dtype, batch_sizes, device, source
 
-    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(n, 3, H, W) -> (n, dim) float32, in calls of the plan's batch sizes."""
+    def __call__(self, pixels: torch.Tensor, prepare=None) -> torch.Tensor:
+        """(n, 3, H, W) -> (n, dim) float32, in calls of the plan's batch sizes; `prepare` turns
+        each call's held pixels into the model's (so only one call's are float at once)."""
         rows = []
         with torch.inference_mode():
             for start in range(0, len(pixels), self.batch_sizes[-1]):
                 chunk = pixels[start : start + self.batch_sizes[-1]]
+                chunk = prepare(chunk) if prepare is not None else chunk
                 size = next(size for size in self.batch_sizes if size >= len(chunk))
                 padded = torch.zeros((size, *chunk.shape[1:]), dtype=self.dtype, device=self.device)
                 padded[: len(chunk)] = chunk.to(self.device, self.dtype)
@@ -220,7 +222,7 @@ class ImageTextTask(Task):
             KServeV2Protocol(),
             PlainProtocol(),
         )
-        self.limits = ImageLimits(fetch_from=config.images.fetch_from, fetch_seconds=config.images.fetch_seconds)
+        self.limits = ImageLimits.of(config.images)
         self.vision: VisionRunner | None = None
         self.vision_float32: ImageFeatures | None = None  # from build_model's checkpoint, until compiled
 
@@ -228,6 +230,7 @@ class ImageTextTask(Task):
         from transformers import AutoImageProcessor
 
         self.processor = AutoImageProcessor.from_pretrained(serving.model_dir)
+        self.draft_to = draft_size(self.processor)
         self.normalize_default = normalizes(serving.model_dir)  # a sentence-transformers folder's Normalize
         vision = serving.model_config.vision_config
         class_token = 0 if is_siglip(serving.model_config) else 1
@@ -274,14 +277,42 @@ class ImageTextTask(Task):
         """Images preprocessed exactly as the model's image processor does (resize, crop, normalize)."""
         return self.processor(images=images, return_tensors="pt")["pixel_values"].float()
 
+    def held_pixels(self, image) -> torch.Tensor:
+        """One image resized and cropped by the model's processor, not yet rescaled or normalized:
+        8-bit where the processor's resize gives whole values (PIL's does), float32 otherwise."""
+        pixels = self.processor(images=[image], return_tensors="pt", do_rescale=False, do_normalize=False)
+        pixels = pixels["pixel_values"]
+        if pixels.dtype != torch.uint8 and torch.equal(pixels, pixels.round().clamp(0, 255)):
+            pixels = pixels.to(torch.uint8)
+        return pixels if pixels.dtype == torch.uint8 else self.model_pixels(pixels)
+
+    def model_pixels(self, held: torch.Tensor) -> torch.Tensor:
+        """Held 8-bit pixels rescaled and normalized as the processor would have (floats as they are)."""
+        if held.dtype != torch.uint8:
+            return held
+        processor, pixels = self.processor, held.float()
+        if getattr(processor, "do_rescale", True):
+            pixels = pixels * processor.rescale_factor
+        if getattr(processor, "do_normalize", True):
+            mean = torch.tensor(processor.image_mean, dtype=torch.float32).view(1, -1, 1, 1)
+            pixels = (pixels - mean) / torch.tensor(processor.image_std, dtype=torch.float32).view(1, -1, 1, 1)
+        return pixels
+
     def read_images(self, images: list, fields: list[str], positions: list[int]) -> ImageInputs:
-        """Images decoded and preprocessed when the request is read, one at a time, so that at most
-        one is held at full size (up to `limits.max_pixels`) besides the model's small pixels; a bad
-        one is refused by name."""
-        pixels = [
-            self.pixels([decode_image(image, field, self.limits)]) for image, field in zip(images, fields, strict=True)
-        ]
+        """Images decoded and preprocessed when the request is read, under the request's budget
+        (handlers/request/images.py), one at a time, so that at most one is held at full size; kept
+        as the processor's 8-bit pixels until the model call. A bad one is refused by name."""
+        decoded = read_images(images, fields, self.limits, self.draft_to)
+        pixels = [self.held_pixels(image) for image in decoded]
         return ImageInputs(positions, torch.cat(pixels), len(pixels) * self.image_tokens)
+
+    def images_held(self, accepted: Accepted) -> int:
+        images = accepted.request.images
+        return len(images.positions) if isinstance(images, ImageInputs) else 0
+
+    @property
+    def images_budget(self) -> int:
+        return self.config.images.batch_images
 
     def param_checks(self) -> dict:
         return {**super().param_checks(), "normalize": boolean_param}
@@ -293,7 +324,7 @@ class ImageTextTask(Task):
         batches = [form.pixels for form in forms if isinstance(form, ImageInputs)]
         if not batches:
             return rows
-        image_rows = iter(self.vision(torch.cat(batches)).unbind(0))
+        image_rows = iter(self.vision(torch.cat(batches), self.model_pixels).unbind(0))
         merged = []
         for form, text_rows in zip(forms, rows, strict=True):
             if not isinstance(form, ImageInputs):
@@ -322,6 +353,17 @@ class ImageTextTask(Task):
         scores = self.label_scores(cosines)
         ranked = sorted(zip(scores, labels, strict=True), key=lambda pair: -pair[0])
         return [{"score": score, "label": label} for score, label in ranked]
+
+
+def draft_size(processor) -> tuple[int, int] | None:
+    """Twice the processor's output size (width, height): a JPEG is decoded at the smallest DCT
+    scale that still covers it, so the processor's own resize still shrinks it at least twofold."""
+    size = getattr(processor, "size", None) or {}
+    if "shortest_edge" in size:
+        return 2 * size["shortest_edge"], 2 * size["shortest_edge"]
+    if "height" in size and "width" in size:
+        return 2 * size["width"], 2 * size["height"]
+    return None  # a size this does not read: decoded whole, as sent
 
 
 def load_clip(model_dir: Path) -> torch.nn.Module:

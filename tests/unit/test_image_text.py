@@ -156,7 +156,7 @@ HOSTILE = {
     "truncated": (data_uri(picture(1)[:200]), 400, "truncated or corrupt PNG"),
     "bomb": (data_uri(huge_png()), 413, "has more pixels than 40000000"),
     "strip": (data_uri(picture(1, size=(20000, 1))), 413, "20000 x 1 pixels; one side may be at most 100 times"),
-    "animated": (data_uri(animated_gif(), "gif"), 400, "animated GIF (3 frames)"),
+    "animated": (data_uri(animated_gif(), "gif"), 400, "is an animated GIF; send one frame"),
     "cmyk": (data_uri(picture(2, mode="CMYK", image_format="JPEG"), "jpeg"), 415, "colour mode CMYK"),
     "not an image": (data_uri(b"%PDF-1.4 not a picture at all"), 415, "not an image in a format served here"),
     "url": ("https://example.com/cat.png", 400, "images are not fetched"),
@@ -190,6 +190,55 @@ def test_an_image_url_is_fetched_from_an_allowed_origin_only(handler, reference,
         answers = answered(handler, bodies)
     assert min(cosines([answers[0][0]["embedding"]], images([png()]))) >= 0.9999
     assert status(handler.context, 1) == 400 and "its host is not one" in answers[1]["error"]
+
+
+def test_a_phone_photo_stored_sideways_embeds_as_transformers_load_image_turns_it(handler, clip_dir):
+    """EXIF orientation 6 (rotated 90 degrees): the pipeline's `load_image` turns the photo upright
+    before its processor, and so does the worker."""
+    from transformers.image_utils import load_image
+
+    image = Image.open(io.BytesIO(picture(4, size=(64, 48), image_format="JPEG", quality=95)))
+    exif = image.getexif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    image.save(out, "JPEG", exif=exif.tobytes(), quality=95)
+    sideways = data_uri(out.getvalue(), "jpeg")
+    model = CLIPModel.from_pretrained(clip_dir).eval()
+    pixels = AutoImageProcessor.from_pretrained(clip_dir)(images=[load_image(sideways)], return_tensors="pt")
+    with torch.inference_mode():
+        wanted = model.get_image_features(**pixels).pooler_output
+    upright = answered(handler, [{"inputs": [{"image": sideways}]}])[0][0]["embedding"]
+    assert min(cosines([upright], wanted)) >= 0.9999
+    stored = answered(handler, [{"inputs": [{"image": data_uri(picture(4, size=(64, 48), image_format="JPEG"))}]}])
+    assert min(cosines([stored[0][0]["embedding"]], wanted)) < 0.99  # as stored, it is another picture
+
+
+def test_images_are_held_as_the_processors_8_bit_pixels_until_the_model_call(handler, reference):
+    from ts_compiled_handlers.worker.messages import Incoming
+
+    images, _ = reference
+    pictures = [picture(seed, size=(90, 70)) for seed in (5, 6)]
+    body = {"inputs": [{"image": data_uri(data)} for data in pictures]}
+    held = handler.worker.reader.accept(Incoming(body, "application/json")).request.images.pixels
+    assert held.dtype == torch.uint8 and tuple(held.shape) == (2, 3, 32, 32)  # 3 KB each, 12 KB as float32
+    assert min(cosines([row["embedding"] for row in answered(handler, [body])[0]], images(pictures))) >= 0.9999
+
+
+def test_a_batch_past_its_image_budget_refuses_the_request_that_passes_it_alone(handler, reference, monkeypatch):
+    """`images.batch_images: 3`: of requests with 2, 2 and 1 images in one batch, the second is a 503
+    naming the limit (it would fit alone), the others are answered."""
+    images, _ = reference
+    task = handler.worker.task
+    config = dataclasses.replace(task.config, images=dataclasses.replace(task.config.images, batch_images=3))
+    monkeypatch.setattr(task, "config", config)
+    pictures = [picture(seed) for seed in range(7, 12)]
+    bodies = [{"inputs": [{"image": data_uri(data)} for data in chunk]} for chunk in (pictures[:2], pictures[2:4])]
+    bodies.append({"inputs": [{"image": data_uri(pictures[4])}]})
+    answers = answered(handler, bodies)
+    assert [status(handler.context, index) for index in range(3)] == [200, 503, 200]
+    assert "images.batch_images (3)" in answers[1]["error"]
+    got = [row["embedding"] for row in answers[0]] + [answers[2][0]["embedding"]]
+    assert min(cosines(got, images([*pictures[:2], pictures[4]]))) >= 0.9999
 
 
 def test_malformed_inputs_are_refused(handler):
