@@ -93,18 +93,19 @@ def configured_ports(text: str) -> dict[str, int]:
     return ports
 
 
-def configured_hosts(text: str, bind: str | None = None) -> dict[str, str]:
+def configured_hosts(text: str, bind: str | None = None, metrics_bind: str | None = None) -> dict[str, str]:
     """Each API's "scheme://host" as a config.properties text sets it; `bind` moves the inference
-    and metrics APIs (as `hfserve init --bind` does), the management API stays where it is."""
+    API, `metrics_bind` the metrics API (it asks no key, so `bind` alone never moves it), the
+    management API stays where it is."""
     hosts = {}
     for api in APIS:
         address = urllib.parse.urlsplit(read_setting(text, f"{api}_address") or "")
         if address.hostname:
             hosts[api] = f"{address.scheme or 'http'}://{address.hostname}"
-    if bind:
-        for api in ("inference", "metrics"):
+    for api, host in (("inference", bind), ("metrics", metrics_bind)):
+        if host:
             scheme = hosts.get(api, "http://").split("://")[0]
-            hosts[api] = f"{scheme}://{bind}"
+            hosts[api] = f"{scheme}://{host}"
     return hosts
 
 
@@ -119,15 +120,17 @@ def with_settings(text: str, settings: dict[str, str]) -> str:
     return "\n".join(lines + [f"{key}={settings[key]}" for key in sorted(missing)]) + "\n"
 
 
-def render_config(model_store: Path, ports: dict[str, int], base: Path | None = None, bind: str | None = None) -> str:
+def render_config(
+    model_store: Path, ports: dict[str, int], base: Path | None = None, bind: str | None = None, metrics_bind=None
+) -> str:
     """`base` (default: the package's secure config) for a server run from another folder: absolute
-    paths, `ports` on the hosts it names (`bind` moves inference and metrics); its metrics_config
+    paths, `ports` on the hosts it names (`bind` moves inference, `metrics_bind` metrics); its metrics_config
     where that file exists beside it, else ours; every other setting kept."""
     base = base or TEMPLATE
     store = model_store.resolve()
     declared = base.parent / (read_setting(base.read_text(), "metrics_config") or "metrics.yaml")
     settings = {
-        **port_settings(ports, configured_hosts(base.read_text(), bind)),
+        **port_settings(ports, configured_hosts(base.read_text(), bind, metrics_bind)),
         "model_store": str(store),
         "allowed_urls": f"file://{store}/.*",
         "metrics_config": str((declared if declared.is_file() else METRICS).resolve()),
@@ -154,12 +157,16 @@ def read_setting(text: str, key: str) -> str | None:
 
 
 def init(
-    folder: Path, force: bool = False, bind: str = "127.0.0.1", store: str = "model_store", metrics_bind=None
+    folder: Path,
+    force: bool = False,
+    bind: str = "127.0.0.1",
+    store: str = "model_store",
+    metrics_bind: str = "127.0.0.1",
 ) -> list[Path]:
     """Our secure config.properties, metrics.yaml and log4j2.xml in `folder`, and an empty model store there:
     what a plain `torchserve --start --ts-config config.properties` run there reads. `bind` moves
-    the inference and metrics APIs (a container's published ports), `metrics_bind` the metrics API
-    elsewhere (it asks no key: the image keeps it on loopback); management stays on loopback."""
+    the inference API (a container's published ports), `metrics_bind` the metrics API, which asks
+    no key and so stays on loopback unless asked; management stays on loopback."""
     written = [folder / "config.properties", folder / "metrics.yaml", folder / "log4j2.xml"]
     existing = [str(path) for path in written if path.exists()]
     if existing and not force:
@@ -168,7 +175,7 @@ def init(
         raise UserError(f"--model-store {store!r}: a folder name in {folder}, letters, digits, _ . - only")
     text = TEMPLATE.read_text()
     settings = {"model_store": store, "allowed_urls": f"{store}/[A-Za-z0-9_.-]+[.]mar"}
-    hosts = {"inference": bind, "metrics": metrics_bind or bind}
+    hosts = {"inference": bind, "metrics": metrics_bind}
     for api, host in hosts.items():
         settings[f"{api}_address"] = read_setting(text, f"{api}_address").replace("127.0.0.1", host)
     # the comments say what this file sets: its model store, and where it listens
@@ -285,14 +292,19 @@ class TorchServe:
         raise TimeoutError(f"models {names} not ready within {timeout}s; see {self.workdir / 'logs'}")
 
     def start(
-        self, timeout: float = 120, config_text: str | None = None, base_config: Path | None = None, bind=None
+        self,
+        timeout: float = 120,
+        config_text: str | None = None,
+        base_config: Path | None = None,
+        bind=None,
+        metrics_bind=None,
     ) -> None:
         """Start with our config.properties, or with `config_text` (another profile: then return once
         TorchServe answers /ping at all, since its models may still be warming up)."""
         private_workdir(self.workdir)
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.properties"
-        config.write_text(config_text or render_config(self.model_store, self.ports, base_config, bind))
+        config.write_text(config_text or render_config(self.model_store, self.ports, base_config, bind, metrics_bind))
         recorded = {"ports": self.ports, "model_store": str(self.model_store)}
         (self.workdir / "ports.json").write_text(json.dumps(recorded))
         self.run("--start", "--ncs", "--ts-config", str(config), "--model-store", str(self.model_store))
@@ -422,8 +434,9 @@ def parse_args(argv):
         return commands.add_parser(name, help=text, description=text, parents=[common], formatter_class=HelpFormatter)
 
     start = command("start", "start TorchServe with a copy of config.properties (absolute paths, these ports)")
+    start.add_argument("--bind", help="the inference API's address (default: the config's; the package's is loopback)")
     start.add_argument(
-        "--bind", help="the inference and metrics APIs' address (default: the config's; the package's is loopback)"
+        "--metrics-bind", help="the metrics API's address (it asks no key; default: the config's, never --bind)"
     )
     start.add_argument(
         "--model-store", type=Path, help="folder of .mar archives (default: the config's model_store, or ./model_store)"
@@ -439,9 +452,9 @@ def parse_args(argv):
     )
     init_command.add_argument("folder", nargs="?", type=Path, default=Path("."), help="where they go")
     init_command.add_argument("--force", action="store_true", help="overwrite the files it writes")
-    init_command.add_argument("--bind", default="127.0.0.1", help="the inference and metrics APIs' address")
+    init_command.add_argument("--bind", default="127.0.0.1", help="the inference API's address")
     init_command.add_argument(
-        "--metrics-bind", help="the metrics API's address, over --bind (it asks no key; the image's: 127.0.0.1)"
+        "--metrics-bind", default="127.0.0.1", help="the metrics API's address (it asks no key; never moved by --bind)"
     )
     init_command.add_argument("--model-store", dest="store", default="model_store", help="the model store's folder")
     register = command("register", "register an archive of the model store; returns when its workers are warm")
@@ -512,7 +525,7 @@ def start(args) -> TorchServe:
     if not config.is_file():
         raise UserError(f"no config file {config}")
     server = TorchServe(args.workdir, args.model_store or model_store_of(config), ports)
-    server.start(base_config=config, bind=args.bind)
+    server.start(base_config=config, bind=args.bind, metrics_bind=args.metrics_bind)
     print(f"started with a copy of {config} (absolute paths, these ports): {server.workdir / 'config.properties'}")
     print(f"TorchServe on {server.inference_url}; tokens in {server.key_file()}")
     return server

@@ -39,7 +39,12 @@ def parse_args(argv):
     parser.add_argument("--port", type=int, default=8080, help="inference; management and metrics take the next two")
     parser.add_argument("--management-port", type=int, help="default: --port + 1 (always on loopback)")
     parser.add_argument("--metrics-port", type=int, help="default: --port + 2")
-    parser.add_argument("--hostname", default="127.0.0.1", help="the inference and metrics APIs' address")
+    parser.add_argument("--hostname", default="127.0.0.1", help="the inference API's address")
+    parser.add_argument(
+        "--metrics-hostname",
+        default="127.0.0.1",
+        help="the metrics API's address: it asks no key, so --hostname never moves it",
+    )
     parser.add_argument("--task", choices=TASKS, help="default: read from the model's own files")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="handler.dtype")
     parser.add_argument("--revision", help="with a Hub id: the branch, tag or commit")
@@ -127,6 +132,11 @@ def reusable(target: Path, record: Path, model_dir: Path, task: str, config: dic
         return False
 
 
+def listeners(args) -> dict[str, str]:
+    """Where TorchServe listens: the key-less metrics API apart from --hostname, on loopback unless asked."""
+    return {"bind": args.hostname, "metrics_bind": args.metrics_hostname}
+
+
 def ports_from(args) -> dict[str, int]:
     ports = {
         "INFERENCE_PORT": args.port,
@@ -163,7 +173,7 @@ def main(argv=None) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
     try:
-        server.start(base_config=TEMPLATE, bind=args.hostname)
+        server.start(base_config=TEMPLATE, **listeners(args))
         server.register(built.name)
         serving.set()
         url = f"http://{args.hostname}:{args.port}/predictions/{name}"

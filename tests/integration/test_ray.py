@@ -579,7 +579,7 @@ def test_ray_data_embeds_an_image_column_of_bytes_or_paths_as_transformers(
     )
     dataset = ray.data.read_parquet(str(tmp_path / "images.parquet"))
     for column in ("image", "path"):
-        kwargs = {"archive": str(clip_archive), "image_column": column}
+        kwargs = {"archive": str(clip_archive), "image_column": column, "image_root": str(tmp_path)}
         embedded = dataset.map_batches(
             ImageEmbedder, fn_constructor_kwargs=kwargs, compute=ray.data.ActorPoolStrategy(size=1), batch_size=2
         )

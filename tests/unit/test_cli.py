@@ -117,7 +117,7 @@ def test_health_finds_a_server_started_by_hand_from_its_config_and_fails_in_one_
 
     init(tmp_path, bind="0.0.0.0", store="model-store")  # what the image's home holds
     written = (tmp_path / "config.properties").read_text()  # its comments say what it sets
-    assert "# Inference and metrics on 0.0.0.0; management and gRPC on loopback only" in written
+    assert "# Inference on 0.0.0.0, metrics on 127.0.0.1; management and gRPC on loopback only" in written
     assert "--model-store model-store --models" in written and "model_store" not in written.replace("model_store=", "")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -196,8 +196,8 @@ def test_start_serves_the_model_store_its_config_names(tmp_path):
     assert model_store_of(TEMPLATE) == Path("model_store")  # the package's own config: ./model_store
 
 
-def test_start_keeps_the_addresses_its_config_sets_and_bind_moves_inference_and_metrics(tmp_path):
-    from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TEMPLATE, read_setting, render_config
+def test_start_keeps_the_addresses_its_config_sets_and_bind_moves_inference_alone(tmp_path):
+    from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TEMPLATE, parse_args, read_setting, render_config
 
     config = tmp_path / "config.properties"
     text = TEMPLATE.read_text()
@@ -214,7 +214,15 @@ def test_start_keeps_the_addresses_its_config_sets_and_bind_moves_inference_and_
     assert read_setting(kept, "management_address") == f"https://127.0.0.1:{DEFAULT_PORTS['MANAGEMENT_PORT']}"
     moved = render_config(tmp_path / "model_store", ports, config, bind="127.0.0.1")
     assert read_setting(moved, "inference_address") == "https://127.0.0.1:18080"
-    assert read_setting(moved, "metrics_address") == "https://127.0.0.1:18082"
+    assert read_setting(moved, "metrics_address") == "https://0.0.0.0:18082"  # the config's: --bind never moves it
+    metrics = render_config(tmp_path / "model_store", ports, config, metrics_bind="127.0.0.1")
+    assert read_setting(metrics, "metrics_address") == "https://127.0.0.1:18082"
+    assert read_setting(metrics, "inference_address") == "https://0.0.0.0:18080"
+    published = render_config(tmp_path / "store", ports, bind="0.0.0.0")  # the package's config
+    assert read_setting(published, "inference_address") == "http://0.0.0.0:18080"
+    assert read_setting(published, "metrics_address") == "http://127.0.0.1:18082"
+    args = parse_args(["start", "--bind", "0.0.0.0", "--metrics-bind", "10.0.0.5"])
+    assert (args.bind, args.metrics_bind) == ("0.0.0.0", "10.0.0.5")
     assert read_setting(render_config(tmp_path / "store", ports), "inference_address") == "http://127.0.0.1:18080"
 
 

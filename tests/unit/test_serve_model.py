@@ -3,7 +3,8 @@ tests/integration/test_serve_command.py)."""
 
 import socket
 
-from ts_compiled_handlers.scripts.serve_model import fingerprint, handler_settings, parse_args, ports_from
+from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TEMPLATE, read_setting, render_config
+from ts_compiled_handlers.scripts.serve_model import fingerprint, handler_settings, listeners, parse_args, ports_from
 from ts_compiled_handlers.startup.config import parse
 
 
@@ -28,6 +29,18 @@ def test_management_and_metrics_take_the_next_ports_unless_given():
     given = ports_from(parse_args(["m", "--port", str(base), *flags]))
     assert (given["MANAGEMENT_PORT"], given["METRICS_PORT"]) == (1, base + 1)
     assert given["GRPC_INFERENCE_PORT"] != given["GRPC_MANAGEMENT_PORT"]
+
+
+def test_hostname_moves_inference_alone_and_the_keyless_metrics_move_only_when_named(tmp_path):
+    def addresses(*flags):
+        config = render_config(tmp_path / "store", DEFAULT_PORTS, TEMPLATE, **listeners(parse_args(["m", *flags])))
+        return [read_setting(config, f"{api}_address") for api in ("inference", "management", "metrics")]
+
+    assert addresses() == ["http://127.0.0.1:8080", "http://127.0.0.1:8081", "http://127.0.0.1:8082"]
+    published = addresses("--hostname", "0.0.0.0")
+    assert published == ["http://0.0.0.0:8080", "http://127.0.0.1:8081", "http://127.0.0.1:8082"]
+    scraped = addresses("--hostname", "0.0.0.0", "--metrics-hostname", "10.0.0.5")
+    assert scraped == ["http://0.0.0.0:8080", "http://127.0.0.1:8081", "http://10.0.0.5:8082"]
 
 
 def test_the_archive_is_rebuilt_when_a_model_file_or_an_option_changes(tmp_path):

@@ -45,9 +45,8 @@ def test_a_key_file_that_others_may_read_is_warned_about(tmp_path, capsys):
 def test_init_publishes_inference_and_keeps_the_keyless_metrics_on_loopback_as_the_image_does(tmp_path):
     image = tmp_path / "image"
     image.mkdir()
-    args = parse_args(["init", str(image), "--bind", "0.0.0.0", "--model-store", "model-store"])
-    assert args.metrics_bind is None  # --bind alone moves both, as before
-    init(image, bind="0.0.0.0", store="model-store", metrics_bind="127.0.0.1")
+    assert parse_args(["init", "--bind", "0.0.0.0"]).metrics_bind == "127.0.0.1"
+    serve.main(["init", str(image), "--bind", "0.0.0.0", "--model-store", "model-store"])  # --bind alone
     text = (image / "config.properties").read_text()
     assert read_setting(text, "inference_address") == "http://0.0.0.0:8080"
     assert read_setting(text, "metrics_address") == "http://127.0.0.1:8082"
@@ -56,5 +55,7 @@ def test_init_publishes_inference_and_keeps_the_keyless_metrics_on_loopback_as_t
     assert "# Inference on 0.0.0.0, metrics on 127.0.0.1; management and gRPC on loopback only;" in text
     both = tmp_path / "both"
     both.mkdir()
-    init(both, bind="0.0.0.0")
-    assert read_setting((both / "config.properties").read_text(), "metrics_address") == "http://0.0.0.0:8082"
+    init(both, bind="0.0.0.0", metrics_bind="0.0.0.0")  # asked for by name
+    text = (both / "config.properties").read_text()
+    assert read_setting(text, "metrics_address") == "http://0.0.0.0:8082"
+    assert "# Inference and metrics on 0.0.0.0; management and gRPC on loopback only;" in text

@@ -9,6 +9,8 @@ through the engine in one go, so they are packed or grouped by length exactly as
 is. Texts longer than the model's limit are truncated as the archive says (`buckets.overflow`).
 """
 
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -222,43 +224,78 @@ class M3Embedder(ArchiveBatches):
 
 class ImageEmbedder(ArchiveBatches):
     """Column `image` in, for a CLIP archive (handlers/tasks/image_text.py): each row an image's
-    bytes (a Parquet binary column) or the path of its file; `embedding` out (names configurable).
-    Images are decoded under the archive's limits, one at a time; a bad one fails the job, naming
-    its row."""
+    bytes (a Parquet binary column) or the path of its file under `image_root`; `embedding` out
+    (names configurable). Images are decoded under the archive's limits, one at a time, each row a
+    request of its own (a batch may hold more images than a request may); a bad one fails the job,
+    naming its row."""
 
     task = "image-text-embedding"
 
-    def __init__(self, archive: str, image_column: str = "image", output_column: str = "embedding", normalize=None):
-        """`normalize`: None answers as the archive does (a sentence-transformers folder's Normalize)."""
+    def __init__(
+        self,
+        archive: str,
+        image_column: str = "image",
+        output_column: str = "embedding",
+        normalize=None,
+        image_root: str | None = None,
+    ):
+        """`normalize`: None answers as the archive does (a sentence-transformers folder's Normalize).
+        `image_root`: the folder a path column's files are read from (none: paths are refused)."""
         super().__init__(archive, image_column)
         self.output_column = output_column
         self.params = self.checked({} if normalize is None else {"normalize": normalize})
+        self.image_root = None if image_root is None else Path(image_root).resolve()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        task, column = self.worker.task, self.text_column
-        fields = [f"{column}[{row}]" for row in range(len(batch[column]))]
-        try:
-            images = [
-                image_bytes(value, field, task.limits.max_bytes)
-                for value, field in zip(batch[column], fields, strict=True)
-            ]
-            inputs = task.read_images(images, fields, list(range(len(images))))
-        except RequestError as error:
-            raise ValueError(error.message) from None
-        request = Request([], self.params, protocol=None, images=inputs)
-        accepted = Accepted(0, request, self.worker.reader.tokenized(request))
-        (rows,) = self.worker.run([accepted])
-        vectors = np.stack([answer["embedding"] for answer in task.answer(accepted, rows)])
+        accepted = [self.accepted(row, value) for row, value in enumerate(batch[self.text_column])]
+        outputs = zip(accepted, self.worker.run(accepted), strict=True)  # the batch's images in one go
+        vectors = np.stack([self.worker.task.answer(one, rows)[0]["embedding"] for one, rows in outputs])
         return {**batch, self.output_column: vectors}
 
+    def accepted(self, row: int, value) -> Accepted:
+        """A row's image as a request of its own, so a batch of any size keeps within a request's
+        image budgets (`images:`); read and decoded under the archive's limits, refused naming its row."""
+        task, field = self.worker.task, f"{self.text_column}[{row}]"
+        try:
+            data = image_bytes(value, field, self.image_root, task.limits.max_bytes)
+            request = Request([], self.params, protocol=None, images=task.read_images([data], [field], [0]))
+        except RequestError as error:
+            raise ValueError(error.message) from None
+        return Accepted(row, request, self.worker.reader.tokenized(request))
 
-def image_bytes(value, field: str, max_bytes: int) -> bytes:
-    """A row's image: its bytes, or the bytes of the file its path names (its size checked first)."""
+
+def image_bytes(value, field: str, root: Path | None, max_bytes: int) -> bytes:
+    """A row's image: its bytes, or those of the file its path names under `root`."""
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
-    if isinstance(value, str):
-        path = Path(value)
-        if path.stat().st_size > max_bytes:
-            raise RequestError(413, f"'{field}': {value} is over {max_bytes} bytes, the most an image may take", field)
-        return path.read_bytes()
-    raise RequestError(400, f"'{field}' must be an image's bytes or its file's path", field)
+    if not isinstance(value, str):
+        raise RequestError(400, f"'{field}' must be an image's bytes or its file's path", field)
+    if root is None:
+        raise RequestError(400, f"'{field}' is a path: give ImageEmbedder the folder to read from (image_root)", field)
+    path = (root / value).resolve()  # symlinks and `..` followed before the check
+    if not path.is_relative_to(root):
+        raise RequestError(403, f"'{field}': {value} is outside {root}, the folder images are read from", field)
+    return regular_file_bytes(path, field, max_bytes)
+
+
+def regular_file_bytes(path: Path, field: str, max_bytes: int) -> bytes:
+    """At most `max_bytes` of a regular file. Opened without blocking (a FIFO would wait for a
+    writer) and not through a last-step symlink, then checked on the open file itself, so a link,
+    FIFO or device swapped in after the check is refused; one byte past the limit is read to
+    refuse a longer file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as error:
+        raise RequestError(400, f"'{field}': {path} cannot be opened ({error.strerror})", field) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RequestError(400, f"'{field}': {path} is not a regular file", field)
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(max_bytes + 1)
+    except OSError as error:
+        raise RequestError(400, f"'{field}': {path} cannot be read ({error.strerror})", field) from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise RequestError(413, f"'{field}': {path} is over {max_bytes} bytes, the most an image may take", field)
+    return data
