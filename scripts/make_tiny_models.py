@@ -548,6 +548,7 @@ def make_gpt2_generation(folder: Path) -> Path:
 # vision tower, pixels, patch, projection.
 CLIP_SIZES = {
     "test": ((32, 64, 2, 2), (32, 64, 2, 2), 32, 8, 16),
+    "test-224": ((32, 64, 2, 2), (32, 64, 2, 2), 224, 32, 16),  # a processor at CLIP's real size
     "b32": ((512, 2048, 12, 8), (768, 3072, 12, 12), 224, 32, 512),
 }
 
@@ -606,6 +607,7 @@ MAKERS = {
     "embedding": make_embedding,
     "image-text-embedding": make_clip,
     "image-text-embedding-siglip": make_siglip,
+    "image-text-embedding-224": lambda folder: make_clip(folder, "test-224"),
     "text-classification": make_text_classification,
     "text-classification-multi-label": lambda folder: make_text_classification(folder, multi_label=True),
     "token-classification": make_token_classification,

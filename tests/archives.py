@@ -32,3 +32,23 @@ DOCUMENTED_ARCHIVES = {
     "minilm-states": ("minilm", "embedding", {**EAGER, "embedding": {"embed_all": True}}),
     "clip": ("image-text-embedding", "image-text-embedding", EAGER),
 }
+
+# A CLIP whose processor works at 224 pixels, as CLIP's does, under image budgets small enough that
+# the hostile inputs of tests/integration/test_hostile_images_server.py pass them; `fetch_from` is
+# the run's picture server (tests/image_server.py), known only once it listens.
+GUARDED_IMAGES = {
+    "max_pixels": 4_000_000,
+    "request_pixels": 8_000_000,
+    "request_bytes": 2 << 20,
+    "batch_images": 64,
+    "max_scans": 3,
+    "max_urls": 4,
+    "fetch_seconds": 2,
+}
+IMAGE_ARCHIVES = {  # archive name: (tiny model, task, handler settings)
+    "clip-guarded": (
+        "image-text-embedding-224",
+        "image-text-embedding",
+        {**EAGER, "dtype": "float32", "images": GUARDED_IMAGES},
+    ),
+}

@@ -45,7 +45,7 @@ class ImageLimits:
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000
     max_aspect: int = 100
-    max_scans: int = 100  # libjpeg-turbo's own suggestion for untrusted input; a camera's JPEG has 1-12
+    max_scans: int = 100
     max_images: int = 64
     request_pixels: int = 64_000_000
     request_bytes: int = 32 << 20

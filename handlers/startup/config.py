@@ -314,6 +314,14 @@ class ImagesConfig:
         why="40 megapixels holds any camera's photo; one decode holds its pixels in colour (up to 4 bytes each) "
         "and RGB (3) at once, about 280 MB at this limit",
     )
+    max_scans: int = _option(
+        values.positive_int,
+        100,
+        meaning="image-text-embedding: the most scans a progressive JPEG may have (counted from its markers before "
+        "decoding); one more is a 413",
+        why="each scan is a pass over every pixel: a small JPEG of thousands of scans takes seconds to decode; a "
+        "camera's has 1-12, and 100 is libjpeg-turbo's own suggestion for untrusted input",
+    )
     request_pixels: int = _option(
         values.positive_int,
         64_000_000,

@@ -9,7 +9,8 @@ import image_build
 import pytest
 import torch
 import wheel_install as wheel_install_module
-from archives import AOT_ARCHIVES, DOCUMENTED_ARCHIVES, MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
+from archives import AOT_ARCHIVES, DOCUMENTED_ARCHIVES, IMAGE_ARCHIVES, MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
+from image_server import serving_pictures
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ts_compiled_handlers.scripts.build_mar import build
@@ -49,7 +50,14 @@ def wheel_install():
 
 
 @pytest.fixture(scope="session")
-def task_server(tmp_path_factory, tiny_models, minilm_dir):
+def picture_origin():
+    """The run's picture server (tests/image_server.py), an origin the guarded CLIP fetches from."""
+    with serving_pictures() as origin:
+        yield origin
+
+
+@pytest.fixture(scope="session")
+def task_server(tmp_path_factory, tiny_models, minilm_dir, picture_origin):
     """Batches of up to 4 requests, gathered for 100 ms, so concurrent requests share batches."""
     models = {**tiny_models, "minilm": minilm_dir}
     store = tmp_path_factory.mktemp("task_model_store")
@@ -64,12 +72,16 @@ def task_server(tmp_path_factory, tiny_models, minilm_dir):
         builds.append((models[model], task, name, config, "aot" if name in AOT_ARCHIVES else None))
     for name, (model, task, settings) in DOCUMENTED_ARCHIVES.items():
         builds.append((models[model], task, name, {"startupTimeout": STARTUP_SECONDS, "handler": settings}, None))
+    for name, (model, task, settings) in IMAGE_ARCHIVES.items():
+        images = {**settings["images"], "fetch_from": [picture_origin]}
+        config = {"startupTimeout": STARTUP_SECONDS, "handler": {**settings, "images": images}}
+        builds.append((models[model], task, name, config, None))
     # Two at a time: a build waits on its archiver's and its AOT export's processes for half its time.
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda item: build(item[0], item[1], item[2], store, item[3], precompile=item[4]), builds))
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("task_torchserve"), store)
     torchserve.start()
-    names = [*TASK_ARCHIVES, *MODEL_ARCHIVES, *AOT_ARCHIVES, *DOCUMENTED_ARCHIVES]
+    names = [*TASK_ARCHIVES, *MODEL_ARCHIVES, *AOT_ARCHIVES, *DOCUMENTED_ARCHIVES, *IMAGE_ARCHIVES]
     try:
         # All at once: their workers' start-ups (interpreter, imports, model load) overlap.
         with ThreadPoolExecutor(len(names)) as pool:
