@@ -149,12 +149,12 @@ def v2_envelope(rng: random.Random, task: str) -> dict:
 # Each task's OpenAI-style path and a well-formed body for it (token classification has none: a 404).
 OPENAI_ROUTES = {
     "embedding": ["v1/embeddings", "v1/models", "v2/embed"],
-    "text-classification": ["v1/rerank", "rerank"],
+    "text-classification": ["v1/rerank", "v2/rerank", "rerank"],
     "token-classification": ["v1/embeddings"],
     "text-generation": ["v1/completions", "v1/chat/completions", "v1/models"],
     "sparse-embedding": ["embed_sparse", "tokenize"],
-    "multi-vector": ["v1/embeddings", "v2/embed", "rerank"],
-    "m3-embedding": ["embed", "embed_sparse", "rerank", "tokenize"],
+    "multi-vector": ["v1/embeddings", "v2/embed", "rerank", "v1/rerank", "v2/rerank"],
+    "m3-embedding": ["embed", "embed_sparse", "rerank", "v1/rerank", "v2/rerank", "tokenize"],
 }
 OPENAI_FIELDS = [
     "model", "input", "prompt", "messages", "encoding_format", "dimensions", "max_tokens", "temperature", "top_p",

@@ -10,7 +10,7 @@ clients written for TEI work with the URL `/predictions/{name}/{version}` as the
     POST predict   {"inputs": "a" | ["q", "p"] | [...], "raw_scores", "truncate", ...}
                                                      -> [{"label", "score"}] best first (a list each for a batch)
     POST rerank    {"query", "texts", "raw_scores", "return_text", "truncate", ...}
-                                                     -> [{"index", "score"[, "text"]}] best first
+                                                     -> [{"index", "score"[, "text"]}] best first (every ranker)
     POST tokenize  {"inputs": "a" | [...], "add_special_tokens", "prompt_name"}
                                                      -> [[{"id", "text", "special", "start", "stop"}]]
     POST decode    {"ids": [1, 2] | [[...]], "skip_special_tokens"}  -> ["text", ...]
@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any
 
 from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served
-from ts_compiled_handlers.protocols.rerank import RerankForm, ranked
+from ts_compiled_handlers.protocols.rerank import Ranking, RerankForm, ranked
 from ts_compiled_handlers.request.payload import RequestError, boolean_param, check_params, check_texts
 from ts_compiled_handlers.request.tokenizing import CHARACTERS_PER_TOKEN
 
@@ -138,7 +138,7 @@ def _is_pair(value: Any) -> bool:
     return isinstance(value, list) and len(value) == 2 and all(isinstance(item, str) for item in value)
 
 
-class TeiRerankProtocol(TeiProtocol):
+class TeiRerankProtocol(Ranking, TeiProtocol):
     """TEI's rerank body (`texts`, `return_text`); ours (`documents`) is handlers/protocols/rerank.py."""
 
     routes = ("rerank",)
@@ -149,7 +149,7 @@ class TeiRerankProtocol(TeiProtocol):
 
     def read(self, value: Any, spec: RequestSpec) -> Request:
         body = body_object(value, "texts")
-        if not spec.pairs:
+        if self.scoring == "rerank" and not spec.pairs:
             raise RequestError(422, "this model does not rerank: it is not a cross-encoder (text-classification)")
         query, texts = body.pop("query", None), body.pop("texts")
         if not isinstance(query, str) or not isinstance(texts, list):
@@ -157,12 +157,12 @@ class TeiRerankProtocol(TeiProtocol):
         (query,) = check_texts([query], 1, "query")
         texts = check_texts(texts, spec.max_inputs, "texts")
         return_text = boolean_param(body.pop("return_text", False), "return_text")
-        params = check_params(body, spec.params)
-        pairs = [(query, text) for text in texts]
-        return Request(pairs, params, self, scoring="rerank", form=RerankForm(None, return_text))
+        if self.scoring == "maxsim":  # a MaxSim score has no activation to leave out: raw or not, the same
+            boolean_param(body.pop("raw_scores", False), "raw_scores")
+        return self.ranking(query, texts, check_params(body, spec.params), RerankForm(None, return_text))
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        return ranked(request, [answer["score"] for answer in answers], text_key="text")
+        return ranked(request, answers, text_key="text")
 
 
 class TeiTokenizeProtocol(TeiProtocol):

@@ -18,9 +18,9 @@ from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import ModelRunner
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
-from ts_compiled_handlers.protocols.rerank import CohereRerankProtocol, RerankProtocol
+from ts_compiled_handlers.protocols.rerank_routes import rerank_routes
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
-from ts_compiled_handlers.protocols.tei import TeiPredictProtocol, TeiRerankProtocol
+from ts_compiled_handlers.protocols.tei import TeiPredictProtocol
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import Task, logit_score
@@ -47,9 +47,7 @@ class ClassificationTask(Task):
     PAIRS = True
     protocols = (
         KServeV2Protocol(),
-        TeiRerankProtocol(),  # before ours at `rerank`: it takes TEI's `texts` bodies, ours `documents`
-        RerankProtocol(),
-        CohereRerankProtocol(),
+        *rerank_routes(),
         PlainProtocol(),
         TeiPredictProtocol(),
         *TEI_ROUTES,

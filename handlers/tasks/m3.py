@@ -10,10 +10,11 @@ names them (defaults as its own: dense only):
   `relu(sparse_linear(state))` over the text, special tokens (cls, eos, pad, unk) and zeros left out;
 - `return_colbert_vecs` -> `colbert_vecs`: `colbert_linear(state)` normalized, from the second token on.
 TEI's `embed` answers the dense vector, its `embed_sparse` the lexical weights as `{index, value}`.
-The rerank body embeds the query and the documents in one call and scores each document as
-FlagEmbedding's `compute_score`: `weights` (dense, sparse, colbert; [1, 1, 1] by default) weigh
-the dense dot product, the lexical match (the shared ids' weights multiplied, summed) and the
-ColBERT score (each query vector's best dot product, averaged), divided by their sum.
+Every rerank body (handlers/protocols/rerank_routes.py) embeds the query and the documents in one
+call and scores each document as FlagEmbedding's `compute_score`: `weights` (dense, sparse,
+colbert; [1, 1, 1] by default) weigh the dense dot product, the lexical match (the shared ids'
+weights multiplied, summed) and the ColBERT score (each query vector's best dot product,
+averaged), divided by their sum.
 """
 
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.protocols.plain import PlainProtocol
-from ts_compiled_handlers.protocols.rerank import MaxSimRerankProtocol
+from ts_compiled_handlers.protocols.rerank_routes import rerank_routes
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol, TeiEmbedSparseProtocol
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
@@ -113,7 +114,7 @@ class M3EmbeddingTask(EmbeddingTask):
 
     NAME = "m3-embedding"
 
-    protocols = (MaxSimRerankProtocol(), PlainProtocol(), TeiEmbedProtocol(), TeiEmbedSparseProtocol(), *TEI_ROUTES)
+    protocols = (*rerank_routes("maxsim"), PlainProtocol(), TeiEmbedProtocol(), TeiEmbedSparseProtocol(), *TEI_ROUTES)
 
     def keeps_token_states(self) -> bool:
         return True

@@ -10,9 +10,9 @@ required (the two give different vectors, and a wrong guess fails silently):
   vector per token, expansions included;
 - `document`: the document prefix, the archive's length rule (PyLate cuts at `document_length`),
   and a vector per token but the skiplist's (punctuation).
-The rerank body (`{"query", "documents"}`) embeds the query as a query and the documents as
-documents, in one call, and scores each by MaxSim: for each query vector the largest dot product
-with the document's vectors, summed.
+Every rerank body (ours, TEI's, Cohere's and Jina's: handlers/protocols/rerank_routes.py) embeds
+the query as a query and the documents as documents, in one call, and scores each by MaxSim: for
+each query vector the largest dot product with the document's vectors, summed.
 """
 
 from pathlib import Path
@@ -26,7 +26,7 @@ from ts_compiled_handlers.protocols.cohere import CohereEmbedProtocol
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
-from ts_compiled_handlers.protocols.rerank import MaxSimRerankProtocol
+from ts_compiled_handlers.protocols.rerank_routes import rerank_routes
 from ts_compiled_handlers.request.payload import RequestError, choice_param
 from ts_compiled_handlers.request.tokenizing import Accepted, Tokenized
 from ts_compiled_handlers.tasks.embedding import FLOAT_BYTES, EmbeddingTask
@@ -43,7 +43,7 @@ class MultiVectorTask(EmbeddingTask):
 
     protocols = (
         KServeV2Protocol(),
-        MaxSimRerankProtocol(),
+        *rerank_routes("maxsim"),
         PlainProtocol(),
         EmbeddingsProtocol(),
         ModelsProtocol(),

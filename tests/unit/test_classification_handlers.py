@@ -5,6 +5,12 @@ from types import SimpleNamespace
 import pytest
 from fakes import answered, ready_handler, status
 from parity import assert_same_answers
+from rerank_shapes import (
+    assert_bad_bodies_are_refused_alone,
+    assert_cohere_clients_read_the_ranking,
+    assert_every_shape_ranks_as_rerank,
+)
+from sentence_transformers import CrossEncoder
 from transformers import pipeline
 
 from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
@@ -62,6 +68,18 @@ def test_bad_top_k_gets_400_and_the_rest_of_the_batch_is_answered(single_label):
     assert [status(single_label.context, i) for i in range(3)] == [200, 400, 400]
     assert "top_k" in answers[1]["error"] and "unknown parameter" in answers[2]["error"]
     assert answers[0][0]["label"] in {"NEGATIVE", "NEUTRAL", "POSITIVE"}
+
+
+def test_every_rerank_shape_answers_the_cross_encoders_scores(tiny_models):
+    """Ours, TEI's `rerank`, Cohere's and Jina's `v1/rerank`, Cohere's `v2/rerank` (and its client)."""
+    folder = tiny_models["cross-encoder"]
+    handler = ready_handler(ClassificationHandler, folder, buckets=GRID, compile={"enable": False})
+    query = "where does alice walk"
+    expected = CrossEncoder(str(folder), device="cpu").predict([(query, text) for text in TEXTS])
+    scores = assert_every_shape_ranks_as_rerank(handler, query, TEXTS, {})
+    assert [scores[index] for index in range(len(TEXTS))] == pytest.approx(expected.tolist(), abs=1e-4)
+    assert_cohere_clients_read_the_ranking(handler, query, TEXTS, {}, scores)
+    assert_bad_bodies_are_refused_alone(handler, query, TEXTS)
 
 
 @pytest.fixture(scope="module")

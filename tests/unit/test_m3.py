@@ -11,6 +11,11 @@ import pytest
 from fakes import build_aot_package, ready_handler
 from flag_reference import REFERENCE, assert_close_vectors, assert_equal_outputs, checked_model
 from pylate_reference import vectors
+from rerank_shapes import (
+    assert_bad_bodies_are_refused_alone,
+    assert_cohere_clients_read_the_ranking,
+    assert_every_shape_ranks_as_rerank,
+)
 from test_adapters import ask
 from transformers import AutoTokenizer
 
@@ -64,6 +69,16 @@ def test_rerank_scores_equal_compute_score_in_the_same_order(handler, mode):
     assert [one["index"] for one in ranked] == sorted(range(len(scores)), key=lambda index: -scores[index])
     for one in ranked:
         assert one["score"] == pytest.approx(scores[one["index"]], abs=1e-4)
+
+
+def test_every_rerank_shape_answers_the_weighted_scores_as_a_cross_encoder_answers_its_own(handler):
+    """TEI's `rerank`, Cohere's and Jina's `v1/rerank`, Cohere's `v2/rerank` (and its client), `weights` in each."""
+    weights = {"weights": list(REFERENCE["weights"])}
+    scores = assert_every_shape_ranks_as_rerank(handler, REFERENCE["query"], REFERENCE["texts"], weights)
+    wanted = [score["colbert+sparse+dense"] for score in REFERENCE["scores"]]
+    assert [scores[index] for index in range(len(wanted))] == pytest.approx(wanted, abs=1e-4)
+    assert_cohere_clients_read_the_ranking(handler, REFERENCE["query"], REFERENCE["texts"], weights, scores)
+    assert_bad_bodies_are_refused_alone(handler, REFERENCE["query"], REFERENCE["texts"])
 
 
 def test_tei_embed_and_embed_sparse_answer_one_output_each(handler):

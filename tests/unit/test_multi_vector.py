@@ -9,6 +9,11 @@ import shutil
 import pytest
 from fakes import build_aot_package, ready_handler
 from pylate_reference import REFERENCE, assert_equal_vectors, checked_model
+from rerank_shapes import (
+    assert_bad_bodies_are_refused_alone,
+    assert_cohere_clients_read_the_ranking,
+    assert_every_shape_ranks_as_rerank,
+)
 from test_adapters import ask
 
 from ts_compiled_handlers.scripts.task_inference import infer_task
@@ -56,6 +61,15 @@ def test_maxsim_rerank_scores_equal_pylate_in_the_same_order(handler):
             assert one["document"] == REFERENCE["documents"][one["index"]]
     (top,) = ask(handler, [{"query": REFERENCE["queries"][0], "documents": REFERENCE["documents"], "top_n": 1}])
     assert len(top) == 1 and "document" not in top[0]
+
+
+def test_every_rerank_shape_answers_the_maxsim_scores_as_a_cross_encoder_answers_its_own(handler):
+    """TEI's `rerank`, Cohere's and Jina's `v1/rerank`, Cohere's `v2/rerank` (and its client) on ColBERT."""
+    query, documents = REFERENCE["queries"][1], REFERENCE["documents"]
+    scores = assert_every_shape_ranks_as_rerank(handler, query, documents, {})
+    assert [scores[index] for index in range(len(documents))] == pytest.approx(REFERENCE["maxsim"][1], abs=1e-4)
+    assert_cohere_clients_read_the_ranking(handler, query, documents, {}, scores)
+    assert_bad_bodies_are_refused_alone(handler, query, documents)
 
 
 def test_openai_and_cohere_routes_take_the_input_type(handler):

@@ -6,6 +6,12 @@ import json
 
 import pytest
 import torch
+from fakes import ready_handler
+from rerank_shapes import (
+    assert_bad_bodies_are_refused_alone,
+    assert_cohere_clients_read_the_ranking,
+    assert_every_shape_ranks_as_rerank,
+)
 from sentence_transformers import CrossEncoder
 from sentence_transformers.sparse_encoder.modules import SpladePooling
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -14,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 from ts_compiled_handlers.engine.packing import PackedModel, pack_rows
 from ts_compiled_handlers.loops.request_batches import RequestBatches
 from ts_compiled_handlers.request.tokenizing import TextTokenizer
+from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import logit_score, splade
 from ts_compiled_handlers.tasks.classification import ClassificationTask
@@ -148,6 +155,18 @@ def test_a_chat_template_reranker_scores_its_rendered_pairs_as_cross_encoder(tin
     scores = {item["index"]: item["score"] for item in json.loads(ranked.body)}
     assert [scores[index] for index in range(len(DOCUMENTS))] == pytest.approx(expected.tolist(), abs=1e-5)
     assert refused.status == 413 and "no cut" in json.loads(refused.body)["error"]
+
+
+def test_every_rerank_shape_answers_an_llm_rerankers_scores(tiny_models):
+    """Ours, TEI's `rerank`, Cohere's and Jina's `v1/rerank`, Cohere's `v2/rerank` (and its client)."""
+    folder = tiny_models["reranker-causal-chat"]
+    expected = CrossEncoder(str(folder), device="cpu").predict([(QUERY, document) for document in DOCUMENTS])
+    buckets = {"seq_lens": [32, 128], "batch_sizes": [1, 4]}
+    handler = ready_handler(ClassificationHandler, folder, buckets=buckets, compile={"enable": False})
+    scores = assert_every_shape_ranks_as_rerank(handler, QUERY, DOCUMENTS, {})
+    assert [scores[index] for index in range(len(DOCUMENTS))] == pytest.approx(expected.tolist(), abs=1e-5)
+    assert_cohere_clients_read_the_ranking(handler, QUERY, DOCUMENTS, {}, scores)
+    assert_bad_bodies_are_refused_alone(handler, QUERY, DOCUMENTS)
 
 
 def test_a_template_that_cannot_carry_a_pair_leaves_pairs_as_two_texts(tiny_models, caplog):

@@ -64,6 +64,16 @@ def test_rerank_takes_teis_texts_and_answers_best_first_with_the_text_asked_for(
         rerank.read({"query": "q", "texts": ["a"]}, no_pairs)
 
 
+def test_rerank_on_a_maxsim_archive_sends_the_query_first_and_takes_raw_scores_as_it_changes_nothing():
+    rerank, no_pairs = TeiRerankProtocol("maxsim"), RequestSpec(PARAMS, 8, pairs=False)
+    request = rerank.read({"query": "q", "texts": ["a", "b"], "raw_scores": True, "return_text": True}, no_pairs)
+    assert request.texts == ["q", "a", "b"] and request.scoring == "maxsim" and request.params == {}
+    ranked = rerank.encode(request, [{"query_vectors": 3}, {"score": 0.1}, {"score": 0.9}], None)
+    assert ranked == [{"index": 1, "score": 0.9, "text": "b"}, {"index": 0, "score": 0.1, "text": "a"}]
+    with pytest.raises(RequestError, match="raw_scores"):
+        rerank.read({"query": "q", "texts": ["a"], "raw_scores": "yes"}, no_pairs)
+
+
 def test_errors_have_teis_shape_and_decode_checks_the_ids():
     protocol = TeiEmbedProtocol()
     assert protocol.error(RequestError(413, "too many")) == {"error": "too many", "error_type": "Validation"}
