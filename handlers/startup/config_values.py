@@ -1,6 +1,7 @@
 """The checks one model-config.yaml value passes (handlers/startup/config.py names each key's),
 and the error that names the key, the value and what is allowed."""
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -127,3 +128,9 @@ def origins(value, key) -> tuple[str, ...]:
     if None in written or any(part.path not in ("", "/") or part.query or part.fragment for part in parts):
         raise ConfigError(key, value, allowed)
     return written
+
+
+def option(check: Callable[[Any, str], Any], default: Any, *, meaning: str, why: str, shown: str | None = None):
+    """A `handler:` key: its check, its default, what it means and why that default (docs/configuration.md
+    is generated from these). `shown`: how a default of None is written in model-config.yaml."""
+    return dataclasses.field(default=default, metadata={"check": check, "meaning": meaning, "why": why, "shown": shown})

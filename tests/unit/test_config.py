@@ -92,7 +92,8 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
         "compile.mode", "compile.freezing",
         "compile.fullgraph", "compile.dynamic", "compile.regional", "compile.on_failure", "compile.cache_dir",
         "warmup.iterations", "warmup.verify", "warmup.tolerance", "generation.max_new_tokens",
-        "images.fetch_from", "images.fetch_seconds",
+        "images.fetch_from", "images.fetch_seconds", "images.max_urls", "images.max_images", "images.max_pixels",
+        "images.max_scans", "images.request_pixels", "images.request_bytes", "images.batch_images",
         "generation.default_new_tokens", "generation.max_stop_strings", "generation.steps_per_call",
         "generation.max_request_seconds", "scheduler.call_tokens", "scheduler.max_queue",
     }  # fmt: skip
