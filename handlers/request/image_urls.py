@@ -160,7 +160,7 @@ def fetch_one(url: str, named: set, deadline: float, most: int) -> bytes:
             raise TooLarge
         return data
     except (OSError, ValueError, http.client.HTTPException) as error:  # TimeoutError is an OSError
-        if clock.passed:
+        if clock.passed or isinstance(error, TimeoutError):  # shut at the deadline, or a wait that reached it
             raise TimeoutError from None
         raise FetchFailed(type(error).__name__) from error
     finally:

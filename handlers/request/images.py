@@ -37,7 +37,7 @@ DATA_URI = re.compile(r"data:image/[a-z0-9.+-]+;base64,", re.IGNORECASE)
 @dataclasses.dataclass(frozen=True)
 class ImageLimits:
     """What one image and one request's images may take (`images:` in the archive's config,
-    handlers/startup/config.py, says why each default): bytes as sent (before base64 is decoded: 4/3
+    handlers/startup/image_config.py, says why each default): bytes as sent (before base64 is decoded: 4/3
     of them), pixels decoded, how many times longer than wide (or wide than high) an image may be (a
     processor that scales the shorter side to 224 would make a 40,000,000 x 1 strip, a 155 KB PNG,
     gigabytes of pixels) and a progressive JPEG's scans (each one a pass over every pixel)."""
@@ -65,7 +65,7 @@ def is_url(value) -> bool:
 
 
 def image_bytes(value, field: str, limits: ImageLimits) -> bytes:
-    """The image's bytes, from a data URI, bare base64 or raw bytes (URLs: `fetched`)."""
+    """The image's bytes, from a data URI, bare base64, raw bytes or an allowed origin's URL."""
     if isinstance(value, (bytes, bytearray)):
         data = bytes(value)
     elif is_url(value):
@@ -211,7 +211,11 @@ class HeldImages:
         self.lock = threading.Lock()
 
     def take(self, count: int, field: str) -> None:
-        """Hold `count` more images, or refuse the request that brings them."""
+        """Hold `count` more images, or refuse the request that brings them: a 413 where it could
+        never fit, a 503 where it fits once the held ones are answered."""
+        if count > self.most:
+            message = f"the request has {count} images; a worker holds at most {self.most} (images.batch_images)"
+            raise RequestError(413, message, field)
         with self.lock:
             if count and self.held + count > self.most:
                 held = f"the worker holds {self.held} images read and not yet answered"

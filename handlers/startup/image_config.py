@@ -78,7 +78,8 @@ class ImagesConfig:
         256,
         meaning="image-text-embedding: the most images a worker holds read and not yet answered (a TorchServe "
         "batch's, or the scheduler's queue's); a request that would pass it is a 503 (send it again), its "
-        "batch-mates answered. Each is held as 8-bit pixels at the processor's size (150 KB at 224 x 224)",
+        "batch-mates answered; one with more images than this alone a 413. Each is held as 8-bit pixels at "
+        "the processor's size (150 KB at 224 x 224)",
         why="every held image is a vision pass of the next call: 256 bounds a batch's memory (38 MB at 224 px, "
         "110 MB at 384) and its time under TorchServe's response timeout",
     )

@@ -616,5 +616,43 @@ def test_ray_serve_answers_images_and_texts_and_refuses_a_bad_image_alone(cluste
         wanted = torch.cat([image.pooler_output, text.pooler_output, image.pooler_output])
         assert torch.nn.functional.cosine_similarity(got, wanted, dim=-1).min().item() >= 0.9999
         assert truncated.status_code == 400 and "truncated or corrupt PNG" in truncated.json()["error"]
+        hostile_images_fail_alone(url, uri, got[0], model, processor)
     finally:
         serve.delete("clip")
+
+
+def hostile_images_fail_alone(url: str, uri: str, wanted: torch.Tensor, model, processor) -> None:
+    """Through the replica's token scheduler: 64 palette PNGs of 40 megapixels (5 KB each) refused
+    from their headers, an animated GIF from its own, a phone photo stored sideways embedded as
+    transformers' `load_image` turns it; the ordinary request sent beside them answered."""
+    import base64
+    import io
+
+    from PIL import Image
+    from transformers.image_utils import load_image
+
+    def data_uri(image, image_format="PNG", **save) -> str:
+        out = io.BytesIO()
+        image.save(out, image_format, **save)
+        return f"data:image/{image_format.lower()};base64," + base64.b64encode(out.getvalue()).decode()
+
+    frames = [Image.new("RGB", (16, 16), (index * 40, 0, 0)) for index in range(5)]
+    photo = Image.fromarray((np.random.default_rng(5).random((48, 64, 3)) * 255).astype(np.uint8), "RGB")
+    exif = photo.getexif()
+    exif[0x0112] = 6
+    sideways = data_uri(photo, "JPEG", exif=exif.tobytes(), quality=95)
+    bodies = [
+        {"inputs": [{"image": data_uri(Image.new("P", (6324, 6324)), bits=1, optimize=True)}] * 64},
+        {"inputs": [{"image": data_uri(frames[0], "GIF", save_all=True, append_images=frames[1:])}]},
+        {"inputs": [{"image": sideways}]},
+        {"inputs": [{"image": uri}]},
+    ]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(lambda body: requests.post(url, json=body, headers=AUTH, timeout=60), bodies))
+    assert answers[0].status_code == 413 and "images.request_pixels" in answers[0].json()["error"]
+    assert answers[1].status_code == 400 and "animated GIF" in answers[1].json()["error"]
+    with torch.inference_mode():
+        upright = model.get_image_features(**processor(images=[load_image(sideways)], return_tensors="pt"))
+    got = torch.tensor([answers[2].json()[0]["embedding"], answers[3].json()[0]["embedding"]])
+    cosines = torch.nn.functional.cosine_similarity(got, torch.stack([upright.pooler_output[0], wanted]), dim=-1)
+    assert cosines.min().item() >= 0.9999

@@ -138,3 +138,6 @@ def test_held_images_are_counted_and_given_back():
         assert held.held == 10
     assert held.held == 6
     held.take(0, "images")  # a request without images is never refused
+    with pytest.raises(RequestError) as error:
+        HeldImages(10).take(11, "images")  # it could never fit: not a 503, which says "send it again"
+    assert error.value.status == 413 and "holds at most 10 (images.batch_images)" in error.value.message

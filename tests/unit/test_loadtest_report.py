@@ -86,6 +86,60 @@ def test_ours_is_checked_against_infinity_s_best_configuration_of_the_run():
     assert infinity_checks({("ours-auto", 1): 130.0}) == []
 
 
+def test_ours_is_checked_against_vllms_better_configuration_and_its_lone_query(tmp_path):
+    from ts_compiled_handlers.benchmarks.loadtest import vllm_checks
+
+    medians = {("ours-auto", 1): 150.0, ("vllm-cpu", 1): 90.0, ("vllm-cpu-tuned", 1): 100.0}
+    rows = [
+        {"archive": name, "workers": 1, "latency": {"p50": p50}}
+        for name, p50 in [("ours-auto", 0.012), ("vllm-cpu", 0.016), ("vllm-cpu-tuned", 0.015)]
+    ]
+    (throughput,) = vllm_checks(medians, rows, clients=16)
+    assert "vllm-cpu-tuned" in throughput["check"] and throughput["value"] == pytest.approx(1.5) and throughput["met"]
+    _, lone = vllm_checks(medians, rows, clients=1)
+    assert "vllm-cpu-tuned" in lone["check"] and lone["value"] == pytest.approx(0.8) and not lone["met"]
+    assert vllm_checks({("ours-auto", 1): 1.0}, rows, 1) == []
+
+
+def test_a_vllm_contender_is_its_openai_pooling_server_at_bfloat16_defaults_or_tuned(tmp_path):
+    from ts_compiled_handlers.benchmarks.vllm_server import TUNED_BATCHED_TOKENS, VllmServer
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / "lib" / "python3.11" / "site-packages" / "vllm").mkdir(parents=True)
+    (venv / "lib" / "python3.11" / "site-packages" / "vllm" / "__init__.py").write_text("")  # installed
+    plain = VllmServer("vllm-cpu", tmp_path / "model", 7997, tmp_path, venv)
+    command = plain.command()
+    assert command[:3] == [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+    assert command[command.index("--runner") + 1] == "pooling" and command[command.index("--dtype") + 1] == "bfloat16"
+    assert command[command.index("--host") + 1] == "127.0.0.1" and "--max-num-batched-tokens" not in command
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in plain.environment() and plain.path == "/v1/embeddings"
+    tuned = VllmServer("vllm-cpu-tuned", tmp_path / "model", 7997, tmp_path, venv)
+    command = tuned.command()
+    assert command[command.index("--max-num-batched-tokens") + 1] == str(TUNED_BATCHED_TOKENS)
+    assert tuned.environment()["VLLM_CPU_OMP_THREADS_BIND"].startswith("0-")
+    assert tuned.environment()["HF_HUB_OFFLINE"] == "1"
+
+
+def test_a_vllm_server_answering_other_vectors_is_refused_before_timing(tiny_bert, tmp_path, monkeypatch):
+    """The check reads sentence-transformers' `encode` of the same folder: its own vectors pass, noise fails."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from ts_compiled_handlers.benchmarks.vllm_server import VllmServer, check
+
+    texts = ["a cat sat on the mat", "hello world"]
+    wanted = SentenceTransformer(str(tiny_bert), device="cpu").encode(texts, convert_to_tensor=True)
+    server = VllmServer("vllm-cpu", tiny_bert, 7997, tmp_path, tmp_path / "venv")
+    answers = dict(zip(texts, wanted.tolist(), strict=True))
+    monkeypatch.setattr(server, "embedding", lambda text: answers[text])
+    assert check(server, tiny_bert, texts) >= 0.9999
+    monkeypatch.setattr(server, "embedding", lambda text: torch.randn(wanted.shape[1]).tolist())
+    with pytest.raises(ValueError, match="answers other vectors than sentence-transformers"):
+        check(server, tiny_bert, texts)
+
+
 def test_an_infinity_contender_is_its_torch_engine_at_its_dtype_with_or_without_compile(tmp_path):
     from ts_compiled_handlers.benchmarks.infinity_server import InfinityServer
 
@@ -116,7 +170,7 @@ def test_infinity_starts_with_the_allocator_the_torchserve_contenders_get(tmp_pa
     stand_in = venv / "bin" / "infinity_emb"
     stand_in.write_text(f'#!/bin/sh\nprintf "%s" "$LD_PRELOAD" > {tmp_path / "seen"}\n')
     stand_in.chmod(0o755)
-    with pytest.raises(RuntimeError, match="Infinity exited"):
+    with pytest.raises(RuntimeError, match="infinity-float32 exited"):
         InfinityServer("infinity-float32", tmp_path / "model", 7997, tmp_path, venv).start()
     assert (tmp_path / "seen").read_text() == str(library)
 

@@ -18,6 +18,8 @@ from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted, Tokenized
 from ts_compiled_handlers.runtime.metrics import MetricsSink
 from ts_compiled_handlers.servers import inference_api
+from ts_compiled_handlers.startup.config import parse
+from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.worker.messages import Reply
 
 ray_serve = pytest.importorskip("ts_compiled_handlers.servers.ray.serve", reason="the ray extra")
@@ -68,6 +70,7 @@ class FakeWorker:
     serving = SimpleNamespace(config=SimpleNamespace(scheduler=SimpleNamespace(call_tokens=64, max_queue=2)))
     engine = None
     metrics = MetricsSink()
+    task = Task(parse({}))  # a text task: no images held
 
     def __init__(self):
         self.read_in: list[str] = []
