@@ -578,6 +578,7 @@ def main(argv=None) -> dict:
         grid["seq_lens"].append(args.max_length)
         images = any(name in IMAGES for name in args.contenders)
         image_dir = loadtest_images.model_folder(temp / "images", args.quick) if images else None
+        (temp / "store").mkdir(exist_ok=True)  # TorchServe wants one, if only peers (Infinity, vLLM) run
         build_archives(model_dir, temp / "store", args.contenders, grid, args.max_length, image_dir)
         from transformers import AutoTokenizer
 

