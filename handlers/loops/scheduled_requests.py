@@ -5,7 +5,8 @@ Where a server hands requests over one at a time, as they arrive, on an event lo
 thread, queued in the token scheduler (handlers/loops/token_scheduler.py), and answered once its
 call is done; model work runs in the worker's one model thread (handlers/loops/model_thread.py). A
 queue at `scheduler.max_queue` (requests being read count) answers 503 at once, before any reading;
-so does a request whose images would pass what the queue may hold (`images.batch_images`).
+a request whose images would pass what the worker may hold (`images.batch_images`) gets its 503
+once read, before it is queued.
 
 The reader thread keeps the event loop free while a large body is decoded and tokenized (on the
 loop, one such body stalled every request of the replica, `/ping` included), and reads one body
