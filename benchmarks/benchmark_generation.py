@@ -20,7 +20,7 @@ import torch
 
 from ts_compiled_handlers.benchmarks.in_process import make_context, start_batch
 from ts_compiled_handlers.scripts.make_tiny_models import make
-from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 
 PROMPT = "alice walks to paris and bob runs to london with carol"
 BATCHES = (1, 8)
@@ -36,7 +36,7 @@ def timed(run, repeats: int) -> float:
     return statistics.median(seconds)
 
 
-def eager_generate(handler: GenerationHandler, batch: int, new_tokens: int, repeats: int) -> float:
+def eager_generate(handler: Handler, batch: int, new_tokens: int, repeats: int) -> float:
     lm = handler.engine.model.eager.lm
     inputs = handler.tokenizer([PROMPT] * batch, return_tensors="pt", padding=True)
 
@@ -48,7 +48,7 @@ def eager_generate(handler: GenerationHandler, batch: int, new_tokens: int, repe
     return timed(run, repeats)
 
 
-def compiled_decode(handler: GenerationHandler, batch: int, new_tokens: int, repeats: int) -> float:
+def compiled_decode(handler: Handler, batch: int, new_tokens: int, repeats: int) -> float:
     bodies = [{"body": {"inputs": PROMPT, "max_new_tokens": new_tokens}} for _ in range(batch)]
 
     def run():
@@ -68,9 +68,10 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as temp:
         folder = make(Path(temp), ["text-generation"], generation_size="bench")["text-generation"]
-        handler = GenerationHandler()
+        handler = Handler()
         config = {
             "handler": {
+                "task": "text-generation",
                 "dtype": args.dtype,
                 "buckets": {"seq_lens": [16], "batch_sizes": list(BATCHES)},
                 "generation": {"max_new_tokens": args.new_tokens},

@@ -29,7 +29,6 @@ from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import build_aot_package
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make_clip
-from ts_compiled_handlers.servers.torchserve.image_text_handler import ImageTextHandler
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks.image_text import ImageTextTask, probe_image
 from ts_compiled_handlers.worker.worker import Worker
@@ -52,7 +51,7 @@ def run(args) -> dict:
         config = {"dtype": args.dtype, "buckets": {"seq_lens": [16, 64], "batch_sizes": args.batches}}
         worker = Worker.build(Placement(model_dir, "clip", {"handler": config}), ImageTextTask)
         least_cosines = {"compiled": parity(worker, model_dir)}
-        build_aot_package(ImageTextHandler, model_dir, {"handler": config})
+        build_aot_package("image-text-embedding", model_dir, {"handler": config})
         packaged = Worker.build(Placement(model_dir, "clip", {"handler": config}), ImageTextTask)
         sources = {"texts": packaged.started.cache_source, **packaged.task.side_sources()}
         if sources != {"texts": "aot", "vision": "aot package"}:

@@ -20,7 +20,6 @@ from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import ready_handler
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.scripts.make_tiny_models import make_modernbert_embedding
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
 
 def grid_tokens(plan: buckets.BucketPlan) -> tuple[int, int]:
@@ -37,7 +36,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as temp:
         folder = make_modernbert_embedding(Path(temp) / "modernbert-long", "long")
         began = time.perf_counter()
-        handler = ready_handler(EmbeddingHandler, folder, dtype=args.dtype, warmup={"iterations": 1})
+        handler = ready_handler("embedding", folder, dtype=args.dtype, warmup={"iterations": 1})
         ready = time.perf_counter() - began
         engine, report = handler.engine, handler.started.report
         unbounded = buckets.BucketPlan(engine.plan.seq_lens, engine.plan.batch_sizes, engine.plan.dynamic)

@@ -90,13 +90,14 @@ def on_ray_serve(archive: Path, lone: list, texts: list, args, haproxy: bool) ->
     from ray import serve
     from ray._private import state
 
-    from ts_compiled_handlers.servers.ray.serve import app
+    from ts_compiled_handlers.servers.ray.serve import KEY_ENV, app
 
     os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1" if haproxy else "0"
     ray.init(num_cpus=cpu.cores(), include_dashboard=False)
     port = free_ports(1)[0]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    options = {"archive": str(archive), "api_key": KEY, "ray_actor_options": {"num_cpus": cpu.cores()}}
+    os.environ[KEY_ENV] = KEY  # read where the application is built, here
+    options = {"archive": str(archive), "ray_actor_options": {"num_cpus": cpu.cores()}}
     serve.run(app(options), name="minilm", route_prefix="/")
     actors = [actor for actor in state.actors().values() if actor["State"] == "ALIVE"]
     replica = next(actor["Pid"] for actor in actors if actor["ActorClassName"].startswith("ServeReplica:"))

@@ -92,9 +92,7 @@ def in_process(model_dir: Path, config: dict, texts: list, seconds: float, caps:
     lone query's call (its median)."""
     import torch
 
-    from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-
-    handler = ready_handler(EmbeddingHandler, model_dir, **{"dtype": "auto", **config["handler"]})
+    handler = ready_handler("embedding", model_dir, **{"dtype": "auto", **config["handler"]})
     budget = handler.engine.plan.full_call_tokens
     token_ids = [handler.tokenize([text]).token_ids[0] for text, _ in texts]
     found = {"call_tokens": budget, "threads": torch.get_num_threads()}

@@ -70,10 +70,9 @@ def our_handler(name: str, folder: Path, config: dict, scratch: Path):
     """Our embedding handler as a worker starts it, for contender `name`."""
     from ts_compiled_handlers.benchmarks.benchmark_aot import build_package
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
-    from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
     if name == "eager":
-        handler = ready_handler(EmbeddingHandler, folder, **config, compile={"enable": False})
+        handler = ready_handler("embedding", folder, **config, compile={"enable": False})
         return handler, handler.engine
     quantize, packaged = name.removesuffix("-aot"), name.endswith("aot")
     if quantize in INT8:  # refused by its gate, it must fail the run, not time the model unquantized
@@ -83,7 +82,7 @@ def our_handler(name: str, folder: Path, config: dict, scratch: Path):
         folder, _ = build_package(folder, scratch / "packaged", config)
     with torch._inductor.config.patch(INDUCTOR_OPTIONS.get(name, {})):
         compile_options = {"on_failure": "fail"} | ({"freezing": FREEZING[name]} if name in FREEZING else {})
-        handler = ready_handler(EmbeddingHandler, folder, **config, compile=compile_options)
+        handler = ready_handler("embedding", folder, **config, compile=compile_options)
     expected = "aot package" if packaged else "compiled"
     if handler.model_source != expected:
         raise RuntimeError(f"{name}: the handler serves from {handler.model_source}, not {expected}")
@@ -96,14 +95,13 @@ def run_contender(args) -> dict:
     from ts_compiled_handlers.benchmarks.benchmark import compare
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
     from ts_compiled_handlers.engine.runner import EagerRunner
-    from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
     from ts_compiled_handlers.startup.calibration import calibration_texts
 
     config = {"dtype": args.dtype, "buckets": grid(args)}
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         folder = model_folder(args, scratch)
-        reference = ready_handler(EmbeddingHandler, folder, buckets=grid(args), compile={"enable": False})
+        reference = ready_handler("embedding", folder, buckets=grid(args), compile={"enable": False})
         eager = reference.engine.on(EagerRunner(reference.engine.model.eager))
         if args.contender in ANCHORS:
             serving = reference.serving

@@ -24,7 +24,6 @@ from ts_compiled_handlers.runtime import process_settings
 from ts_compiled_handlers.runtime.hardware import usable_cores
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup.compiling import CompiledModel
 
 
@@ -44,7 +43,7 @@ def baked_twin(handler):
 
 
 def bench(model_dir: Path, dtype: str, threads: int, grid: dict, warmup: int, iterations: int) -> list[dict]:
-    handler = ready_handler(EmbeddingHandler, model_dir, dtype=dtype, threads=threads, buckets=grid)
+    handler = ready_handler("embedding", model_dir, dtype=dtype, threads=threads, buckets=grid)
     assert process_settings.kernels_follow_thread_count(), "workers compile with dynamic threads"
     baked = baked_twin(handler)
     rows = []

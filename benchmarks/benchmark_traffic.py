@@ -25,14 +25,14 @@ from ts_compiled_handlers.benchmarks.traffic import ids_of_lengths, traffic_leng
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.engine.layout import BatchIds, Call, Layout, call_inputs
 from ts_compiled_handlers.runtime.hardware import DTYPES, detect
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 
 
 def batches(items: list, size: int) -> list[list]:
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 
-def eager_pad_to_longest(handler: EmbeddingHandler, dtype: torch.dtype, traffic: list[list[list[int]]]) -> dict:
+def eager_pad_to_longest(handler: Handler, dtype: torch.dtype, traffic: list[list[list[int]]]) -> dict:
     """The simple hand-written handler: each batch padded to its longest request, eager. Its inputs
     are the length groups' (one text a row, an attention mask), at the longest length, not a bucket."""
     module = handler.engine.model.eager.to(dtype)
@@ -49,7 +49,7 @@ def eager_pad_to_longest(handler: EmbeddingHandler, dtype: torch.dtype, traffic:
     return {"seconds": time.perf_counter() - began, "padded_tokens": padded}
 
 
-def ours(handler: EmbeddingHandler, traffic: list[list[list[int]]]) -> dict:
+def ours(handler: Handler, traffic: list[list[list[int]]]) -> dict:
     """Our path (packed or grouped, as the handler serves) over the traffic; per batch its time,
     model calls and computed tokens."""
     per_batch = []
@@ -77,11 +77,11 @@ def batch_costs(per_batch: list[tuple[float, int, int]]) -> dict:
     }
 
 
-def ready_handler(model_dir: Path, dtype: str, pack_tokens: str | int) -> EmbeddingHandler:
+def ready_handler(model_dir: Path, dtype: str, pack_tokens: str | int) -> Handler:
     """A handler compiled on its own: dynamo's caches are per code object, so a second handler of
     the same class would reuse the first one's graphs and fail its warm-up graph count."""
     torch._dynamo.reset()
-    handler = EmbeddingHandler()
+    handler = Handler()
     config = {"handler": {"dtype": dtype, "buckets": {"pack_tokens": pack_tokens}}}
     handler.initialize(make_context(model_dir, config))
     handler.initialized = False  # no TorchServe metrics to emit in process

@@ -2,10 +2,10 @@
 else (no model, no tokenizer). Built like our archives (same batchSize and maxBatchDelay), its lone
 query latency is what TorchServe's frontend, batching and worker protocol cost by themselves."""
 
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 
 
-class FloorHandler(EmbeddingHandler):
+class FloorHandler(Handler):
     def initialize(self, context):
         self.initialized = True
 

@@ -15,25 +15,34 @@ def start_batch(context: Context, content_types: list[str]) -> None:
     context.request_processor = [RequestProcessor({"body": {"content-type": ct}}) for ct in content_types]
 
 
-def ready_handler(handler_class, model_dir, **handler_config):
-    """A handler initialized in process with float32 and `handler_config` under `handler:`."""
+def ready_handler(served, model_dir, **handler_config):
+    """A handler initialized in process with float32 and `handler_config` under `handler:`.
+    `served`: a task's name (TorchServe's handler, that task in its config), or a handler class
+    (its task: `handler_config`'s, else the configuration's default)."""
     import torch
     from torch._dynamo.utils import counters
+
+    from ts_compiled_handlers.servers.torchserve.handler import Handler
 
     if handler_config.get("compile", {}).get("enable", True):  # an eager handler leaves compiled ones alone
         torch._dynamo.reset()
         counters.clear()  # compiled_graph_count() counts from here
-    handler = handler_class()
+    if isinstance(served, str):
+        served, handler_config = Handler, {"task": served, **handler_config}
+    handler = served()
     handler.initialize(make_context(model_dir, {"handler": {"dtype": "float32", **handler_config}}))
     return handler
 
 
-def build_aot_package(handler_class, model_dir, yaml_config: dict) -> dict:
-    """The AOT package of `model_dir` built in place, as `hfserve build --precompile aot` builds it
-    (without the build's own checks); the build's timings."""
+def build_aot_package(task: str, model_dir, yaml_config: dict) -> dict:
+    """The AOT package of `model_dir` for `task` built in place, as `hfserve build --precompile aot`
+    builds it (without the build's own checks); the build's timings."""
     from ts_compiled_handlers.startup import aot_start, build_steps
     from ts_compiled_handlers.startup.placement import Placement
+    from ts_compiled_handlers.tasks.registry import task_class
+    from ts_compiled_handlers.worker.worker import Worker
 
+    yaml_config = {**yaml_config, "handler": {**yaml_config.get("handler", {}), "task": task}}
     placement = Placement(model_dir, "test", yaml_config)
-    task, serving, _ = handler_class.worker_class.read(placement, handler_class.task_class)
+    task, serving, _ = Worker.read(placement, task_class(task))
     return aot_start.build_package(task, serving, build_steps.eager_engine(task, serving))

@@ -43,7 +43,6 @@ def main(argv=None) -> None:
     from transformers import AutoTokenizer
 
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
-    from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS), help="`quantize` values")
@@ -54,7 +53,7 @@ def main(argv=None) -> None:
     folder = Path(get_model_path())
     tokenizer = AutoTokenizer.from_pretrained(folder)
     sets = held_out_sets(tokenizer)
-    reference = ready_handler(EmbeddingHandler, folder, compile={"enable": False})  # float32
+    reference = ready_handler("embedding", folder, compile={"enable": False})  # float32
     expected = {name: vectors(reference, tokenizer, batch) for name, batch in sets.items()}
     results = []
     print(f"{'quantize':<10} {'held-out set':<26} {'least cos':>9} {'mean cos':>9} {'recall@10':>9}  the gate at ready")
@@ -62,9 +61,7 @@ def main(argv=None) -> None:
         tolerance = {"int8": args.tolerance, "int8-all": measure.INT8_ALL_TOLERANCE}.get(setting)
         loose = {"warmup": {"tolerance": tolerance}} if tolerance else {}
         compile_options = {"enable": not args.eager, "on_failure": "fail"}
-        handler = ready_handler(
-            EmbeddingHandler, folder, dtype="auto", quantize=setting, compile=compile_options, **loose
-        )
+        handler = ready_handler("embedding", folder, dtype="auto", quantize=setting, compile=compile_options, **loose)
         gate = handler.engine.model.int8_gate.last if setting != "none" else None
         for name, batch in sets.items():
             found = quality(expected[name], vectors(handler, tokenizer, batch))

@@ -63,7 +63,6 @@ def main(argv=None) -> None:
     from transformers import AutoTokenizer
 
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
-    from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("runs/distilled-reranker"))
@@ -77,7 +76,7 @@ def main(argv=None) -> None:
         logger.addHandler(logging.StreamHandler())
     queries = json.loads((args.model / "eval_queries.json").read_text())["queries"]
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    reference_handler = ready_handler(ClassificationHandler, args.model, compile={"enable": False})  # float32
+    reference_handler = ready_handler("text-classification", args.model, compile={"enable": False})  # float32
     expected = scores(reference_handler, tokenizer, queries)
     del reference_handler
     pairs = [(entry["query"], text) for entry in queries[:20] for text in entry["candidates"]]
@@ -93,7 +92,7 @@ def main(argv=None) -> None:
         loose = {"warmup": {"tolerance": measure.INT8_ALL_TOLERANCE}} if setting == "int8-all" else {}
         compile_options = {"enable": not args.eager, "on_failure": "fail"}
         handler = ready_handler(
-            ClassificationHandler, args.model, dtype="auto", quantize=setting, compile=compile_options, **loose
+            "text-classification", args.model, dtype="auto", quantize=setting, compile=compile_options, **loose
         )
         gate = handler.engine.model.int8_gate.last if setting != "none" else None
         found = agreement(expected, scores(handler, tokenizer, queries))

@@ -6,11 +6,11 @@ and no packing: one eager forward pass per TorchServe batch, padded to the batch
 """
 
 from ts_compiled_handlers.engine import buckets, layout
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
 
-class PadToLongestHandler(EmbeddingHandler):
+class PadToLongestHandler(Handler):
     class PadToLongest(layout.Layout):  # nested: a handler file defines exactly one class
         """One call per batch, each text a row padded to the batch's longest."""
 

@@ -26,7 +26,7 @@ import torch
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import ready_handler
 from ts_compiled_handlers.benchmarks.traffic import ids_of_lengths, traffic_lengths
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 
 KINDS = ("linears", "attention", "inductor kernels", "rest")
 
@@ -41,13 +41,13 @@ def kind(op_name: str) -> str:
     return "rest"
 
 
-def served(model_dir: Path, quantize: str) -> EmbeddingHandler:
+def served(model_dir: Path, quantize: str) -> Handler:
     """The handler a worker would serve, in bfloat16; `on_failure: fail`, so a refused int8 model
     stops the run instead of being timed as the bfloat16 one it falls back to."""
     loose = {"warmup": {"tolerance": measure.INT8_ALL_TOLERANCE}} if quantize == "int8-all" else {}
     compile_options = {"on_failure": "fail"}
     handler = ready_handler(
-        EmbeddingHandler, model_dir, dtype="bfloat16", quantize=quantize, compile=compile_options, **loose
+        "embedding", model_dir, dtype="bfloat16", quantize=quantize, compile=compile_options, **loose
     )
     handler.initialized = False  # no TorchServe metrics to emit in process
     return handler
@@ -60,7 +60,7 @@ def scores_inside_texts(calls: list, lengths: list[int]) -> tuple[int, int]:
     return inside, sum(call.group.batch_size * call.group.seq_len**2 for call in calls)
 
 
-def split(handler: EmbeddingHandler, traffic: list[list[list[int]]]) -> dict:
+def split(handler: Handler, traffic: list[list[list[int]]]) -> dict:
     """One untimed pass over the traffic, then one under the profiler: self CPU seconds by kind of
     op, the wall time, and the share of attention's scores that lie inside a text."""
     from torch.profiler import ProfilerActivity, profile

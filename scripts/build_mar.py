@@ -35,7 +35,6 @@ from ts_compiled_handlers.scripts import answer_ranges, hub, precompile
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_task
 from ts_compiled_handlers.servers.torchserve import settings
-from ts_compiled_handlers.servers.torchserve.handler_files import HANDLER_FILES
 from ts_compiled_handlers.startup.bucket_plan import task_plan
 from ts_compiled_handlers.startup.calibration import CalibrationError, calibration_texts
 from ts_compiled_handlers.startup.config import TASKS, ConfigError, parse
@@ -159,8 +158,7 @@ def estimated_compile_seconds(config: dict, model_dir: Path) -> float:
     options = handler.compile
     if not options.enable:
         return 0.0
-    handler_class = precompile.handler_class(f"{package_files.NAME}/{HANDLER_FILES[handler.task]}")
-    plan = task_plan(handler_class.task_class(handler), handler, Path(model_dir))
+    plan = task_plan(task_class(handler.task)(handler), handler, Path(model_dir))
     layers = json.loads((Path(model_dir) / "config.json").read_text()).get("num_hidden_layers", 12)
     # Regional graphs of length groups come twice, with and without an attention mask (see
     # warmup.padding_variants); packed rows always carry one. The estimate takes the larger.
@@ -311,7 +309,7 @@ def build(
         check_staged_calibration(parse(config).calibration, staging)
         if task == "embedding":  # int8/uint8 answers' ranges (handlers/tasks/precisions.py)
             answer_ranges.write_ranges(staging, parse(config))
-        handler = staging / package_files.NAME / HANDLER_FILES[task]
+        handler = staging / package_files.NAME / package_files.HANDLER
         if handler_file is not None:
             handler = staging / Path(handler_file).name
             shutil.copy2(handler_file, handler)

@@ -70,8 +70,8 @@ def write_layout(
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / "model-store").mkdir(parents=True, exist_ok=True)
     (out / "config" / "config.properties").write_text(render(model_snapshot(entries), profile))
-    shutil.copy2(package_files.PACKAGE / "metrics.yaml", out / "config" / "metrics.yaml")
-    shutil.copy2(package_files.PACKAGE / "log4j2.xml", out / "config" / "log4j2.xml")
+    shutil.copy2(package_files.TORCHSERVE_FILES / "metrics.yaml", out / "config" / "metrics.yaml")
+    shutil.copy2(package_files.TORCHSERVE_FILES / "log4j2.xml", out / "config" / "log4j2.xml")
     shutil.copy2(profile.parent / "ready.py", out / "config" / "ready.py")
     for mar in archives:
         shutil.copy2(mar, out / "model-store" / mar.name)

@@ -60,16 +60,8 @@ def measure(model_dir: Path, task: str, max_tokens: int = 4096, repeats: int = 3
     """Time the model eagerly (the attention's share is a property of the model, compiled or not) over
     its length buckets, and fit the costs; also the samples (rows, length, seconds)."""
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
-    from ts_compiled_handlers.runtime import package_files
-    from ts_compiled_handlers.scripts.build_mar import HANDLER_FILES
-    from ts_compiled_handlers.scripts.precompile import handler_class
 
-    handler = ready_handler(
-        handler_class(f"{package_files.NAME}/{HANDLER_FILES[task]}"),
-        model_dir,
-        compile={"enable": False},
-        buckets={"pack_tokens": "off"},
-    )
+    handler = ready_handler(task, model_dir, compile={"enable": False}, buckets={"pack_tokens": "off"})
     engine, filler = handler.engine, handler.serving.probes.filler
     samples = []
     for rows, length in shapes(engine.plan.max_seq_len, max_tokens):

@@ -42,9 +42,9 @@ import requests
 from ts_compiled_handlers.runtime import allocator, package_files
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 
-TEMPLATE = package_files.PACKAGE / "config.properties"  # the secure defaults `hfserve init` writes
-METRICS = package_files.PACKAGE / "metrics.yaml"  # our metrics, declared for TorchServe
-LOG_CONFIG = package_files.PACKAGE / "log4j2.xml"  # the frontend's logging without lines per request
+TEMPLATE = package_files.TORCHSERVE_FILES / "config.properties"  # the secure defaults `hfserve init` writes
+METRICS = package_files.TORCHSERVE_FILES / "metrics.yaml"  # our metrics, declared for TorchServe
+LOG_CONFIG = package_files.TORCHSERVE_FILES / "log4j2.xml"  # the frontend's logging without lines per request
 LOG_OPTION = "-Dlog4j.configurationFile="
 
 DEFAULT_PORTS = {  # the repository's config.properties: TorchServe's usual ports

@@ -1,5 +1,5 @@
 """A TorchServe log as the tests read it: log4j2 rolls each file over at midnight (and at 100 MB,
-handlers/log4j2.xml), so a run that crosses midnight finds its earlier lines in the rolled files."""
+handlers/servers/torchserve/log4j2.xml), so a run that crosses midnight finds its earlier lines in the rolled files."""
 
 import gzip
 import re

@@ -1,7 +1,8 @@
 """What the machine can do: device, CPU matrix features, usable cores, and TF32 where it pays.
 
-`detect()` runs once per process at handler import (it is cached, so every handler module can call
-it). TF32 is the one process-wide setting made here, at import; every other one is in
+`detect()` runs once per process: at the import of TorchServe's handler module
+(handlers/servers/torchserve/handler.py), elsewhere when the first worker reads its archive (it is
+cached). TF32 is the one process-wide setting made here; every other one is in
 handlers/runtime/process_settings.py.
 """
 

@@ -7,6 +7,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).parent.parent  # this file sits in the package's runtime/ room
 NAME = __name__.partition(".")[0]  # the import name (the repository keeps its source in handlers/)
 TOOLS = ("scripts", "benchmarks")
+# The handler file every archive names, relative to the package: a name, not an import, so that
+# `hfserve build` does not import TorchServe's base handler (it logs warnings at import).
+HANDLER = "servers/torchserve/handler.py"
+TORCHSERVE_FILES = PACKAGE / "servers" / "torchserve"  # config.properties, metrics.yaml, log4j2.xml
 SUFFIXES = (".py", ".yaml")
 
 

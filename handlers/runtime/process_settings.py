@@ -1,9 +1,9 @@
 """Every process-wide torch setting the handlers make, in one place.
 
 torch keeps these per process, not per model; a TorchServe worker is one process serving one model,
-so the handler may set them. TF32 is the exception: it is switched on at import by
-`hardware.detect()`, which the product promises. Each setting is made at the one moment it can be
-known, by the function named for it:
+so the handler may set them. TF32 is the exception: it is switched on by `hardware.detect()` when
+the handler module is imported (handlers/servers/torchserve/handler.py), as the product promises.
+Each setting is made at the one moment it can be known, by the function named for it:
 
 - `share_cores()`, as the configuration is read (a worker and the build's precompile step alike):
   intra-op threads, a share of the cores that `ThreadShare` re-applies as workers come and go;

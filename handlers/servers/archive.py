@@ -8,7 +8,7 @@ shares the copy (and a new build of the same name is a new folder). The archive'
 MANIFEST.json names the handler file and the model-config.yaml. Which task serves it is read from
 the model-config.yaml (`handler.task`), so a server other than TorchServe never imports TorchServe;
 only an archive built with a handler file of its own (`hfserve build --handler`, a subclass of the
-TorchServe adapter) has its task and worker classes read from that file, which needs TorchServe.
+TorchServe adapter) has its worker class read from that file, which needs TorchServe.
 """
 
 import ast
@@ -84,12 +84,13 @@ class Archive:
         return cls(folder, model["modelName"], model.get("modelVersion", "1.0"), model["handler"], yaml_config or {})
 
     def served_by(self) -> tuple[type[Task], type[Worker]]:
-        """The task and worker classes that serve this archive: ours for its `handler.task` where
-        its handler file is one of ours, else those of the handler class the file defines."""
+        """The task and worker classes that serve this archive: its `handler.task`'s and our worker
+        where its handler file is one of ours, else those the handler class the file defines names."""
+        task = task_class(parse(self.yaml_config).task)
         if is_stock_handler(self.folder / self.handler_file):
-            return task_class(parse(self.yaml_config).task), Worker
+            return task, Worker
         handler = self.handler_class()
-        return handler.task_class, handler.worker_class
+        return handler.task_class or task, handler.worker_class
 
     def handler_class(self):
         """The handler class the manifest names: the one class of its file that subclasses ours."""
@@ -116,8 +117,9 @@ class Archive:
 
 
 def is_stock_handler(path: Path) -> bool:
-    """A handler file as `hfserve build` writes one (any version): imports, then one class whose
-    body only names its task (`task_class = ...`). Anything else is a user's own handler."""
+    """A handler file as `hfserve build` writes one (any version): imports and calls, then one class
+    whose body says nothing (today's) or only names its task (`task_class = ...`, before there was
+    one handler for every task). Anything else is a user's own handler."""
     try:
         body = ast.parse(path.read_text()).body
     except (OSError, SyntaxError, ValueError):
@@ -126,7 +128,7 @@ def is_stock_handler(path: Path) -> bool:
     if len(body) != 1 or not isinstance(body[0], ast.ClassDef):
         return False
     statements = [node for node in body[0].body if not isinstance(node, ast.Expr)]
-    return len(statements) == 1 and ast.unparse(statements[0]).startswith("task_class = ")
+    return len(statements) <= 1 and all(ast.unparse(each).startswith("task_class = ") for each in statements)
 
 
 def show_worker_logs() -> None:

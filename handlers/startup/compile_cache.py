@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import functools
 import hashlib
 import json
 import logging
@@ -45,7 +44,6 @@ from ts_compiled_handlers.runtime.hardware import read_cpu_flags
 logger = logging.getLogger(__name__)
 
 ROOT_ENV = "HFSERVE_CACHE_DIR"
-OLD_ROOT_ENV = "COMPILED_HANDLERS_CACHE_DIR"  # its former name: still read, with a deprecation warning
 PACKED_DIR = "compile_cache"
 MANIFEST_FILE = "manifest.json"
 TARBALL_FILE = "inductor-cache.tar.gz"
@@ -61,17 +59,9 @@ CPU_VECTOR_FLAGS = (
 def default_root() -> Path | None:
     """The host's cache root: $HFSERVE_CACHE_DIR (`off`: none), else this user's folder in the temp dir."""
     chosen = os.environ.get(ROOT_ENV)
-    if chosen is None and OLD_ROOT_ENV in os.environ:
-        chosen = os.environ[OLD_ROOT_ENV]
-        _warn_old_name()
     if chosen == "off":
         return None
     return Path(chosen) if chosen else private_dirs.TEMP / "compile-cache"
-
-
-@functools.cache
-def _warn_old_name() -> None:
-    logger.warning("%s is deprecated: name the compile cache's folder in %s instead", OLD_ROOT_ENV, ROOT_ENV)
 
 
 def triton_version() -> str | None:

@@ -25,9 +25,6 @@ if TYPE_CHECKING:  # the tasks' own modules read Serving
     from ts_compiled_handlers.tasks import Task
 
 
-HARDWARE = hardware.detect()  # at import: TF32 switched on and logged before any model is built
-
-
 @dataclasses.dataclass(frozen=True)
 class Serving:
     """What a worker serves, read from the archive before any model is built."""
@@ -66,7 +63,8 @@ def read_serving(placement: Placement, task: "Task") -> tuple[Serving, process_s
     model_dir = Path(placement.model_dir)
     threads = process_settings.share_cores(config.threads, placement.workers, model_dir)
     gpu_id = placement.gpu_id
-    device = torch.device(f"cuda:{gpu_id}" if HARDWARE.device == "cuda" and gpu_id is not None else "cpu")
+    on_cuda = hardware.detect().device == "cuda"  # detected at the handler's import under TorchServe
+    device = torch.device(f"cuda:{gpu_id}" if on_cuda and gpu_id is not None else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if not tokenizer.is_fast:
         raise ValueError(f"{model_dir} has no fast tokenizer (tokenizer.json); offsets and speed need one")

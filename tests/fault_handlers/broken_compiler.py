@@ -6,12 +6,12 @@ never part of the package.
 
 from unittest import mock
 
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 
 INJECTED = "injected inductor failure (tests/fault_handlers/broken_compiler.py)"
 
 
-class BrokenCompilerEmbedding(EmbeddingHandler):
+class BrokenCompilerEmbedding(Handler):
     def initialize(self, context):
         with mock.patch("torch._inductor.compile_fx.compile_fx", side_effect=RuntimeError(INJECTED)):
             super().initialize(context)

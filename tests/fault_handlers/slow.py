@@ -5,7 +5,7 @@ Lets the fault tests fill TorchServe's job queue and outlast responseTimeout; ne
 
 import time
 
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 
 
 def requested_sleep(request: dict) -> float:
@@ -14,7 +14,7 @@ def requested_sleep(request: dict) -> float:
     return float(text.split()[1]) if isinstance(text, str) and text.startswith("sleep ") else 0.0
 
 
-class SlowEmbedding(EmbeddingHandler):
+class SlowEmbedding(Handler):
     def handle(self, data, context):
         time.sleep(sum(requested_sleep(request) for request in data))
         return super().handle(data, context)

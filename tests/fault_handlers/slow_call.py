@@ -6,7 +6,7 @@ meanwhile pile up in its queue: the back-pressure test fills it. Never part of t
 
 import time
 
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 from ts_compiled_handlers.worker.worker import Worker
 
 
@@ -14,7 +14,7 @@ def requested_sleep(text: str) -> float:
     return float(text.split()[1]) if text.startswith("sleep ") else 0.0
 
 
-class SlowCallEmbedding(EmbeddingHandler):
+class SlowCallEmbedding(Handler):
     class worker_class(Worker):  # nested: a handler file defines exactly one class
         def run(self, requests):
             time.sleep(sum(requested_sleep(text) for request in requests for text in request.request.texts))

@@ -213,7 +213,10 @@ def test_the_wheel_installs_one_package_of_its_own_name(wheel):
     assert tops == {"ts_compiled_handlers", f"{distribution}-{version}.dist-info"}
     listed = wheel.python("-m", "pip", "show", "-f", "ts-compiled-handlers")
     assert "Location: " + str(wheel.site_packages) in listed and "License: Apache-2.0" in listed
-    assert "ts_compiled_handlers/scripts/cli.py" in listed and "ts_compiled_handlers/config.properties" in listed
+    assert (
+        "ts_compiled_handlers/scripts/cli.py" in listed
+        and "ts_compiled_handlers/servers/torchserve/config.properties" in listed
+    )
     assert "Editable project location" not in listed
 
 

@@ -44,7 +44,7 @@ from ray import serve  # noqa: E402
 from ray._private import state  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from ts_compiled_handlers.servers.ray.serve import app  # noqa: E402
+from ts_compiled_handlers.servers.ray.serve import KEY_ENV, app  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.heavy]
 
@@ -61,7 +61,10 @@ READY_SECONDS = 300
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head and a worker node, one CPU each; Serve's HTTP proxy on a free loopback port."""
+    """A head and a worker node, one CPU each; Serve's HTTP proxy on a free loopback port; the
+    applications' key in $HFSERVE_API_KEY, read where each is built (here)."""
+    keyed = pytest.MonkeyPatch()
+    keyed.setenv(KEY_ENV, KEY)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     cluster.add_node(num_cpus=1)
     context = ray.init(address=cluster.address)
@@ -75,6 +78,7 @@ def cluster():
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+        keyed.undo()
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +108,7 @@ def deploy(archive, app_name: str, route_prefix: str | None = None, **options) -
 
 
 def target(archive, app_name: str, route_prefix: str | None = None, **options) -> serve.RunTarget:
-    settings = {"archive": str(archive), "api_key": KEY, **options}
+    settings = {"archive": str(archive), **options}  # the key: $HFSERVE_API_KEY (`cluster`)
     return serve.RunTarget(app(settings), name=app_name, route_prefix=route_prefix or f"/predictions/{app_name}")
 
 

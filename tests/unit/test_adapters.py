@@ -14,7 +14,7 @@ from ts_compiled_handlers.loops.request_batches import Batch
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
 from ts_compiled_handlers.request.payload import RequestError, check_texts
 from ts_compiled_handlers.scripts.python_source import parsed
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
 EAGER = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}, "compile": {"enable": False}}
@@ -30,7 +30,7 @@ def ask(handler, bodies: list, routes: list[str] | None = None) -> list:
     return decoded(handler.handle([{"body": body} for body in bodies], handler.context), handler.context)
 
 
-class Counting(EmbeddingHandler):
+class Counting(Handler):
     """A user's subclass of every step, written as TorchServe's docs teach: super() called."""
 
     seen: list[str] = []
@@ -53,7 +53,7 @@ class Counting(EmbeddingHandler):
 
 @pytest.fixture(scope="module")
 def plain(tiny_models):
-    return ready_handler(EmbeddingHandler, tiny_models["embedding"], **EAGER)
+    return ready_handler("embedding", tiny_models["embedding"], **EAGER)
 
 
 def test_preprocess_inference_and_postprocess_are_overridden_the_torchserve_way(tiny_models, plain):
@@ -82,7 +82,7 @@ class Shouted(Protocol):
         return {"problem": error.message}
 
 
-class ShoutingHandler(EmbeddingHandler):
+class ShoutingHandler(Handler):
     class task_class(EmbeddingTask):
         protocols = (Shouted(), *EmbeddingTask.protocols)
 

@@ -96,18 +96,6 @@ def test_the_module_prints_the_library_for_the_images_entry_point(tmp_path):
     assert done.stdout == f"{chosen}\n"
 
 
-def test_the_old_module_path_still_prints_the_library_and_says_it_is_deprecated(tmp_path):
-    """`python -m ts_compiled_handlers.allocator` (images and scripts written before the rooms) keeps
-    working for one release: the same line on stdout, the note on stderr."""
-    chosen = library(tmp_path, "libtcmalloc_minimal.so.4")
-    env = {"PATH": "/usr/bin:/bin", "HFSERVE_ALLOCATOR": str(chosen)}
-    done = subprocess.run(
-        [sys.executable, "-m", "ts_compiled_handlers.allocator"], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0 and done.stdout == f"{chosen}\n"
-    assert "deprecated" in done.stderr and "ts_compiled_handlers.runtime.allocator" in done.stderr
-
-
 def test_a_worker_on_glibcs_allocator_says_how_to_get_tcmalloc(caplog, monkeypatch):
     monkeypatch.setattr(allocator, "in_use", lambda: "glibc")
     with caplog.at_level(logging.INFO, logger=allocator.__name__):

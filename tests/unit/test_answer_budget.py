@@ -22,7 +22,6 @@ from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol
 from ts_compiled_handlers.protocols.tei import TOKEN_BYTES
 from ts_compiled_handlers.request.answer_budget import DEFAULT_LIMIT, AnswerBudget
 from ts_compiled_handlers.request.payload import RequestError
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup.config import ConfigError, parse
 from ts_compiled_handlers.tasks.embedding import FLOAT_BYTES, EmbeddingTask
 from ts_compiled_handlers.tasks.precisions import INTEGER_BYTES, AnswerRanges
@@ -35,12 +34,12 @@ HUGE = "a " * 325_000  # 650 KB of text: 325,000 tokens, ~25 MB of tokenize answ
 
 @pytest.fixture(scope="module")
 def handler(tiny_models):
-    return ready_handler(EmbeddingHandler, tiny_models["embedding"], **EAGER)
+    return ready_handler("embedding", tiny_models["embedding"], **EAGER)
 
 
 @pytest.fixture(scope="module")
 def small(tiny_models):
-    return ready_handler(EmbeddingHandler, tiny_models["embedding"], **EAGER, max_response_bytes=SMALL)
+    return ready_handler("embedding", tiny_models["embedding"], **EAGER, max_response_bytes=SMALL)
 
 
 def ask(handler, requests: list[tuple[str, object]]) -> tuple[list, list[int]]:

@@ -14,34 +14,24 @@ import torch
 from fakes import build_aot_package, ready_handler
 
 from ts_compiled_handlers.engine.runner import EagerRunner
-from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
 from ts_compiled_handlers.startup import aot_package, compile_cache
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
-HANDLERS = {
-    "embedding": EmbeddingHandler,
-    "text-classification": ClassificationHandler,
-    "token-classification": TokenClassificationHandler,
-}
+TASKS = ("embedding", "text-classification", "token-classification")
 
 
-def packaged_copy(model_dir, target, handler_class):
+def packaged_copy(model_dir, target, task):
     """A copy of `model_dir` with the aot_package/ that `precompile.py ... aot` builds."""
     model = target / "model"
     shutil.copytree(model_dir, model)
-    build_aot_package(handler_class, model, {"handler": {"dtype": "float32", **GRID}})
+    build_aot_package(task, model, {"handler": {"dtype": "float32", **GRID}})
     return model
 
 
 @pytest.fixture(scope="module")
 def packaged(tiny_models, tmp_path_factory) -> dict:
-    return {
-        task: packaged_copy(tiny_models[task], tmp_path_factory.mktemp(task), handler_class)
-        for task, handler_class in HANDLERS.items()
-    }
+    return {task: packaged_copy(tiny_models[task], tmp_path_factory.mktemp(task), task) for task in TASKS}
 
 
 def damaged_copy(packaged_model, tmp_path, damage) -> object:
@@ -51,9 +41,9 @@ def damaged_copy(packaged_model, tmp_path, damage) -> object:
     return model
 
 
-@pytest.mark.parametrize("task", HANDLERS)
+@pytest.mark.parametrize("task", TASKS)
 def test_every_exporting_task_serves_from_its_package_without_dynamo(packaged, task):
-    handler = ready_handler(HANDLERS[task], packaged[task], **GRID)
+    handler = ready_handler(task, packaged[task], **GRID)
     engine = handler.engine
     assert handler.model_source == "aot package" and handler.started.cache_source == "aot"
     assert handler.started.report.shapes == 3  # each length at batch 1 (8, 16) and the largest batch
@@ -67,7 +57,7 @@ def test_every_exporting_task_serves_from_its_package_without_dynamo(packaged, t
 
 
 def test_a_shape_outside_the_bounds_is_answered_eagerly_and_counted(packaged):
-    handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
+    handler = ready_handler("embedding", packaged["embedding"], **GRID)
     model = handler.engine.model
     assert model.bounds == ((1, 2), (8, 16)) and handler.engine.layout.pack_budget == 16  # the package packs
     for batch, seq_len in ((3, 8), (1, 17)):  # the runtime would not check these shapes itself
@@ -87,7 +77,7 @@ def test_the_package_holds_code_and_reads_the_weights_from_the_archive(packaged)
     weights = (packaged["embedding"] / "model.safetensors").stat().st_size
     assert manifest["files"][aot_package.PACKAGE_FILE]["bytes"] < weights + 4_000_000  # sized apart from the weights
     assert {file for file, _ in manifest["weights"].values()} == {"model.safetensors"}
-    handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
+    handler = ready_handler("embedding", packaged["embedding"], **GRID)
     assert not handler.engine.model.eager_loaded  # the worker started without building the model
     # Every parameter comes from the archive's safetensors; only buffers it leaves out ship apart.
     module = handler.engine.model.eager
@@ -96,7 +86,7 @@ def test_the_package_holds_code_and_reads_the_weights_from_the_archive(packaged)
 
 
 def test_the_eager_model_loaded_later_lends_the_package_its_weights(packaged):
-    handler = ready_handler(EmbeddingHandler, packaged["embedding"], **GRID)
+    handler = ready_handler("embedding", packaged["embedding"], **GRID)
     engine = handler.engine
     with torch.inference_mode():
         before = engine.run([list(range(5, 12))]).rows[0]
@@ -115,8 +105,8 @@ def test_an_aot_start_imports_neither_dynamo_nor_the_transformers_model(packaged
 import json, sys
 sys.modules["openvino.torch"] = None
 from fakes import make_context
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-handler = EmbeddingHandler()
+from ts_compiled_handlers.servers.torchserve.handler import Handler
+handler = Handler()
 handler.initialize(make_context({str(packaged["embedding"])!r}, {{"handler": {{"dtype": "float32", **{GRID!r}}}}}))
 heavy = ("torch._dynamo", "torch._inductor.compile_fx", "transformers.modeling_utils")
 print(json.dumps({{"source": handler.model_source, "imported": [name for name in heavy if name in sys.modules]}}))
@@ -176,7 +166,7 @@ def garbage_with_its_checksum(folder):
 def test_a_package_that_does_not_fit_is_ignored_and_the_worker_compiles(packaged, tmp_path, caplog, damage, reason):
     model = damaged_copy(packaged["embedding"], tmp_path, damage)
     with caplog.at_level(logging.INFO):
-        handler = ready_handler(EmbeddingHandler, model, **GRID)
+        handler = ready_handler("embedding", model, **GRID)
     assert "AOT package IGNORED, compiling instead" in caplog.text and reason in caplog.text
     assert handler.model_source == "compiled" and compiled_graph_count() == 1
 
@@ -198,12 +188,12 @@ def test_an_export_that_specializes_a_lone_row_serves_it_beside_a_copy(tiny_mode
     model = tmp_path / "model"
     shutil.copytree(tiny_models["embedding"], model)
     with caplog.at_level(logging.WARNING):
-        build_aot_package(EmbeddingHandler, model, {"handler": {"dtype": "float32", **grid}})
+        build_aot_package("embedding", model, {"handler": {"dtype": "float32", **grid}})
     monkeypatch.undo()
     assert "The export specializes a batch of one: the package serves batches from 2" in caplog.text
     manifest = json.loads((model / aot_package.PACKAGE_DIR / compile_cache.MANIFEST_FILE).read_text())
     assert manifest["min_batch"] == 2
-    handler = ready_handler(EmbeddingHandler, model, **grid)
+    handler = ready_handler("embedding", model, **grid)
     engine = handler.engine
     assert handler.model_source == "aot package" and engine.model.min_batch == 2
     eager = engine.on(EagerRunner(engine.model.eager))

@@ -10,14 +10,13 @@ import pytest
 from fakes import ready_handler
 
 from ts_compiled_handlers.servers.ray.data import ArchiveBatches, ChunkEmbedder
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
 RUN = "Pneumonoultramicroscopicsilicovolcanoconiosis-hydroxymethylpyrimidinephosphatase" * 3
 
 
 @pytest.fixture(scope="module")
 def embedder(minilm_dir):
-    handler = ready_handler(EmbeddingHandler, minilm_dir, compile={"enable": False}, buckets={"seq_lens": [16, 32]})
+    handler = ready_handler("embedding", minilm_dir, compile={"enable": False}, buckets={"seq_lens": [16, 32]})
 
     def from_the_handler(self, archive: str, text_column: str = "text"):  # what an actor opens, built already
         self.worker, self.text_column = handler.worker, text_column

@@ -13,8 +13,6 @@ from rerank_shapes import (
 from sentence_transformers import CrossEncoder
 from transformers import pipeline
 
-from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
-from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.tasks.classification import ClassificationTask
@@ -29,7 +27,7 @@ def ask(handler, bodies):
 
 @pytest.fixture(scope="module")
 def single_label(tiny_models):
-    return ready_handler(ClassificationHandler, tiny_models["text-classification"], buckets=GRID)
+    return ready_handler("text-classification", tiny_models["text-classification"], buckets=GRID)
 
 
 def test_classification_compiles_the_grid_once_and_never_again(single_label):
@@ -57,7 +55,7 @@ def test_default_top_k_is_the_best_label(single_label, tiny_models):
 
 def test_multi_label_scores_are_sigmoids(tiny_models):
     folder = tiny_models["text-classification-multi-label"]
-    handler = ready_handler(ClassificationHandler, folder, buckets=GRID, compile={"enable": False})
+    handler = ready_handler("text-classification", folder, buckets=GRID, compile={"enable": False})
     answer = ask(handler, [{"inputs": TEXTS, "top_k": None}])[0]
     assert_same_answers(answer, pipeline("text-classification", model=str(folder))(TEXTS, top_k=None))
     assert abs(sum(item["score"] for item in answer[0]) - 1.0) > 1e-3  # not a softmax
@@ -73,7 +71,7 @@ def test_bad_top_k_gets_400_and_the_rest_of_the_batch_is_answered(single_label):
 def test_every_rerank_shape_answers_the_cross_encoders_scores(tiny_models):
     """Ours, TEI's `rerank`, Cohere's and Jina's `v1/rerank`, Cohere's `v2/rerank` (and its client)."""
     folder = tiny_models["cross-encoder"]
-    handler = ready_handler(ClassificationHandler, folder, buckets=GRID, compile={"enable": False})
+    handler = ready_handler("text-classification", folder, buckets=GRID, compile={"enable": False})
     query = "where does alice walk"
     expected = CrossEncoder(str(folder), device="cpu").predict([(query, text) for text in TEXTS])
     scores = assert_every_shape_ranks_as_rerank(handler, query, TEXTS, {})
@@ -84,7 +82,7 @@ def test_every_rerank_shape_answers_the_cross_encoders_scores(tiny_models):
 
 @pytest.fixture(scope="module")
 def token_handler(tiny_models):
-    return ready_handler(TokenClassificationHandler, tiny_models["token-classification"], buckets=GRID)
+    return ready_handler("token-classification", tiny_models["token-classification"], buckets=GRID)
 
 
 @pytest.mark.parametrize("aggregation", ["none", "simple"])

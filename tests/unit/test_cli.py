@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 HFSERVE = Path(sys.executable).parent / "hfserve"
 
@@ -52,7 +53,8 @@ def test_build_reads_the_task_from_the_model_and_names_the_choices_when_it_canno
     assert built.returncode == 0, built.stderr
     assert "task: text-classification, read from the model's files" in built.stdout
     with zipfile.ZipFile(tmp_path / "model_store" / "ranker.mar") as mar:
-        assert json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]["handler"] == "classification_handler.py"
+        assert json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]["handler"] == "handler.py"  # every task's
+        assert yaml.safe_load(mar.read("model-config.yaml"))["handler"]["task"] == "text-classification"
     bare = tmp_path / "bare"
     bare.mkdir()
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"):
@@ -166,8 +168,8 @@ def test_the_repository_config_is_what_init_writes_but_for_where_the_metrics_fil
     root = Path(__file__).resolve().parents[2]
     written = (tmp_path / "config.properties").read_text()
     assert (root / "config.properties").read_text() == written.replace(
-        "metrics_config=metrics.yaml", "metrics_config=handlers/metrics.yaml"
-    ).replace("configurationFile=log4j2.xml", "configurationFile=handlers/log4j2.xml")
+        "metrics_config=metrics.yaml", "metrics_config=handlers/servers/torchserve/metrics.yaml"
+    ).replace("configurationFile=log4j2.xml", "configurationFile=handlers/servers/torchserve/log4j2.xml")
 
 
 @pytest.mark.heavy  # starts a process

@@ -219,18 +219,15 @@ def test_a_cache_folder_another_user_owns_or_may_write_is_refused_never_used(tmp
     assert f"{root} is {reason}" in caplog.text and "remove it" in caplog.text
 
 
-def test_the_default_folder_is_this_users_own_and_the_old_variable_still_works(monkeypatch, caplog):
+def test_the_default_folder_is_this_users_own_and_the_variable_names_another(monkeypatch):
     monkeypatch.delenv(compile_cache.ROOT_ENV, raising=False)
-    monkeypatch.delenv(compile_cache.OLD_ROOT_ENV, raising=False)
+    monkeypatch.setenv("COMPILED_HANDLERS_CACHE_DIR", "/srv/old")  # the name it had before 0.1: not read
     assert compile_cache.default_root() == private_dirs.TEMP / "compile-cache"
     assert private_dirs.TEMP.name == f"hfserve-{os.getuid()}"
-    compile_cache._warn_old_name.cache_clear()
-    monkeypatch.setenv(compile_cache.OLD_ROOT_ENV, "/srv/old")
-    with caplog.at_level(logging.WARNING):
-        assert compile_cache.default_root() == compile_cache.default_root() == Path("/srv/old")
-    assert caplog.text.count("COMPILED_HANDLERS_CACHE_DIR is deprecated") == 1  # once, however often read
+    monkeypatch.setenv(compile_cache.ROOT_ENV, "/srv/cache")
+    assert compile_cache.default_root() == Path("/srv/cache")
     monkeypatch.setenv(compile_cache.ROOT_ENV, "off")
-    assert compile_cache.default_root() is None  # the new name wins
+    assert compile_cache.default_root() is None
 
 
 @pytest.mark.parametrize("target_exists", [False, True])

@@ -10,7 +10,7 @@ from parity import generate_alone
 from torch._dynamo.utils import counters
 from ts.context import RequestProcessor
 
-from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.tasks.generation import refuse_sliding_window
 
@@ -21,7 +21,7 @@ CONFIG = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 2]}, "generation":
 def handler(tiny_models):
     torch._dynamo.reset()
     counters.clear()
-    made = GenerationHandler()
+    made = Handler()
     yaml_config = {"continuousBatching": True, "handler": {"task": "text-generation", "dtype": "float32", **CONFIG}}
     made.initialize(make_context(tiny_models["text-generation"], yaml_config))
     made.graphs = compiled_graph_count()

@@ -10,15 +10,13 @@ from sentence_transformers import SentenceTransformer
 from test_adapters import ask
 from transformers import AutoModel, AutoTokenizer
 
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 TEXTS = ["alice walks to paris", "the cat sat on the mat in berlin, zzz and more words here", "x"]
 
 
 @pytest.fixture(scope="module")
 def handler(tiny_bert):
-    return ready_handler(EmbeddingHandler, tiny_bert, buckets=GRID, embedding={"embed_all": True})
+    return ready_handler("embedding", tiny_bert, buckets=GRID, embedding={"embed_all": True})
 
 
 def test_embed_all_answers_every_tokens_last_hidden_state(handler, tiny_bert):
@@ -53,7 +51,7 @@ def test_embed_all_refuses_what_it_cannot_answer_and_its_batch_mates_are_answere
     answers = ask(handler, [{"inputs": "a", "normalize": True}, {"inputs": ["b"]}], ["embed_all", "embed_all"])
     assert handler.context.get_response_status(0)[0] == 400 and "normalize" in answers[0]["error"]
     assert len(answers[1]) == 1 and len(answers[1][0]) == 3  # [CLS] b [SEP]
-    pooled_in_graph = ready_handler(EmbeddingHandler, tiny_bert, buckets=GRID, compile={"enable": False})
+    pooled_in_graph = ready_handler("embedding", tiny_bert, buckets=GRID, compile={"enable": False})
     (refused,) = ask(pooled_in_graph, [{"inputs": "a"}], ["embed_all"])
     assert pooled_in_graph.context.get_response_status(0)[0] == 400
     assert "handler.embedding.embed_all: true" in refused["error"]

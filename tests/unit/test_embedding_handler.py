@@ -8,14 +8,13 @@ from fakes import answered, status
 
 from ts_compiled_handlers.engine import buckets, layout
 from ts_compiled_handlers.engine.runner import EagerRunner
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"seq_lens": [8, 16, 32], "batch_sizes": [1, 2, 4]}
 
 
 def ready_handler(model_dir, **handler_config):
-    return fakes.ready_handler(EmbeddingHandler, model_dir, **{"buckets": GRID, **handler_config})
+    return fakes.ready_handler("embedding", model_dir, **{"buckets": GRID, **handler_config})
 
 
 @pytest.mark.parametrize(

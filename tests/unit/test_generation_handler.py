@@ -10,7 +10,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ts_compiled_handlers.engine.sampling import Sampler
 from ts_compiled_handlers.request.payload import RequestError
-from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.tasks.chat import chat_prompt
 from ts_compiled_handlers.tasks.continuation import Continuation
@@ -23,7 +22,7 @@ PROMPTS = ["hello world, the cat", "alice walks to paris and bob runs to london 
 @pytest.fixture(scope="module")
 def handler(tiny_models):
     return ready_handler(
-        GenerationHandler, tiny_models["text-generation"], buckets=GRID, generation={"max_new_tokens": 16}
+        "text-generation", tiny_models["text-generation"], buckets=GRID, generation={"max_new_tokens": 16}
     )
 
 

@@ -131,11 +131,10 @@ def test_a_path_under_the_folder_embeds_as_its_bytes_do(root, tmp_path_factory):
     from fakes import ready_handler
 
     from ts_compiled_handlers.scripts.make_tiny_models import make
-    from ts_compiled_handlers.servers.torchserve.image_text_handler import ImageTextHandler
 
     clip_dir = make(tmp_path_factory.mktemp("tiny"), ["image-text-embedding"])["image-text-embedding"]
     grid = {"seq_lens": [8, 64], "batch_sizes": [1, 2]}
-    handler = ready_handler(ImageTextHandler, clip_dir, compile={"enable": False}, buckets=grid)
+    handler = ready_handler("image-text-embedding", clip_dir, compile={"enable": False}, buckets=grid)
     actor = embedder(root, worker=handler.worker)
     by_path = actor({"image": np.array(["good.png"], dtype=object)})["embedding"]
     by_bytes = actor({"image": np.array([picture()], dtype=object)})["embedding"]

@@ -17,7 +17,6 @@ from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
 from ts_compiled_handlers.scripts.build_mar import serving_files
 from ts_compiled_handlers.scripts.task_inference import infer_task
-from ts_compiled_handlers.servers.torchserve.image_text_handler import ImageTextHandler
 from ts_compiled_handlers.startup import aot_start, warmup
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.tasks import image_text
@@ -73,7 +72,7 @@ def st_clip_dir(clip_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def handler(st_clip_dir):
     """Served from sentence-transformers' folder of the tiny CLIP: the same weights as `clip_dir`'s."""
-    return ready_handler(ImageTextHandler, st_clip_dir, buckets=GRID)
+    return ready_handler("image-text-embedding", st_clip_dir, buckets=GRID)
 
 
 def cosines(got: list, want: torch.Tensor) -> list[float]:
@@ -383,9 +382,9 @@ def test_a_vision_check_that_fails_follows_on_failure(clip_dir, monkeypatch, cap
     config = {"buckets": {"seq_lens": [64], "batch_sizes": [1]}, "compile": {"on_failure": policy}}  # one graph each
     if policy == "fail":
         with pytest.raises(warmup.WarmupError):
-            ready_handler(ImageTextHandler, clip_dir, **config)
+            ready_handler("image-text-embedding", clip_dir, **config)
         return
-    handler = ready_handler(ImageTextHandler, clip_dir, **config)
+    handler = ready_handler("image-text-embedding", clip_dir, **config)
     assert "Images served EAGERLY" in caplog.text and handler.worker.task.vision.source == "eager"
     [answer] = answered(handler, [{"inputs": [{"image": data_uri(picture(1))}]}])
     assert len(answer) == 1 and status(handler.context, 0) == 200
@@ -396,7 +395,7 @@ def aot_clip_dir(st_clip_dir, tmp_path_factory):
     """The sentence-transformers CLIP with both towers' AOT packages (`hfserve build --precompile aot`'s)."""
     model = tmp_path_factory.mktemp("aot-clip") / "model"
     shutil.copytree(st_clip_dir, model)
-    built = build_aot_package(ImageTextHandler, model, {"handler": {"dtype": "float32", "buckets": GRID}})
+    built = build_aot_package("image-text-embedding", model, {"handler": {"dtype": "float32", "buckets": GRID}})
     assert set(built["side_packages"]) == {"vision"}
     return model
 
@@ -407,7 +406,7 @@ def test_both_towers_serve_from_their_aot_packages_as_transformers_and_trace_not
     from transformers import pipeline
 
     images, texts = reference
-    packaged = ready_handler(ImageTextHandler, aot_clip_dir, buckets=GRID)  # counts graphs from here
+    packaged = ready_handler("image-text-embedding", aot_clip_dir, buckets=GRID)  # counts graphs from here
     assert packaged.model_source == "aot package" and packaged.worker.task.side_sources() == {"vision": "aot package"}
     pictures = [picture(seed) for seed in range(5)]  # 5: more than the largest batch
     inputs = [{"image": data_uri(data)} for data in pictures] + TEXTS
@@ -437,7 +436,7 @@ def test_a_damaged_vision_package_is_ignored_and_the_tower_compiled(aot_clip_dir
     shutil.copytree(aot_clip_dir, model)
     package = model / "aot_package" / "vision" / "model.pt2"
     package.write_bytes(package.read_bytes()[:1000])
-    packaged = ready_handler(ImageTextHandler, model, buckets=GRID)
+    packaged = ready_handler("image-text-embedding", model, buckets=GRID)
     assert "AOT package aot_package/vision/ IGNORED" in caplog.text and "sha256 mismatch" in caplog.text
     assert packaged.model_source == "aot package" and packaged.worker.task.side_sources() == {"vision": "compiled"}
     [answer] = answered(packaged, [{"inputs": [{"image": data_uri(picture(3))}]}])
@@ -456,7 +455,7 @@ def siglip_dir(tiny_models):
 
 @pytest.fixture(scope="module")
 def siglip_handler(siglip_dir):
-    return ready_handler(ImageTextHandler, siglip_dir, buckets=SIGLIP_GRID)
+    return ready_handler("image-text-embedding", siglip_dir, buckets=SIGLIP_GRID)
 
 
 def test_siglip_vectors_equal_transformers_with_max_length_padding(siglip_dir, siglip_handler):
@@ -506,8 +505,8 @@ def test_siglip_serves_from_its_aot_packages_as_transformers(siglip_dir, tmp_pat
     """Last: its handler's start resets dynamo under the compiled SigLIP handler of the tests above."""
     model = tmp_path / "model"
     shutil.copytree(siglip_dir, model)
-    build_aot_package(ImageTextHandler, model, {"handler": {"dtype": "float32", "buckets": SIGLIP_GRID}})
-    packaged = ready_handler(ImageTextHandler, model, buckets=SIGLIP_GRID)
+    build_aot_package("image-text-embedding", model, {"handler": {"dtype": "float32", "buckets": SIGLIP_GRID}})
+    packaged = ready_handler("image-text-embedding", model, buckets=SIGLIP_GRID)
     assert packaged.model_source == "aot package" and packaged.worker.task.side_sources() == {"vision": "aot package"}
     assert_siglip_vectors(siglip_dir, packaged)
     assert compiled_graph_count() == 0

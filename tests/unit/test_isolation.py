@@ -13,22 +13,17 @@ from transformers import AutoTokenizer
 
 from ts_compiled_handlers.engine.runner import ModelRunner
 from ts_compiled_handlers.request.payload import is_unicode_text
-from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
-from ts_compiled_handlers.servers.torchserve.m3_handler import M3Handler
-from ts_compiled_handlers.servers.torchserve.multi_vector_handler import MultiVectorHandler
-from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 EAGER = {"buckets": GRID, "compile": {"enable": False}, "warmup": {"iterations": 1}}
-HANDLERS = {
-    "embedding": (EmbeddingHandler, {}),
-    "text-classification": (ClassificationHandler, {}),
-    "token-classification": (TokenClassificationHandler, {}),
-    "text-generation": (GenerationHandler, {"generation": {"max_new_tokens": 8}}),
-    "multi-vector": (MultiVectorHandler, {}),
-    "m3-embedding": (M3Handler, {}),
+TASKS = {  # a task: its configuration beside EAGER's
+    "embedding": {},
+    "text-classification": {},
+    "token-classification": {},
+    "text-generation": {"generation": {"max_new_tokens": 8}},
+    "multi-vector": {},
+    "m3-embedding": {},
 }
 MODELS = {"multi-vector": "colbert", "m3-embedding": "m3"}  # a task's tiny model, where its name is not the task's
 ORDINARY = ["alice walks to paris quickly", "the cat sat on the red mat in berlin", "hello"]
@@ -37,8 +32,8 @@ ORDINARY = ["alice walks to paris quickly", "the cat sat on the red mat in berli
 @pytest.fixture(scope="module")
 def handlers(tiny_models):
     return {
-        task: ready_handler(cls, tiny_models[MODELS.get(task, task)], **EAGER, **extra)
-        for task, (cls, extra) in HANDLERS.items()
+        task: ready_handler(task, tiny_models[MODELS.get(task, task)], **EAGER, **extra)
+        for task, extra in TASKS.items()
     }
 
 
@@ -52,7 +47,7 @@ def run(handler, requests: list[dict], content_types: list[str]) -> tuple[list, 
     return answers, [status(context, index) for index in range(len(requests))]
 
 
-@pytest.mark.parametrize("task", HANDLERS)
+@pytest.mark.parametrize("task", TASKS)
 def test_hostile_bodies_get_their_own_4xx_and_never_spoil_the_ordinary_requests(handlers, task):
     handler = handlers[task]
     alone = {text: run(handler, [{"body": ordinary(task, text)}], ["application/json"])[0][0] for text in ORDINARY}
@@ -182,7 +177,7 @@ def test_a_raising_model_call_is_split_until_only_the_culprit_fails(handlers, ca
 
 
 # -- TorchServe's handler shape ---------------------------------------------------------------
-class Shouting(EmbeddingHandler):
+class Shouting(Handler):
     """A user's subclass, written the way TorchServe's docs teach: steps overridden, super() called."""
 
     def preprocess(self, data):
@@ -202,7 +197,7 @@ def test_a_subclass_overrides_preprocess_and_postprocess_the_torchserve_way(hand
     assert_same({"embedding": answers[0]["embedding"]}, expected)
 
 
-class BrokenPreprocess(EmbeddingHandler):
+class BrokenPreprocess(Handler):
     def preprocess(self, data):
         raise ValueError("a defect in a subclass")
 

@@ -20,7 +20,6 @@ from test_adapters import ask
 from transformers import AutoTokenizer
 
 from ts_compiled_handlers.scripts.task_inference import infer_task
-from ts_compiled_handlers.servers.torchserve.m3_handler import M3Handler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"seq_lens": [16, 128], "batch_sizes": [1, 4]}
@@ -43,7 +42,7 @@ def m3_dir(tiny_models):
 
 @pytest.fixture(scope="module", params=["auto", "off"], ids=["packed", "padded"])
 def handler(m3_dir, request):
-    return ready_handler(M3Handler, m3_dir, buckets={**GRID, "pack_tokens": request.param})
+    return ready_handler("m3-embedding", m3_dir, buckets={**GRID, "pack_tokens": request.param})
 
 
 def test_the_three_outputs_equal_flag_embedding_and_nothing_recompiles(handler, m3_dir):
@@ -121,8 +120,8 @@ def test_bad_input_gets_a_400_naming_it_and_its_batch_mate_is_answered(handler, 
 def test_an_aot_package_serves_the_same_outputs_without_dynamo(m3_dir, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(m3_dir, model)
-    build_aot_package(M3Handler, model, {"handler": {"dtype": "float32", "buckets": GRID}})
-    handler = ready_handler(M3Handler, model, buckets=GRID)
+    build_aot_package("m3-embedding", model, {"handler": {"dtype": "float32", "buckets": GRID}})
+    handler = ready_handler("m3-embedding", model, buckets=GRID)
     assert handler.model_source == "aot package" and compiled_graph_count() == 0
     (answers,) = ask(handler, [{"inputs": REFERENCE["texts"], **EVERY_OUTPUT}])
     assert_equal_outputs(answers)

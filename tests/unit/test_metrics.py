@@ -1,4 +1,4 @@
-"""The metrics our handlers emit are declared in handlers/metrics.yaml, or TorchServe drops them."""
+"""The metrics our handlers emit are declared in handlers/servers/torchserve/metrics.yaml, or TorchServe drops them."""
 
 from types import SimpleNamespace
 
@@ -9,7 +9,7 @@ from fakes import RecordingMetrics
 from ts_compiled_handlers.engine.buckets import Group
 from ts_compiled_handlers.runtime import metrics, package_files
 
-DECLARED = yaml.safe_load((package_files.PACKAGE / "metrics.yaml").read_text())["model_metrics"]
+DECLARED = yaml.safe_load((package_files.TORCHSERVE_FILES / "metrics.yaml").read_text())["model_metrics"]
 
 
 def declared(kind: str) -> dict[str, list[str]]:

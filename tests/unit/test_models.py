@@ -12,9 +12,7 @@ from parity import assert_same_answers, generate_alone
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import pipeline
 
-from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-from ts_compiled_handlers.servers.torchserve.generation_handler import GenerationHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"buckets": {"seq_lens": [16, 64], "batch_sizes": [1, 4]}, "warmup": {"iterations": 1}}
@@ -49,13 +47,13 @@ def check_reranking(handler, model_dir) -> None:
     assert [item["score"] for item in sorted(ranked, key=lambda item: item["index"])] == pytest.approx(scores, abs=1e-4)
 
 
-FAMILIES = {  # tiny model: (handler, packed?, the check of its answers)
-    "embedding-decoder": (EmbeddingHandler, True, check_embedding),  # Qwen3: last token, causal packed rows
-    "embedding-modernbert": (EmbeddingHandler, True, check_embedding),  # rotary, local attention
-    "cross-encoder": (ClassificationHandler, True, check_reranking),  # BERT pairs: token types per segment
-    "text-classification-deberta": (ClassificationHandler, False, check_classification),  # its head: groups
-    "text-classification-distilbert": (ClassificationHandler, False, check_classification),  # its head: groups
-    "text-classification-xlmr": (ClassificationHandler, True, check_classification),  # positions past padding
+FAMILIES = {  # tiny model: (task, packed?, the check of its answers)
+    "embedding-decoder": ("embedding", True, check_embedding),  # Qwen3: last token, causal packed rows
+    "embedding-modernbert": ("embedding", True, check_embedding),  # rotary, local attention
+    "cross-encoder": ("text-classification", True, check_reranking),  # BERT pairs: token types per segment
+    "text-classification-deberta": ("text-classification", False, check_classification),  # its head: groups
+    "text-classification-distilbert": ("text-classification", False, check_classification),  # its head: groups
+    "text-classification-xlmr": ("text-classification", True, check_classification),  # positions past padding
 }
 
 
@@ -64,8 +62,8 @@ FAMILIES = {  # tiny model: (handler, packed?, the check of its answers)
 # (tests/integration/test_models_server.py), BERT in the task tests.
 @pytest.mark.parametrize("family", ["embedding-modernbert", "text-classification-deberta"])
 def test_a_family_compiles_once_serves_its_path_and_answers_as_its_library(tiny_models, family):
-    handler_class, packed, check = FAMILIES[family]
-    handler = ready_handler(handler_class, tiny_models[family], **GRID)
+    task, packed, check = FAMILIES[family]
+    handler = ready_handler(task, tiny_models[family], **GRID)
     graphs = compiled_graph_count()
     assert handler.engine.model.is_compiled and handler.engine.layout.packed is packed
     check(handler, tiny_models[family])
@@ -74,11 +72,11 @@ def test_a_family_compiles_once_serves_its_path_and_answers_as_its_library(tiny_
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_family_is_served_from_its_aot_package(tiny_models, tmp_path, family):
-    handler_class, packed, check = FAMILIES[family]
+    task, packed, check = FAMILIES[family]
     model = tmp_path / "model"
     shutil.copytree(tiny_models[family], model)
-    build_aot_package(handler_class, model, {"handler": {"dtype": "float32", **GRID}})
-    handler = ready_handler(handler_class, model, **GRID)
+    build_aot_package(task, model, {"handler": {"dtype": "float32", **GRID}})
+    handler = ready_handler(task, model, **GRID)
     assert handler.model_source == "aot package" and handler.engine.layout.packed is packed
     check(handler, tiny_models[family])
     assert handler.engine.model.recompiles_after_ready == 0
@@ -87,7 +85,7 @@ def test_a_family_is_served_from_its_aot_package(tiny_models, tmp_path, family):
 def test_a_gpt2_decoder_generates_as_generate_under_continuous_batching(tiny_models):
     """GPT-2's learned absolute positions through the slot cache: token-identical to `generate()`."""
     folder = tiny_models["text-generation-gpt2"]
-    handler = GenerationHandler()
+    handler = Handler()
     config = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 2]}, "generation": {"max_new_tokens": 16}}
     yaml_config = {"continuousBatching": True, "handler": {"task": "text-generation", "dtype": "float32", **config}}
     handler.initialize(make_context(folder, yaml_config))

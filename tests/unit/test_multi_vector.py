@@ -17,7 +17,6 @@ from rerank_shapes import (
 from test_adapters import ask
 
 from ts_compiled_handlers.scripts.task_inference import infer_task
-from ts_compiled_handlers.servers.torchserve.multi_vector_handler import MultiVectorHandler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.tasks.late_interaction import ColbertSettings
 
@@ -31,7 +30,7 @@ def colbert_dir(tiny_models):
 
 @pytest.fixture(scope="module", params=["auto", "off"], ids=["packed", "padded"])
 def handler(colbert_dir, request):
-    return ready_handler(MultiVectorHandler, colbert_dir, buckets={**GRID, "pack_tokens": request.param})
+    return ready_handler("multi-vector", colbert_dir, buckets={**GRID, "pack_tokens": request.param})
 
 
 def test_query_and_document_vectors_equal_pylate_and_nothing_recompiles(handler):
@@ -126,8 +125,8 @@ def test_the_settings_cut_and_expand_queries_and_skip_punctuation(colbert_dir):
 def test_an_aot_package_serves_the_same_vectors_and_scores_without_dynamo(colbert_dir, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(colbert_dir, model)
-    build_aot_package(MultiVectorHandler, model, {"handler": {"dtype": "float32", "buckets": GRID}})
-    handler = ready_handler(MultiVectorHandler, model, buckets=GRID)
+    build_aot_package("multi-vector", model, {"handler": {"dtype": "float32", "buckets": GRID}})
+    handler = ready_handler("multi-vector", model, buckets=GRID)
     assert handler.model_source == "aot package" and compiled_graph_count() == 0
     bodies = [
         {"inputs": REFERENCE["queries"], "input_type": "query"},

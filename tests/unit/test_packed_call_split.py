@@ -4,7 +4,6 @@ a packed call's attention scores that lie inside a text's own block."""
 from fakes import ready_handler
 
 from ts_compiled_handlers.benchmarks.packed_call_split import kind, scores_inside_texts
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
 
 def test_ops_are_sorted_into_linears_attention_compiled_kernels_and_the_rest():
@@ -21,7 +20,7 @@ def test_the_scores_inside_texts_are_each_text_s_block_against_every_score_its_c
 
     def scores(batch: list[list[int]], dynamic: str = "all") -> tuple[int, int]:
         compile_options = {"enable": False, "dynamic": dynamic}
-        handler = ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets=grid, compile=compile_options)
+        handler = ready_handler("embedding", tiny_models["embedding"], buckets=grid, compile=compile_options)
         return scores_inside_texts(handler.engine.run(batch).calls, [len(ids) for ids in batch])
 
     assert scores([[5] * 10, [6] * 6]) == (10**2 + 6**2, 16**2)  # 10 + 6 tokens: one packed row of 16

@@ -14,27 +14,24 @@ from fakes import RecordingMetrics, answered, ready_handler, status
 from parity import assert_same_answers
 
 from ts_compiled_handlers.engine import buckets, layout, packing
-from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-from ts_compiled_handlers.servers.torchserve.token_classification_handler import TokenClassificationHandler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"seq_lens": [16, 32, 64], "batch_sizes": [1, 4], "pack_tokens": 64}
 EAGER = {"compile": {"enable": False}, "warmup": {"iterations": 1}}
-TASKS = {
-    "embedding": (EmbeddingHandler, "embedding"),
-    "token-classification": (TokenClassificationHandler, "token-classification"),
-    "text-classification": (ClassificationHandler, "text-classification"),
-    "text-classification-xlmr": (ClassificationHandler, "text-classification-xlmr"),
+TASKS = {  # a handler's name: (its task, its tiny model)
+    "embedding": ("embedding", "embedding"),
+    "token-classification": ("token-classification", "token-classification"),
+    "text-classification": ("text-classification", "text-classification"),
+    "text-classification-xlmr": ("text-classification", "text-classification-xlmr"),
 }
 
 
 @pytest.fixture(scope="module")
 def handlers(tiny_models):
-    made = {"embedding": ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets=GRID)}
+    made = {"embedding": ready_handler("embedding", tiny_models["embedding"], buckets=GRID)}
     made["embedding graphs"] = compiled_graph_count()
-    for name, (cls, model) in TASKS.items():
-        made.setdefault(name, ready_handler(cls, tiny_models[model], buckets=GRID, **EAGER))
+    for name, (task, model) in TASKS.items():
+        made.setdefault(name, ready_handler(task, tiny_models[model], buckets=GRID, **EAGER))
     return made
 
 
@@ -107,7 +104,7 @@ def test_a_text_alone_equals_the_same_text_inside_a_pack_it_fills_exactly(handle
 
 
 def test_a_text_longer_than_the_budget_gets_a_row_of_its_own(tiny_models):
-    handler = ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets={**GRID, "pack_tokens": 32}, **EAGER)
+    handler = ready_handler("embedding", tiny_models["embedding"], buckets={**GRID, "pack_tokens": 32}, **EAGER)
     token_ids = texts_of(handler, [50, 10, 12])
     calls = calls_of(handler, token_ids)
     assert [(call.group.batch_size, call.group.seq_len) for call in calls] == [(1, 32), (1, 64)]
@@ -129,7 +126,7 @@ def test_positions_of_an_xlmr_model_start_past_its_padding_index(handlers):
 def test_a_model_that_fails_the_packed_check_keeps_length_groups(tiny_models, monkeypatch, caplog):
     monkeypatch.setattr(packing, "first_position", lambda module: 0)  # XLM-R's positions, counted wrongly
     with caplog.at_level(logging.WARNING, logger="ts_compiled_handlers.startup.build_steps"):
-        handler = ready_handler(ClassificationHandler, tiny_models["text-classification-xlmr"], buckets=GRID, **EAGER)
+        handler = ready_handler("text-classification", tiny_models["text-classification-xlmr"], buckets=GRID, **EAGER)
     assert not handler.engine.layout.packed and "Packing OFF" in caplog.text
     assert padded_tokens(handler, texts_of(handler, [30, 20, 14])) == 32 + 32 + 16  # a group per bucket
 
@@ -137,14 +134,14 @@ def test_a_model_that_fails_the_packed_check_keeps_length_groups(tiny_models, mo
 def test_a_head_packing_cannot_reach_keeps_length_groups(tiny_models, caplog):
     with caplog.at_level(logging.WARNING, logger="ts_compiled_handlers.startup.build_steps"):
         handler = ready_handler(
-            ClassificationHandler, tiny_models["text-classification-distilbert"], buckets=GRID, **EAGER
+            "text-classification", tiny_models["text-classification-distilbert"], buckets=GRID, **EAGER
         )
     assert not handler.engine.layout.packed and "neither BERT- nor RoBERTa-like" in caplog.text
 
 
 def test_static_batches_pad_packed_rows_with_dummy_rows(tiny_models):
     static = {"enable": False, "dynamic": "none"}
-    handler = ready_handler(EmbeddingHandler, tiny_models["embedding"], buckets=GRID, compile=static)
+    handler = ready_handler("embedding", tiny_models["embedding"], buckets=GRID, compile=static)
     token_ids = texts_of(handler, [50, 40, 30])  # three rows: 50, 40 and 30 tokens
     calls = calls_of(handler, token_ids)
     assert [(call.group.batch_size, call.group.seq_len) for call in calls] == [(1, 32), (4, 64)]

@@ -19,9 +19,6 @@ from fakes import answered, build_aot_package
 
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import UserError
-from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
-from ts_compiled_handlers.servers.torchserve.sparse_embedding_handler import SparseEmbeddingHandler
 from ts_compiled_handlers.startup import (
     aot_package,
     aot_start,
@@ -43,6 +40,9 @@ from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.startup.config import ConfigError, parse
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.startup.serving import Serving
+from ts_compiled_handlers.tasks.classification import ClassificationTask
+from ts_compiled_handlers.tasks.embedding import EmbeddingTask
+from ts_compiled_handlers.worker.worker import Worker
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}
 LLM_GRID = {"seq_lens": [8, 32, 128], "batch_sizes": [1, 4]}  # some of the rendered calibration pairs fit
@@ -63,7 +63,7 @@ def test_an_int8_engine_passes_its_gate_and_serves_compiled_without_recompiles(t
     # a loose gate: this test is about the serving path (the gate has its own test below)
     with caplog.at_level(logging.INFO):
         handler = fakes.ready_handler(
-            EmbeddingHandler, tiny_bert, buckets=GRID, quantize="int8", dtype=dtype, warmup={"tolerance": 0.5}
+            "embedding", tiny_bert, buckets=GRID, quantize="int8", dtype=dtype, warmup={"tolerance": 0.5}
         )
     engine = handler.engine
     gate = engine.model.eager.int8_gate
@@ -120,20 +120,20 @@ UNSMOOTHED = {"smoothing": 0}
 
 
 def test_the_gate_refuses_a_drifting_int8_model_and_serves_its_dtype_or_fails_as_configured(drifting_bert):
-    handler = fakes.ready_handler(EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8", **UNSMOOTHED)
+    handler = fakes.ready_handler("embedding", drifting_bert, buckets=GRID, quantize="int8", **UNSMOOTHED)
     assert not isinstance(handler.engine.model.eager, torch.fx.GraphModule)
-    refused = fakes.ready_handler(EmbeddingHandler, drifting_bert, **EAGER_INT8, dtype="bfloat16", **UNSMOOTHED)
+    refused = fakes.ready_handler("embedding", drifting_bert, **EAGER_INT8, dtype="bfloat16", **UNSMOOTHED)
     assert refused.engine.dtype == torch.bfloat16 and refused.engine.model.int8_gate is None
     assert {p.dtype for p in refused.engine.model.eager.parameters()} == {torch.bfloat16}  # cast once refused
     with pytest.raises(
         quantizing.QuantizationRefused, match="least cosine .* linears that hurt most .* int8 would not pay"
     ):
         fakes.ready_handler(
-            EmbeddingHandler, drifting_bert, buckets=GRID, quantize="int8", compile={"on_failure": "fail"}, **UNSMOOTHED
+            "embedding", drifting_bert, buckets=GRID, quantize="int8", compile={"on_failure": "fail"}, **UNSMOOTHED
         )
     # smoothed (the default), the outlier column leaves the weights and the same model passes the gate
     strict = {**EAGER_INT8, "compile": {"enable": False, "on_failure": "fail"}}
-    smoothed = fakes.ready_handler(EmbeddingHandler, drifting_bert, **strict)
+    smoothed = fakes.ready_handler("embedding", drifting_bert, **strict)
     assert smoothed.engine.model.int8_gate.last.value >= 1 - quantizing.DEFAULT_TOLERANCE
 
 
@@ -141,11 +141,11 @@ def test_auto_quantizes_only_where_the_cpu_has_vnni_and_keeps_float32_when_refus
     strict = {**EAGER_INT8, **UNSMOOTHED, "quantize": "auto", "compile": {"enable": False, "on_failure": "fail"}}
     monkeypatch.setattr(quantizing, "has_vnni", lambda: False)
     with caplog.at_level(logging.INFO):
-        handler = fakes.ready_handler(EmbeddingHandler, drifting_bert, **strict)
+        handler = fakes.ready_handler("embedding", drifting_bert, **strict)
     assert not isinstance(handler.engine.model.eager, torch.fx.GraphModule)
     assert "quantize: auto keeps float32: this CPU has neither VNNI nor AMX" in caplog.text
     monkeypatch.setattr(quantizing, "has_vnni", lambda: True)  # tried now, and refused by its gate: not a failure
-    handler = fakes.ready_handler(EmbeddingHandler, drifting_bert, **strict)
+    handler = fakes.ready_handler("embedding", drifting_bert, **strict)
     assert not isinstance(handler.engine.model.eager, torch.fx.GraphModule)
     assert "quantize: auto keeps float32: int8 vs float32: least cosine" in caplog.text
 
@@ -155,7 +155,7 @@ def test_a_plan_whose_longest_length_holds_one_row_a_call_is_quantized_dynamic_i
     a call of one row, fixed the batch at 1, and every call of more rows failed its guard."""
     buckets = {"seq_lens": [8, 32], "batch_sizes": [1, 4], "max_tokens": 32}
     strict = {"compile": {"enable": False, "on_failure": "fail"}, "warmup": {"tolerance": 0.5}}
-    handler = fakes.ready_handler(EmbeddingHandler, tiny_bert, buckets=buckets, quantize="int8", **strict)
+    handler = fakes.ready_handler("embedding", tiny_bert, buckets=buckets, quantize="int8", **strict)
     assert handler.engine.model.int8_gate is not None and handler.engine.plan.rows_for(32) == 1
     answers = answered(handler, [{"inputs": ["a cat", "a dog", "the sun", "moon"]}, {"inputs": "hello world " * 5}])
     assert [len(answer["embedding"]) for answer in [*answers[0], answers[1]]] == [32] * 5
@@ -180,10 +180,10 @@ def test_a_compiled_int8_model_its_gate_refuses_is_served_without_int8_or_fails(
     config |= {"compile": {"on_failure": policy}, "warmup": {"tolerance": 0.5}}
     if policy == "fail" and quantize == "int8":
         with pytest.raises(quantizing.QuantizationRefused, match="refused by this test"):
-            fakes.ready_handler(EmbeddingHandler, tiny_bert, **config)
+            fakes.ready_handler("embedding", tiny_bert, **config)
         return
     with caplog.at_level(logging.WARNING):
-        handler = fakes.ready_handler(EmbeddingHandler, tiny_bert, **config)
+        handler = fakes.ready_handler("embedding", tiny_bert, **config)
     assert f"quantize: {quantize}: the model is built again without int8" in caplog.text
     model = handler.engine.model
     assert model.is_compiled and model.int8_gate is None
@@ -261,7 +261,7 @@ EAGER_INT8 = {"buckets": GRID, "quantize": "int8", "compile": {"enable": False}}
     "model, measure", [("text-classification", "label agreement"), ("cross-encoder", "rank agreement")]
 )
 def test_a_classifier_and_a_reranker_are_gated_by_their_answers_agreement(tiny_models, model, measure):
-    handler = fakes.ready_handler(ClassificationHandler, tiny_models[model], **EAGER_INT8, agreement=0.9)
+    handler = fakes.ready_handler("text-classification", tiny_models[model], **EAGER_INT8, agreement=0.9)
     gate = handler.engine.model.eager.int8_gate  # held to the archive's floor
     assert gate.last.measure == measure and gate.last.value >= gate.last.floor == gate.floors.agreement == 0.9
     assert quantized_linears(handler.engine.model.eager) > 0
@@ -292,7 +292,7 @@ def test_a_calibration_file_is_read_a_line_a_text_and_a_broken_pair_is_refused_b
 
 def test_a_reranker_is_calibrated_and_gated_on_pairs_with_their_token_types_which_its_package_keeps(tiny_models):
     placement = Placement(tiny_models["cross-encoder"], "test", {"handler": {"dtype": "float32", **EAGER_INT8}})
-    task, serving, _ = ClassificationHandler.worker_class.read(placement, ClassificationHandler.task_class)
+    task, serving, _ = Worker.read(placement, ClassificationTask)
     gate = build_steps.eager_engine(task, serving).model.int8_gate
     firsts, seconds = zip(*calibration_pairs(list(DEFAULT_TEXTS)), strict=True)
     wanted = serving.tokenizer(list(firsts), list(seconds), truncation=True, max_length=serving.plan.max_seq_len)
@@ -309,7 +309,7 @@ def test_an_llm_reranker_is_gated_on_the_pairs_its_chat_template_renders_uncut_a
     # which pairs the gate reads, not its verdict: a random tiny model's close scores swap under int8
     config = {"dtype": "float32", **EAGER_INT8, "buckets": LLM_GRID, "agreement": 0.5}
     placement = Placement(tiny_models["reranker-causal-chat"], "test", {"handler": config})
-    task, serving, _ = ClassificationHandler.worker_class.read(placement, ClassificationHandler.task_class)
+    task, serving, _ = Worker.read(placement, ClassificationTask)
     gate = build_steps.eager_engine(task, serving).model.int8_gate
     rendered = task.pair_texts(calibration_pairs(list(DEFAULT_TEXTS)))
     assert all(text.startswith("instruct: ") and "\nquery: " in text and "\ndocument: " in text for text in rendered)
@@ -342,7 +342,7 @@ def test_a_sparse_model_is_quantized_beside_bfloat16(tiny_models):
     # SPLADE's head casts its logits: export's dtype assertion after that cast failed under autocast
     config = {**EAGER_INT8, "dtype": "bfloat16", "warmup": {"tolerance": 0.5}}
     config["compile"] = {"enable": False, "on_failure": "fail"}
-    handler = fakes.ready_handler(SparseEmbeddingHandler, tiny_models["sparse-embedding"], **config)
+    handler = fakes.ready_handler("sparse-embedding", tiny_models["sparse-embedding"], **config)
     module = handler.engine.model.eager
     assert isinstance(module, quantizing.AroundInt8) and quantized_linears(int8_graph(module)) > 0
     assert module.int8_gate.last.measure == "least cosine"
@@ -359,12 +359,12 @@ def bert_with_texts(tiny_bert, tmp_path) -> Path:
 
 def test_the_archive_s_calibration_file_replaces_the_default_texts_and_too_few_are_refused(bert_with_texts):
     (bert_with_texts / "texts.txt").write_text("\n".join(f"text number {i} about cats" for i in range(10)) + "\n\n")
-    handler = fakes.ready_handler(EmbeddingHandler, bert_with_texts, calibration="texts.txt", **EAGER_INT8)
+    handler = fakes.ready_handler("embedding", bert_with_texts, calibration="texts.txt", **EAGER_INT8)
     assert handler.engine.model.eager.int8_gate.last.texts == 10
     (bert_with_texts / "texts.txt").write_text("one\ntwo\n")
     strict = {**EAGER_INT8, "compile": {"enable": False, "on_failure": "fail"}}
     with pytest.raises(CalibrationError, match="texts.txt has 2 texts; give at least 8"):
-        fakes.ready_handler(EmbeddingHandler, bert_with_texts, calibration="texts.txt", **strict)
+        fakes.ready_handler("embedding", bert_with_texts, calibration="texts.txt", **strict)
 
 
 def test_calibration_names_a_file_inside_the_archive_and_generation_is_not_quantized():
@@ -404,7 +404,7 @@ def test_int8_keeps_in_floating_point_only_the_linear_that_drifts_and_int8_all_i
     model = made_to_drift(tiny_bert, tmp_path / "model", lambda name: name == ONE_DRIFTING)
     compiled = {"buckets": GRID, "quantize": "int8", "compile": {"on_failure": "fail"}, **UNSMOOTHED}
     with caplog.at_level(logging.INFO):
-        handler = fakes.ready_handler(EmbeddingHandler, model, **compiled)  # gated eager, then compiled
+        handler = fakes.ready_handler("embedding", model, **compiled)  # gated eager, then compiled
     kept_one = handler.engine.model.eager
     assert handler.engine.model.is_compiled and kept_one.int8_gate.last.texts == len(DEFAULT_TEXTS)
     assert re.search(rf"kept float32: [\w.]*\.{re.escape(ONE_DRIFTING)};", caplog.text)  # in the layout's module
@@ -412,13 +412,11 @@ def test_int8_keeps_in_floating_point_only_the_linear_that_drifts_and_int8_all_i
     graphs = compiled_graph_count()
     answers = answered(handler, [{"inputs": "the cat sat"}, {"inputs": "hello world " * 6}])
     assert all(len(answer["embedding"]) == 32 for answer in answers) and compiled_graph_count() == graphs
-    every = fakes.ready_handler(
-        EmbeddingHandler, tiny_bert, **{**EAGER_INT8, "quantize": "int8-all"}
-    ).engine.model.eager
+    every = fakes.ready_handler("embedding", tiny_bert, **{**EAGER_INT8, "quantize": "int8-all"}).engine.model.eager
     assert quantized_linears(every) == quantized_linears(kept_one) + 1  # the pooler's is dropped in both
     strict = {**EAGER_INT8, **UNSMOOTHED, "compile": {"enable": False, "on_failure": "fail"}}
     with pytest.raises(quantizing.QuantizationRefused, match="least cosine"):
-        fakes.ready_handler(EmbeddingHandler, model, **{**strict, "quantize": "int8-all"})
+        fakes.ready_handler("embedding", model, **{**strict, "quantize": "int8-all"})
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -443,7 +441,7 @@ def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_pat
     monkeypatch.setattr(quantizing, "has_vnni", lambda: True)
     monkeypatch.setattr(quantizing, "int8_engine", spy)
     config = {**EAGER_INT8, **UNSMOOTHED, "quantize": "int8-all", "warmup": {"tolerance": 0.9}, "dtype": dtype}
-    measured = fakes.ready_handler(EmbeddingHandler, model, **config).engine.model.eager.int8_gate.last
+    measured = fakes.ready_handler("embedding", model, **config).engine.model.eager.int8_gate.last
     assert measured.value < 0.99  # int8 moved the answers: there is a drift to predict
     assert simulated[0].value == pytest.approx(measured.value, abs=int8_search.MARGIN * (1 - measured.value))
 
@@ -462,14 +460,14 @@ def test_an_int8_aot_package_holds_its_weights_serves_without_dynamo_and_is_gate
     model = tmp_path / "model"
     shutil.copytree(tiny_bert, model)
     config = {"buckets": GRID, "quantize": "int8", "dtype": "bfloat16", "warmup": {"tolerance": 0.5}}
-    built = build_aot_package(EmbeddingHandler, model, {"handler": config})
+    built = build_aot_package("embedding", model, {"handler": config})
     # frozen: the int8 weights are in the native code, none read from the checkpoint or shipped beside it
     assert built["constants_from_checkpoint"] == 0 and built["constants_in_package"] == []
     packed = model / aot_package.PACKAGE_DIR
     manifest = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())
     assert manifest["frozen"] and manifest["valid_for"]["quantize"] == "int8"
     with caplog.at_level(logging.INFO):
-        handler = fakes.ready_handler(EmbeddingHandler, model, **config)
+        handler = fakes.ready_handler("embedding", model, **config)
     engine = handler.engine
     assert handler.model_source == "aot package" and compiled_graph_count() == 0
     gate = engine.model.int8_gate  # checked again here, against float32's answers the package carries
@@ -479,7 +477,7 @@ def test_an_int8_aot_package_holds_its_weights_serves_without_dynamo_and_is_gate
     packaged = answered(handler, [{"inputs": text} for text in texts])
     assert compiled_graph_count() == 0 and not engine.model.eager_loaded
     # the same answers as the int8 model run eagerly (the same quantization of the same weights)
-    eager = fakes.ready_handler(EmbeddingHandler, tiny_bert, **config, compile={"enable": False})
+    eager = fakes.ready_handler("embedding", tiny_bert, **config, compile={"enable": False})
     for ours, theirs in zip(packaged, answered(eager, [{"inputs": text} for text in texts]), strict=True):
         cosine = torch.nn.functional.cosine_similarity(
             torch.tensor(ours["embedding"]), torch.tensor(theirs["embedding"]), dim=0
@@ -503,7 +501,7 @@ def test_an_int8_model_keys_this_host_s_compile_cache_apart_from_its_float_model
     for quantize in ("none", "int8", "int8-all"):
         handler_config = {"dtype": "float32", "quantize": quantize, "compile": {"cache_dir": str(tmp_path)}}
         placement = Placement(tiny_bert, "test", {"handler": handler_config})
-        _, serving, _ = EmbeddingHandler.worker_class.read(placement, EmbeddingHandler.task_class)
+        _, serving, _ = Worker.read(placement, EmbeddingTask)
         engine = types.SimpleNamespace(dtype=torch.float32, plan=serving.plan)
         valid_for = build_steps._host_cache(engine, serving).valid_for
         assert valid_for["quantize"] == quantize and valid_for["smoothing"] == 0.6

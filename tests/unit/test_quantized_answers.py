@@ -14,7 +14,6 @@ from test_adapters import ask
 from ts_compiled_handlers.protocols.cohere import prompt
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.scripts.answer_ranges import write_ranges
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup.calibration import DEFAULT_TEXTS
 from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.tasks.precisions import PRECISIONS, AnswerRanges, quantized, read_ranges
@@ -39,7 +38,7 @@ def archive_dir(tiny_models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def handler(archive_dir):
-    return ready_handler(EmbeddingHandler, archive_dir, **GRID)
+    return ready_handler("embedding", archive_dir, **GRID)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -150,7 +149,7 @@ def test_int8_is_refused_where_the_ranges_do_not_fit_the_answer(handler, archive
     assert [handler.context.get_response_status(index)[0] for index in range(3)] == [400, 400, 400]
     assert "dimensions" in answers[0]["error"] and "normalize" in answers[1]["error"]
     assert "precision" in answers[2]["error"] and len(answers[3][0]["embedding"]) == 1  # 8 dimensions: 1 byte
-    without_ranges = ready_handler(EmbeddingHandler, tiny_models["embedding"], **GRID)
+    without_ranges = ready_handler("embedding", tiny_models["embedding"], **GRID)
     (refused,) = ask(without_ranges, [{"inputs": TEXTS, "precision": "int8"}])
     assert without_ranges.context.get_response_status(0)[0] == 400 and "rebuild" in refused["error"]
 

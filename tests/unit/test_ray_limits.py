@@ -181,19 +181,15 @@ def test_a_request_is_read_and_tokenized_off_the_event_loop(replica):
 
 
 # -- the key --------------------------------------------------------------------------------------
-def test_keys_from_the_environment_and_the_argument_are_stripped(monkeypatch, caplog, tmp_path):
+def test_keys_from_the_environment_and_the_file_are_stripped(monkeypatch, tmp_path):
     monkeypatch.setenv(ray_serve.KEY_ENV, f"{KEY}\n")  # a Secret made with --from-file
-    assert ray_serve.api_key(None, None, "m") == KEY
-    monkeypatch.delenv(ray_serve.KEY_ENV)
-    with caplog.at_level(logging.WARNING):
-        assert ray_serve.api_key(f" {KEY}\n", None, "m") == KEY
-    assert "deprecated" in caplog.text and "key_file" in caplog.text and KEY not in caplog.text
+    assert ray_serve.api_key(None, "m") == KEY
     monkeypatch.setenv(ray_serve.KEY_ENV, " \n")  # blank: not a key, the file's is used
     path = tmp_path / "m.key"
     path.write_text(f"{KEY}\r\n")
     path.chmod(0o600)
-    assert ray_serve.api_key(None, str(path), "m") == KEY
-    digest = inference_api.key_digest(ray_serve.api_key(None, str(path), "m"))
+    assert ray_serve.api_key(str(path), "m") == KEY
+    digest = inference_api.key_digest(ray_serve.api_key(str(path), "m"))
     assert inference_api.authorized(f"Bearer {KEY}", digest)
 
 
@@ -203,16 +199,16 @@ def test_a_key_file_others_can_read_is_used_with_a_warning_and_an_empty_one_refu
     path.write_text(KEY)
     path.chmod(0o640)
     with caplog.at_level(logging.WARNING):
-        assert ray_serve.api_key(None, str(path), "m") == KEY
+        assert ray_serve.api_key(str(path), "m") == KEY
     assert "chmod 600" in caplog.text and "640" in caplog.text and KEY not in caplog.text
     caplog.clear()
     path.chmod(0o600)
     with caplog.at_level(logging.WARNING):
-        ray_serve.api_key(None, str(path), "m")
+        ray_serve.api_key(str(path), "m")
     assert "chmod" not in caplog.text
     path.write_text("\n")
     with pytest.raises(ValueError, match="holds no key"):
-        ray_serve.api_key(None, str(path), "m")
+        ray_serve.api_key(str(path), "m")
     assert os.stat(path).st_size == 1  # left as it was
 
 

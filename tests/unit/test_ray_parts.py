@@ -11,6 +11,7 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
+import pydantic
 import pytest
 import yaml
 
@@ -23,8 +24,9 @@ from ts_compiled_handlers.servers.inference_api import Route, route_of
 from ts_compiled_handlers.startup.placement import Loop, loop_of
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.worker.messages import Incoming, Reply
+from ts_compiled_handlers.worker.worker import Worker
 
-EMBEDDING_HANDLER = package_files.PACKAGE / "servers" / "torchserve" / "embedding_handler.py"
+HANDLER = package_files.PACKAGE / package_files.HANDLER
 
 ray_serve = pytest.importorskip("ts_compiled_handlers.servers.ray.serve", reason="the ray extra")
 
@@ -90,16 +92,19 @@ def test_a_replica_serves_requests_one_at_a_time_with_its_cpus_as_threads(tmp_pa
     assert with_threads({"handler": {"task": "embedding"}}, None) == {"handler": {"task": "embedding"}}  # outside Ray
 
 
-def test_the_key_comes_from_the_argument_the_environment_or_a_file_made_once(tmp_path, monkeypatch):
-    monkeypatch.delenv(ray_serve.KEY_ENV, raising=False)
-    assert ray_serve.api_key("given", None, "m") == "given"
+def test_the_key_comes_from_the_environment_or_a_file_made_once(tmp_path, monkeypatch):
     monkeypatch.setenv(ray_serve.KEY_ENV, "from-env")
-    assert ray_serve.api_key(None, None, "m") == "from-env"
+    assert ray_serve.api_key(None, "m") == "from-env"
     monkeypatch.delenv(ray_serve.KEY_ENV)
     path = tmp_path / "keys" / "m.key"
-    made = ray_serve.api_key(None, str(path), "m")
+    made = ray_serve.api_key(str(path), "m")
     assert len(made) >= 32 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert ray_serve.api_key(None, str(path), "m") == made  # the same key for every later build
+    assert ray_serve.api_key(str(path), "m") == made  # the same key for every later build
+
+
+def test_a_key_in_the_arguments_is_refused_where_serve_would_store_it():
+    with pytest.raises(pydantic.ValidationError, match="api_key"):
+        ray_serve.AppArgs.model_validate({"archive": "minilm.mar", "api_key": "secret"})
 
 
 def fake_archive(folder, handler_source: str | None = None, member_names=()) -> "os.PathLike":
@@ -113,7 +118,7 @@ def fake_archive(folder, handler_source: str | None = None, member_names=()) -> 
             "configFile": "model-config.yaml",
         }
     }
-    handler = handler_source or EMBEDDING_HANDLER.read_text()
+    handler = handler_source or HANDLER.read_text()
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
         archive.writestr("model-config.yaml", yaml.safe_dump({"handler": {"task": "embedding"}}))
@@ -133,7 +138,8 @@ def test_an_archive_is_unpacked_once_per_machine_and_names_its_task(tmp_path):
         "2.0",
         {"handler": {"task": "embedding"}},
     )
-    assert first.handler_class().task_class is EmbeddingTask
+    assert first.served_by() == (EmbeddingTask, Worker)  # our handler file: our worker, the config's task
+    assert first.handler_class().__name__ == "Handler"
     placement = first.placement({"handler": {}}, "renamed")
     assert (placement.model_name, placement.model_version, placement.batch_size) == ("renamed", "2.0", None)
 
@@ -150,9 +156,7 @@ def test_archives_that_cannot_be_served_are_refused_with_the_reason(tmp_path):
         Archive.open(fake_archive(escaping, member_names=["../evil.py"]), root=tmp_path / "unpacked")
     two = tmp_path / "two"
     two.mkdir()
-    source = (
-        package_files.PACKAGE / "servers/torchserve/embedding_handler.py"
-    ).read_text() + "\n\nclass Second(EmbeddingHandler):\n    pass\n"
+    source = HANDLER.read_text() + "\n\nclass Second(Handler):\n    pass\n"
     with pytest.raises(ArchiveError, match="one subclass"):
         Archive.open(fake_archive(two, source), root=tmp_path / "unpacked").handler_class()
 

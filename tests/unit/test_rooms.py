@@ -65,11 +65,24 @@ def top_room(name: str) -> str:
     return name.split(".")[0]
 
 
-def test_at_most_eight_modules_at_the_top_and_at_least_six_rooms():
-    top = [path.name for path in PACKAGE.glob("*.py")]
+def test_the_top_holds_only_the_package_s_init_and_at_least_six_rooms():
+    top = [path.name for path in PACKAGE.iterdir() if path.is_file()]
     rooms = [path for path in PACKAGE.iterdir() if (path / "__init__.py").is_file() and path.name not in TOOLS]
-    assert len(top) <= 8, top
+    assert top == ["__init__.py"], top
     assert len(rooms) >= 6, rooms
+
+
+def test_one_torchserve_handler_file_and_it_is_the_one_every_archive_names():
+    """The per-task handler files went: one BaseHandler subclass (the adapter's) and one file an
+    archive names, which subclasses it and nothing else."""
+    subclassing = {
+        path.relative_to(PACKAGE).as_posix(): node.name
+        for path in modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and {ast.unparse(base) for base in node.bases} & {"BaseHandler", "TorchServeHandler"}
+    }
+    assert subclassing == {"servers/torchserve/adapter.py": "TorchServeHandler", package_files.HANDLER: "Handler"}
 
 
 def test_the_rooms_import_each_other_without_a_cycle():
@@ -91,8 +104,7 @@ def test_the_rooms_import_each_other_without_a_cycle():
 
 
 def test_each_server_is_imported_only_in_its_own_room():
-    """`ts` only under servers/torchserve, `ray` only under servers/ray (the deprecated top-level
-    shims re-export Ray's room)."""
+    """`ts` only under servers/torchserve, `ray` only under servers/ray."""
     for path in modules():
         imported = {
             name.split(".")[0]

@@ -17,7 +17,7 @@ from ts_compiled_handlers.engine.buckets import BucketPlan
 from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.servers.torchserve import async_replies, settings
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
+from ts_compiled_handlers.servers.torchserve.handler import Handler
 from ts_compiled_handlers.startup.config import ConfigError
 from ts_compiled_handlers.worker.worker import Worker
 
@@ -134,7 +134,7 @@ def test_traffic_metrics_are_in_the_worker_cache_before_traffic_even_when_its_co
     context.metrics = metrics
     with pytest.raises(MetricsCacheKeyError):
         metrics.get_metric("BucketRequests", MetricTypes.COUNTER)
-    EmbeddingHandler().initialize(context)
+    Handler().initialize(context)
     assert metrics.get_metric("BucketRequests", MetricTypes.COUNTER).unit == "Count"
     assert metrics.get_metric("PaddedTokenRatio", MetricTypes.GAUGE).unit == "Ratio"
 
@@ -142,7 +142,7 @@ def test_traffic_metrics_are_in_the_worker_cache_before_traffic_even_when_its_co
 def test_a_registration_batch_size_over_1_is_refused_at_initialize(tiny_models):
     context = make_context(tiny_models["embedding"], {"asyncCommunication": True}, batch_size=8)
     with pytest.raises(ConfigError, match="batchSize=8"):
-        EmbeddingHandler().initialize(context)
+        Handler().initialize(context)
 
 
 def test_the_auto_budget_is_the_largest_rows_of_the_pack_budget_within_max_tokens():
@@ -155,7 +155,7 @@ def test_the_auto_budget_is_the_largest_rows_of_the_pack_budget_within_max_token
 TEXTS = ["a", "alice walks to paris with bob " * 3, "bob", "the river runs past the mill " * 4, "c d e"]
 
 
-class RecordingBuild(EmbeddingHandler):
+class RecordingBuild(Handler):
     """Records the thread that built and warmed the engine."""
 
     class worker_class(Worker):
@@ -178,7 +178,7 @@ def handlers(tiny_models):
     )
     held_threads = torch.get_num_threads()
     torch.set_num_threads(threads)  # this test process's thread is not an event loop's: give it back
-    batched = ready_handler(EmbeddingHandler, tiny_models["embedding"], **grid)
+    batched = ready_handler("embedding", tiny_models["embedding"], **grid)
     yield scheduled, batched, held_threads
     scheduled.loop.model_thread.executor.shutdown()
 

@@ -15,7 +15,6 @@ from sentence_transformers import SentenceTransformer
 
 from ts_compiled_handlers.scripts.answer_ranges import embedded_texts
 from ts_compiled_handlers.scripts.make_tiny_models import DENSE_SIZE
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.tasks.pooling import unit_rows
@@ -43,7 +42,7 @@ def test_a_dense_module_is_served_compiled_and_packed_as_encode_answers(tiny_mod
     folder = tiny_models["embedding-dense"]
     head = read_head(folder)
     assert head.size == DENSE_SIZE and head.normalizes and len(head.layers) == 1
-    handler = ready_handler(EmbeddingHandler, folder, buckets=GRID, dtype="float32")
+    handler = ready_handler("embedding", folder, buckets=GRID, dtype="float32")
     assert handler.engine.model.is_compiled and handler.engine.layout.packed
     graphs = compiled_graph_count()
     (answers,) = answered(handler, [{"inputs": TEXTS}])
@@ -59,7 +58,7 @@ def test_a_dense_module_is_served_compiled_and_packed_as_encode_answers(tiny_mod
 
 def test_token_states_kept_are_pooled_through_the_dense_module(tiny_models):
     folder = tiny_models["embedding-dense"]
-    handler = ready_handler(EmbeddingHandler, folder, **EAGER, embedding={"embed_all": True})
+    handler = ready_handler("embedding", folder, **EAGER, embedding={"embed_all": True})
     (answers,) = answered(handler, [{"inputs": TEXTS}])
     assert least_cosine(answers, SentenceTransformer(str(folder), device="cpu").encode(TEXTS)) > 0.9999
 
@@ -75,7 +74,7 @@ def test_a_normalize_before_a_dense_and_pickled_dense_weights_are_read_as_encode
     (dense / "model.safetensors").unlink()
     head = read_head(folder)
     assert not head.normalizes and len(head.layers) == 2  # the Normalize is part of the model now
-    handler = ready_handler(EmbeddingHandler, folder, **EAGER)
+    handler = ready_handler("embedding", folder, **EAGER)
     (answers,) = answered(handler, [{"inputs": TEXTS}])
     reference = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
     np.testing.assert_allclose([answer["embedding"] for answer in answers], reference, atol=1e-5)
@@ -124,9 +123,9 @@ def test_do_lower_case_lowercases_what_is_tokenized_as_encode_does(tiny_models, 
     settings = json.loads((folder / "sentence_bert_config.json").read_text())
     (folder / "sentence_bert_config.json").write_text(json.dumps({**settings, "do_lower_case": True}))
     texts = ["Alice Walks To PARIS", "the CAT sat"]
-    cased = ready_handler(EmbeddingHandler, tiny_models["embedding-decoder"], **EAGER)
+    cased = ready_handler("embedding", tiny_models["embedding-decoder"], **EAGER)
     assert cased.tokenize(texts).token_ids != cased.tokenize([text.lower() for text in texts]).token_ids
-    handler = ready_handler(EmbeddingHandler, folder, **EAGER)
+    handler = ready_handler("embedding", folder, **EAGER)
     (answers,) = answered(handler, [{"inputs": texts}])
     reference = SentenceTransformer(str(folder), device="cpu").encode(texts)
     np.testing.assert_allclose([answer["embedding"] for answer in answers], reference, atol=1e-5)

@@ -20,7 +20,6 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 from ts_compiled_handlers.engine.packing import PackedModel, pack_rows
 from ts_compiled_handlers.loops.request_batches import RequestBatches
 from ts_compiled_handlers.request.tokenizing import TextTokenizer
-from ts_compiled_handlers.servers.torchserve.classification_handler import ClassificationHandler
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import logit_score, splade
 from ts_compiled_handlers.tasks.classification import ClassificationTask
@@ -162,7 +161,7 @@ def test_every_rerank_shape_answers_an_llm_rerankers_scores(tiny_models):
     folder = tiny_models["reranker-causal-chat"]
     expected = CrossEncoder(str(folder), device="cpu").predict([(QUERY, document) for document in DOCUMENTS])
     buckets = {"seq_lens": [32, 128], "batch_sizes": [1, 4]}
-    handler = ready_handler(ClassificationHandler, folder, buckets=buckets, compile={"enable": False})
+    handler = ready_handler("text-classification", folder, buckets=buckets, compile={"enable": False})
     scores = assert_every_shape_ranks_as_rerank(handler, QUERY, DOCUMENTS, {})
     assert [scores[index] for index in range(len(DOCUMENTS))] == pytest.approx(expected.tolist(), abs=1e-5)
     assert_cohere_clients_read_the_ranking(handler, QUERY, DOCUMENTS, {}, scores)

@@ -10,7 +10,6 @@ from fuzzing import batch_message, nested_list_batch, nested_lists
 from ts.service import Service
 
 from ts_compiled_handlers.servers.torchserve import messages
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 
 EAGER = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}, "compile": {"enable": False}}
 ORDINARY = [b'{"inputs": "alice walks to paris"}', b'{"inputs": ["bob", "the cat sat"]}']
@@ -52,7 +51,7 @@ def test_a_batch_of_megabyte_nested_lists_is_read_without_decoding_them():
 
 
 def test_a_hostile_body_of_megabytes_fails_alone_and_its_batch_mates_are_answered(tiny_models):
-    handler = ready_handler(EmbeddingHandler, tiny_models["embedding"], **EAGER)
+    handler = ready_handler("embedding", tiny_models["embedding"], **EAGER)
     hostile = [nested_lists(1.0), nested_lists(1.0, wrapped=True)]
     bodies = [ORDINARY[0], hostile[0], ORDINARY[1], hostile[1]]
     batch = read_batch(batch_message([(body, "application/json") for body in bodies]))

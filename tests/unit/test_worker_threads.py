@@ -15,7 +15,6 @@ from fakes import answered, ready_handler
 from ts_compiled_handlers.runtime import hardware, live_workers, process_settings
 from ts_compiled_handlers.runtime.live_workers import LiveWorkers
 from ts_compiled_handlers.runtime.process_settings import ThreadShare
-from ts_compiled_handlers.servers.torchserve.embedding_handler import EmbeddingHandler
 from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 HOLDER = """
@@ -103,7 +102,7 @@ def test_without_a_writable_temp_dir_the_worker_keeps_the_starting_share(tmp_pat
 
 @pytest.mark.heavy  # starts a process
 def test_a_new_thread_share_is_traced_once_and_never_answered_eagerly(tiny_bert, monkeypatch, caplog):
-    handler = ready_handler(EmbeddingHandler, tiny_bert, buckets={"seq_lens": [8, 16], "batch_sizes": [1, 2]})
+    handler = ready_handler("embedding", tiny_bert, buckets={"seq_lens": [8, 16], "batch_sizes": [1, 2]})
     before, graphs = handler.threads.threads, compiled_graph_count()
     monkeypatch.setattr(process_settings, "RECOUNT_SECONDS", 0.0)
     handler.threads.cores = 2 * before + 2  # so that a second worker changes this one's share

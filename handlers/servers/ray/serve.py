@@ -47,10 +47,6 @@ logger = logging.getLogger(__name__)
 
 KEY_FOLDER = Path("~/.hfserve/ray-serve-keys")
 KEY_ENV = "HFSERVE_API_KEY"
-KEY_ARGUMENT_DEPRECATED = (
-    "The `api_key` argument is deprecated: it stays in the command line and in Serve's stored config. "
-    "Give the key in $HFSERVE_API_KEY, or in a file: `key_file`, by default ~/.hfserve/ray-serve-keys/NAME.key"
-)
 
 
 class AppArgs(BaseModel):
@@ -62,7 +58,6 @@ class AppArgs(BaseModel):
     name: str | None = None  # default: the archive's model name
     num_replicas: int | None = None  # default 1; or Ray's own autoscaling_config
     autoscaling_config: dict[str, Any] | None = None
-    api_key: str | None = None  # deprecated (kept in argv and Serve's config): $HFSERVE_API_KEY or `key_file`
     key_file: str | None = None  # default ~/.hfserve/ray-serve-keys/NAME.key; made once if missing
     ray_actor_options: dict[str, Any] = {"num_cpus": 1}
     max_replicas_per_node: int | None = None
@@ -78,7 +73,7 @@ def app(args: AppArgs) -> serve.Application:
     path = Path(args.archive).expanduser().resolve()
     archive = Archive.open(path)
     name = args.name or archive.model_name
-    digest = inference_api.key_digest(api_key(args.api_key, args.key_file, name))
+    digest = inference_api.key_digest(api_key(args.key_file, name))
     ongoing = args.max_ongoing_requests or max_ongoing_requests(archive)
     options = {
         "name": name,
@@ -93,13 +88,11 @@ def app(args: AppArgs) -> serve.Application:
     return ArchiveReplica.options(**options).bind(str(path), name, digest, args.max_request_size)
 
 
-def api_key(given: str | None, key_file: str | None, name: str) -> str:
-    """The key clients send: given (deprecated), else $HFSERVE_API_KEY, else the key file's (made
-    once, mode 0600). Stripped wherever it comes from, as the header's is: a Kubernetes Secret made
-    with --from-file keeps the file's newline, and every request would get 401."""
-    if given and given.strip():
-        logger.warning(KEY_ARGUMENT_DEPRECATED)
-        return given.strip()
+def api_key(key_file: str | None, name: str) -> str:
+    """The key clients send: $HFSERVE_API_KEY, else the key file's (made once, mode 0600); never an
+    argument, which would stay in the command line and in Serve's stored config. Stripped wherever
+    it comes from, as the header's is: a Kubernetes Secret made with --from-file keeps the file's
+    newline, and every request would get 401."""
     if os.environ.get(KEY_ENV, "").strip():
         return os.environ[KEY_ENV].strip()
     return file_key(Path(key_file or KEY_FOLDER / f"{name}.key").expanduser(), name)

@@ -1,6 +1,7 @@
 """The TorchServe adapter: the only code that reads or writes TorchServe's context.
 
-A `.mar` names a thin subclass (handlers/servers/torchserve/embedding_handler.py, ...) that says which task it serves.
+Every `.mar` our build makes names the one handler file (handlers/servers/torchserve/handler.py), a
+subclass of this class; the task is the archive's (`handler.task` in its model-config.yaml).
 `initialize` builds the worker (handlers/worker/worker.py) from what the context says (a `Placement`)
 and picks its loop once; `handle` turns `(data, context)` into `Incoming` requests, hands them to
 the loop, and writes the replies back: status, content type and headers in, answers out. The loops:
@@ -31,6 +32,7 @@ from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import Task
+from ts_compiled_handlers.tasks.registry import task_class
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker
 
@@ -40,9 +42,10 @@ READER_MODULES = ("__main__", "ts.async_service")  # the worker's script and its
 
 
 class TorchServeHandler(BaseHandler):
-    """Serves one task's worker under TorchServe; a subclass names the task (`task_class`)."""
+    """Serves the worker of the task the archive names under TorchServe. A subclass may name a
+    subclass of that task's class (`task_class`), to add a protocol."""
 
-    task_class: type[Task] = Task
+    task_class: type[Task] | None = None  # None: the archive's task's class (handlers/tasks/registry.py)
     worker_class: type[Worker] = Worker
     warmup_progress = None  # called as warmup_progress(done, total) after each shape (the build's bar)
 
@@ -58,12 +61,13 @@ class TorchServeHandler(BaseHandler):
             context.system_properties.get("gpu_id"),
         )
         config = parse(placement.yaml_config)  # once per worker
+        served = self.task_class or task_class(config.task)
         sink = TorchServeSink(context)
         quiet_per_batch_lines()
         self.worker, self.loop = start(
-            settings.placed(placement, self.task_class.NAME),
+            settings.placed(placement, served.NAME),
             config,
-            self.task_class,
+            served,
             sink,
             self.worker_class,
             self.warmup_progress,

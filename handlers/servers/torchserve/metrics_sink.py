@@ -1,6 +1,6 @@
 """The worker's metrics on TorchServe: model-level metrics through the worker's metrics cache.
 
-They reach the metrics API only because `handlers/metrics.yaml` (the file `metrics_config` in
+They reach the metrics API only because `handlers/servers/torchserve/metrics.yaml` (the file `metrics_config` in
 config.properties points to) declares them with the same names and dimensions.
 """
 
