@@ -80,7 +80,7 @@ def check_int8_gate(engine: Engine, task: Task, serving: Serving, calibration: a
         return
     floors = quantizing.floors(serving.config)
     gate = quantizing.Int8Gate(
-        calibration.token_ids, calibration.rows, task.NAME, floors, type_ids=calibration.type_ids
+        calibration.token_ids, calibration.rows, task.LABELS, floors, type_ids=calibration.type_ids
     )
     gate.check(engine)
     gate.release()

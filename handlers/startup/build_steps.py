@@ -103,7 +103,7 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
         options = task.tokenizer_options()
         rows, types = calibration_rows(serving.tokenizer, inputs, plan.max_seq_len, options, engine.layout.token_types)
         with quantizing.input_ranges(engine.model.eager) as ranges:  # in float32's pass over the texts
-            gate = quantizing.Int8Gate.over(engine, rows, task.NAME, quantizing.floors(config), types)
+            gate = quantizing.Int8Gate.over(engine, rows, task.LABELS, quantizing.floors(config), types)
         kept = (
             ()
             if config.quantize == "int8-all"

@@ -27,6 +27,7 @@ TASKS = (
     "token-classification",
     "text-generation",
 )
+GENERATION = "text-generation"  # the one task that generates: it runs generation's loops, never int8
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Which tensor dimensions the compiled graphs treat as dynamic; see docs/design.md, "Shape strategy".
@@ -407,8 +408,8 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
     if isinstance(own_compile, dict):
         own_compile = {**_pt2_compile(yaml_config), **own_compile}
     config = _parse_section(HandlerConfig, {**handler, "compile": own_compile}, "handler")
-    if config.quantize != "none" and config.task == "text-generation":
-        raise ConfigError("handler.quantize", config.quantize, "none for text-generation (int8 serves encoders)")
+    if config.quantize != "none" and config.task == GENERATION:
+        raise ConfigError("handler.quantize", config.quantize, f"none for {GENERATION} (int8 serves encoders)")
     if config.quantize != "none" and config.compile.regional:
         raise ConfigError("handler.compile.regional", True, "false with quantize (the int8 graph has no blocks)")
     if (config.generation.default_new_tokens or 0) > config.generation.max_new_tokens:

@@ -93,7 +93,7 @@ class _Simulation:
             return self.gate.answers(self.engine, rows)
 
     def gate_figures(self, rows: list[torch.Tensor]) -> quantizing.GateFigures:
-        return quantizing.figures(self.gate.task_name, rows, self.gate.reference, self.gate.floors)
+        return quantizing.figures(self.gate.labels, rows, self.gate.reference, self.gate.floors)
 
     def ranked(self, names: list[str], all_int8: list[torch.Tensor]) -> list[str]:
         """The linears whose int8 moves the answers at all, the one that alone moves most first the

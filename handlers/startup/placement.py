@@ -9,7 +9,7 @@ import dataclasses
 import enum
 from pathlib import Path
 
-GENERATION = "text-generation"  # the one task that generates: it runs generation's loops
+from ts_compiled_handlers.startup.config import GENERATION
 
 
 class Loop(enum.Enum):

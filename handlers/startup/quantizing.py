@@ -234,14 +234,15 @@ def _rank_agreement(int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor
     return same.float().mean().item() if same.numel() else 1.0
 
 
-def figures(task_name: str, int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor], floors: GateFloors):
-    """The gate's figures for the task: least per-text cosine for vectors, label agreement for
-    classifiers (per token for taggers), pairwise rank agreement for one-score rerankers; NaN, which
-    no floor passes, where an int8 answer holds NaN or infinity (argmax and signs would not see it)."""
+def figures(labels: bool, int8_rows: list[torch.Tensor], float_rows: list[torch.Tensor], floors: GateFloors):
+    """The gate's figures: least per-text cosine for vectors, and for scores over labels (`labels`,
+    the task's LABELS) label agreement (per token for taggers), or pairwise rank agreement for
+    one-score rerankers; NaN, which no floor passes, where an int8 answer holds NaN or infinity
+    (argmax and signs would not see it)."""
     texts = len(float_rows)
-    if task_name == "text-classification" and float_rows[0].numel() == 1:
+    if labels and float_rows[0].numel() == 1:
         found = GateFigures("rank agreement", _rank_agreement(int8_rows, float_rows), floors.agreement, texts)
-    elif task_name in ("text-classification", "token-classification"):
+    elif labels:
         found = GateFigures("label agreement", _label_agreement(int8_rows, float_rows), floors.agreement, texts)
     else:
         found = GateFigures("least cosine", _least_cosine(int8_rows, float_rows), floors.cosine, texts)
@@ -258,14 +259,14 @@ class Int8Gate:
 
     rows: list[list[int]]
     reference: list[torch.Tensor]  # float32's answers on `rows`
-    task_name: str
+    labels: bool  # the task's LABELS: its answers are scores over labels
     floors: GateFloors
     last: GateFigures | None = None
     type_ids: list[list[int]] | None = None
 
     @classmethod
-    def over(cls, float_engine: Engine, rows, task_name: str, floors: GateFloors, type_ids=None) -> "Int8Gate":
-        gate = cls(rows, [], task_name, floors, type_ids=type_ids)
+    def over(cls, float_engine: Engine, rows, labels: bool, floors: GateFloors, type_ids=None) -> "Int8Gate":
+        gate = cls(rows, [], labels, floors, type_ids=type_ids)
         gate.reference = gate.answers(float_engine)
         return gate
 
@@ -277,7 +278,7 @@ class Int8Gate:
 
     def check(self, engine: Engine) -> GateFigures:
         """The engine's answers on the rows against float32's; QuantizationRefused below the floor."""
-        found = figures(self.task_name, self.answers(engine), self.reference, self.floors)
+        found = figures(self.labels, self.answers(engine), self.reference, self.floors)
         if not found.value >= found.floor:  # NaN included
             broken = " (an answer holds NaN or infinity)" if math.isnan(found.value) else ""
             raise QuantizationRefused(f"int8 vs float32: {found}{broken}")

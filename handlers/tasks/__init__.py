@@ -49,6 +49,7 @@ class Task:
     PER_TOKEN = False  # the model's outputs are per token (token classification), not per text
     PAIRS = False  # the task takes text pairs (a cross-encoder)
     OFFSETS = False  # its answers read each token's characters in the text (entities' spans)
+    LABELS = False  # its outputs are scores over labels (the int8 gate counts agreeing labels or ranks)
     # `compile.freezing: auto` may freeze the weights (generation's decode step over a static cache
     # drifted from eager when frozen: GPT-2 by 0.14, so the warm-up check served it eagerly)
     FREEZES = True

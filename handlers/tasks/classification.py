@@ -45,6 +45,7 @@ class ClassificationTask(Task):
     NAME = "text-classification"
     PARAMS = {"top_k": optional_top_k, "raw_scores": boolean_param}  # raw_scores: the logits, as TEI's
     PAIRS = True
+    LABELS = True
     protocols = (
         KServeV2Protocol(),
         *rerank_routes(),

@@ -18,6 +18,7 @@ class TokenClassificationTask(Task):
     PARAMS = {"aggregation_strategy": choice_param(*AGGREGATIONS)}
     PER_TOKEN = True
     OFFSETS = True  # entities carry their start and end in the text
+    LABELS = True
 
     def read_settings(self, serving) -> None:
         self.tokenizer = serving.tokenizer

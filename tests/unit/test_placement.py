@@ -9,8 +9,8 @@ import pytest
 from ts_compiled_handlers.runtime import package_files
 from ts_compiled_handlers.servers.archive import is_stock_handler
 from ts_compiled_handlers.servers.torchserve import settings
-from ts_compiled_handlers.startup.config import TASKS, ConfigError
-from ts_compiled_handlers.startup.placement import GENERATION, Loop, LoopError, Placement, loop_of
+from ts_compiled_handlers.startup.config import GENERATION, TASKS, ConfigError
+from ts_compiled_handlers.startup.placement import Loop, LoopError, Placement, loop_of
 from ts_compiled_handlers.tasks.registry import TASK_CLASSES
 
 PLACED = Placement(Path("/models/m"), "m", {})

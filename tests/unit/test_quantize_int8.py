@@ -199,30 +199,25 @@ FLOORS = quantizing.GateFloors(cosine=0.99, agreement=0.95)
 
 
 def test_the_gate_measures_vectors_by_cosine_labels_by_agreement_and_one_score_by_pairwise_order():
-    vectors = quantizing.figures("embedding", rows([1, 0], [0, 1]), rows([1, 0], [1, 1]), FLOORS)
+    vectors = quantizing.figures(False, rows([1, 0], [0, 1]), rows([1, 0], [1, 1]), FLOORS)
     assert vectors.measure == "least cosine" and vectors.value == pytest.approx(2**-0.5) and vectors.floor == 0.99
-    labels = quantizing.figures(
-        "text-classification", rows([2, 1], [0, 3], [1, 0]), rows([2, 1], [0, 3], [0, 1]), FLOORS
-    )
+    labels = quantizing.figures(True, rows([2, 1], [0, 3], [1, 0]), rows([2, 1], [0, 3], [0, 1]), FLOORS)
     assert labels.measure == "label agreement" and labels.value == pytest.approx(2 / 3) and labels.texts == 3
-    tokens = quantizing.figures("token-classification", rows([[1, 0], [0, 1]]), rows([[1, 0], [1, 0]]), FLOORS)
+    tokens = quantizing.figures(True, rows([[1, 0], [0, 1]]), rows([[1, 0], [1, 0]]), FLOORS)
     assert tokens.measure == "label agreement" and tokens.value == pytest.approx(0.5)  # per token
     # scores 1 < 2 < 3 < 4 against 1 < 2 < 4 < 3: one of the six pairs swapped
-    order = quantizing.figures("text-classification", rows([1], [2], [3], [4]), rows([1], [2], [4], [3]), FLOORS)
+    order = quantizing.figures(True, rows([1], [2], [3], [4]), rows([1], [2], [4], [3]), FLOORS)
     assert order.measure == "rank agreement" and order.value == pytest.approx(5 / 6)
     assert order.floor == 0.95 and "rank agreement 0.8333 over 4 calibration pairs" in str(order)
 
 
-@pytest.mark.parametrize(
-    "task, nan_row",
-    [("embedding", [1, math.nan]), ("text-classification", [math.nan, 0]), ("text-classification", [math.inf])],
-)
-def test_an_answer_with_nan_or_infinity_never_passes_the_gate_nor_a_check(task, nan_row):
+@pytest.mark.parametrize("labels, nan_row", [(False, [1, math.nan]), (True, [math.nan, 0]), (True, [math.inf])])
+def test_an_answer_with_nan_or_infinity_never_passes_the_gate_nor_a_check(labels, nan_row):
     """min() and max() skip a NaN, argmax reads it as the largest: each measure would have passed these."""
     good = [1, 0] if len(nan_row) == 2 else [1]
-    found = quantizing.figures(task, rows(good, nan_row, good), rows(good, good, good), FLOORS)
+    found = quantizing.figures(labels, rows(good, nan_row, good), rows(good, good, good), FLOORS)
     assert math.isnan(found.value)
-    gate = quantizing.Int8Gate([[1], [2], [3]], rows(good, good, good), task, FLOORS)
+    gate = quantizing.Int8Gate([[1], [2], [3]], rows(good, good, good), labels, FLOORS)
     broken = types.SimpleNamespace(run=lambda ids, type_ids=None: types.SimpleNamespace(rows=rows(good, nan_row, good)))
     with pytest.raises(quantizing.QuantizationRefused, match="an answer holds NaN or infinity"):
         gate.check(broken)
@@ -238,7 +233,7 @@ def test_per_token_rows_are_gated_token_by_token():
     wanted = torch.eye(10)  # ten tokens, each its own direction
     got = wanted.clone()
     got[3] = -got[3]
-    found = quantizing.figures("multi-vector", [got], [wanted], FLOORS)
+    found = quantizing.figures(False, [got], [wanted], FLOORS)
     assert found.measure == "least cosine" and found.value == pytest.approx(-1.0)
     flat = torch.nn.functional.cosine_similarity(got.flatten(), wanted.flatten(), dim=0).item()
     assert flat == pytest.approx(0.8)
@@ -248,9 +243,7 @@ def test_the_gate_s_floors_are_the_archive_s_tolerance_and_agreement():
     assert quantizing.floors(parse({})) == quantizing.GateFloors(1 - quantizing.DEFAULT_TOLERANCE, 0.95)
     tight = parse({"handler": {"agreement": 1, "warmup": {"tolerance": 0.002}}})
     assert quantizing.floors(tight) == quantizing.GateFloors(0.998, 1.0)
-    order = quantizing.figures(
-        "text-classification", rows([1], [2], [3]), rows([1], [3], [2]), quantizing.floors(tight)
-    )
+    order = quantizing.figures(True, rows([1], [2], [3]), rows([1], [3], [2]), quantizing.floors(tight))
     assert order.value < order.floor == 1.0
 
 

@@ -22,7 +22,11 @@ from ts_compiled_handlers.request.payload import RequestError, check_params
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
 from ts_compiled_handlers.startup.config import parse
-from ts_compiled_handlers.tasks.m3 import index_order
+from ts_compiled_handlers.tasks.classification import ClassificationTask
+from ts_compiled_handlers.tasks.embedding import EmbeddingTask
+from ts_compiled_handlers.tasks.image_text import ImageTextTask
+from ts_compiled_handlers.tasks.m3 import M3EmbeddingTask, index_order
+from ts_compiled_handlers.tasks.multi_vector import MultiVectorTask
 from ts_compiled_handlers.tasks.pooling import unit_rows
 
 
@@ -65,7 +69,7 @@ class Embedder(ArchiveBatches):
     """Column `text` in, `embedding` out (a vector per row; both names configurable): float32, or
     the `precision` a request may ask for (int8, uint8, binary, ubinary: handlers/tasks/precisions.py)."""
 
-    task = "embedding"
+    task = EmbeddingTask.NAME
 
     def __init__(
         self, archive: str, text_column: str = "text", output_column: str = "embedding", precision: str = "float32"
@@ -149,7 +153,7 @@ class ChunkEmbedder(Embedder):
 class Classifier(ArchiveBatches):
     """Column `text` in, the best `label` and its `score` out (names configurable)."""
 
-    task = "text-classification"
+    task = ClassificationTask.NAME
 
     def __init__(
         self, archive: str, text_column: str = "text", label_column: str = "label", score_column: str = "score"
@@ -168,7 +172,7 @@ class MultiVectorEmbedder(ArchiveBatches):
     """Column `text` in, `embedding` out for a ColBERT archive: each row's token vectors, a
     (tokens, size) float32 array, for `input_type` query or document (handlers/tasks/multi_vector.py)."""
 
-    task = "multi-vector"
+    task = MultiVectorTask.NAME
 
     def __init__(self, archive: str, input_type: str, text_column: str = "text", output_column: str = "embedding"):
         super().__init__(archive, text_column)
@@ -193,7 +197,7 @@ class M3Embedder(ArchiveBatches):
     `dense_vecs` (a vector per row), `sparse_indices` and `sparse_values` (its lexical weights in
     index order), `colbert_vecs` (a (tokens - 1, size) array per row)."""
 
-    task = "m3-embedding"
+    task = M3EmbeddingTask.NAME
 
     def __init__(
         self, archive: str, return_dense=True, return_sparse=False, return_colbert_vecs=False, text_column="text"
@@ -229,7 +233,7 @@ class ImageEmbedder(ArchiveBatches):
     request of its own (a batch may hold more images than a request may); a bad one fails the job,
     naming its row."""
 
-    task = "image-text-embedding"
+    task = ImageTextTask.NAME
 
     def __init__(
         self,

@@ -39,8 +39,8 @@ from ts_compiled_handlers.servers import inference_api
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
 from ts_compiled_handlers.servers.ray.metrics_sink import RaySink
 from ts_compiled_handlers.startup.bucket_plan import task_plan
-from ts_compiled_handlers.startup.config import HandlerConfig, parse
-from ts_compiled_handlers.startup.placement import GENERATION, Placement
+from ts_compiled_handlers.startup.config import GENERATION, HandlerConfig, parse
+from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 
 logger = logging.getLogger(__name__)
