@@ -61,7 +61,7 @@ def check_keyless_ports_are_closed(policy: dict, text: str) -> None:
 
 
 def test_the_default_and_the_image_keep_tokens_on_and_keyless_metrics_on_loopback():
-    for config in (ROOT / "config.properties", ROOT / "handlers" / "config.properties"):
+    for config in (ROOT / "config.properties", ROOT / "handlers" / "servers" / "torchserve" / "config.properties"):
         settings = properties(config.read_text())
         assert settings["disable_token_authorization"] == "false"
         assert all(settings[f"{api}_address"].startswith("http://127.0.0.1:") for api in ("management", "metrics"))

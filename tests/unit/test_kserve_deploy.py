@@ -70,7 +70,7 @@ def test_the_layout_holds_the_archive_the_profile_and_a_snapshot_of_the_models(t
     out = write_layout([mar], tmp_path / "layout", 4, 10, 2, DEPLOY / "config.properties")
     assert (out / "model-store" / "tiny.mar").read_bytes() == mar.read_bytes()
     assert (out / "config" / "metrics.yaml").read_text() == (
-        ROOT / "handlers" / "metrics.yaml"
+        ROOT / "handlers" / "servers" / "torchserve" / "metrics.yaml"
     ).read_text()  # the package's
     assert (out / "config" / "ready.py").read_text() == (DEPLOY / "ready.py").read_text()
     rendered = (out / "config" / "config.properties").read_text()
