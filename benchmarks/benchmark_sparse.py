@@ -98,7 +98,7 @@ def serve_all(served: Worker, bodies: list[bytes], batch: int) -> float:
     """Seconds to answer every body through the request path, `batch` requests a call."""
     began = time.perf_counter()
     for start in range(0, len(bodies), batch):
-        replies = RequestBatches(served).serve(
+        replies = RequestBatches(served).serve_batch(
             [Incoming(body, "application/json") for body in bodies[start : start + batch]]
         )
         assert all(reply.status == 200 for reply in replies), replies[0].body[:200]

@@ -46,6 +46,7 @@ import torch
 from ts_compiled_handlers.request.outcome import describe, internal_error
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.runtime.json_text import as_json
+from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.tasks.continuation import Job
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker
@@ -93,6 +94,8 @@ class Running:
 
 class DecodeLoop:
     """The slots, the requests holding them, and one `call` per call of the server."""
+
+    kind = Loop.DECODE_LOOP
 
     def __init__(self, worker: Worker):
         self.worker = worker

@@ -16,11 +16,15 @@ from ts_compiled_handlers.loops.decode_loop import DecodeLoop
 from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.request.outcome import refusal
 from ts_compiled_handlers.runtime.json_text import as_json
+from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 
 
 class ContinuousRequests:
     """Requests one at a time into a worker's decode loop; `serve` yields each one's replies."""
+
+    kind = Loop.DECODE_LOOP
+    full = False  # the decode loop takes every request; those beyond its slots wait for one
 
     def __init__(self, decode_loop: DecodeLoop, model_thread: ModelThread):
         self.decode_loop = decode_loop

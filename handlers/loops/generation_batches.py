@@ -14,6 +14,7 @@ from ts_compiled_handlers.engine.layout import Call
 from ts_compiled_handlers.loops.request_batches import Batch, RequestBatches
 from ts_compiled_handlers.request.outcome import isolate
 from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.tasks.continuation import Job
 
 Send = Callable[[Batch, dict[int, str]], None]
@@ -21,6 +22,8 @@ Send = Callable[[Batch, dict[int, str]], None]
 
 class GenerationBatches(RequestBatches):
     """Request batches over a generation worker; `send` carries streamed text to the server."""
+
+    kind = Loop.GENERATION_BATCHES
 
     def __init__(self, worker, send: Send = lambda batch, chunks: None):
         super().__init__(worker)

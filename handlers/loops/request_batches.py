@@ -17,6 +17,7 @@ from typing import Any
 from ts_compiled_handlers.request.images import HeldImages
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.worker.messages import USAGE_HEADER, Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker
 
@@ -45,6 +46,8 @@ class Batch:
 
 class RequestBatches:
     """The loop of request batches over one worker."""
+
+    kind = Loop.REQUEST_BATCHES
 
     def __init__(self, worker: Worker):
         self.worker = worker
@@ -129,7 +132,7 @@ class RequestBatches:
     def count_split(self, error: BaseException) -> None:
         self.worker.metrics.count("BatchSplits", type(error).__name__, 1)
 
-    def serve(self, incoming: list[Incoming]) -> list[Reply]:
+    def serve_batch(self, incoming: list[Incoming]) -> list[Reply]:
         """One batch, every step; never raises."""
         try:
             batch = self.inference(self.preprocess(incoming))

@@ -15,6 +15,7 @@ starts no OpenMP team (handlers/loops/model_thread.py).
 """
 
 import asyncio
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from ts_compiled_handlers.loops.model_thread import ModelThread
@@ -22,6 +23,7 @@ from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.request.images import HeldImages
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker
 
@@ -30,6 +32,8 @@ FULL = "the server is at its queue limit (scheduler.max_queue); retry shortly"
 
 class ScheduledRequests:
     """Requests one at a time through a token scheduler over one worker."""
+
+    kind = Loop.SCHEDULED
 
     def __init__(self, worker: Worker, model_thread: ModelThread):
         self.worker = worker
@@ -57,7 +61,11 @@ class ScheduledRequests:
         if self.full:
             raise RequestError(503, FULL)
 
-    async def serve(self, incoming: Incoming) -> Reply:
+    async def serve(self, incoming: Incoming) -> AsyncIterator[Reply]:
+        """The request's replies as every one-at-a-time loop yields them: here its one reply."""
+        yield await self.reply(incoming)
+
+    async def reply(self, incoming: Incoming) -> Reply:
         """The request's reply; never raises."""
         stage = "preprocess"
         try:

@@ -114,7 +114,7 @@ def test_requests_one_at_a_time_are_held_to_the_budget_alike(small):
 
     async def serve_all(requests):
         return await asyncio.gather(
-            *(loop.serve(Incoming(json.dumps(b).encode(), "application/json", r)) for r, b in requests)
+            *(loop.reply(Incoming(json.dumps(b).encode(), "application/json", r)) for r, b in requests)
         )
 
     try:

@@ -133,3 +133,35 @@ def test_no_module_is_over_450_lines_and_none_re_execs_a_process():
         text = path.read_text()
         assert len(text.splitlines()) <= 450, path
         assert "execve" not in text and "orig_argv" not in text, path
+
+
+def test_no_function_is_over_50_lines():
+    long = [
+        f"{path.relative_to(PACKAGE)}:{node.name} ({node.end_lineno - node.lineno + 1})"
+        for path in modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50
+    ]
+    assert not long, long
+
+
+def test_no_server_asks_which_loop_or_task_class_it_holds():
+    """Every loop says its kind and serves through one interface; a server never dispatches on the
+    class of a loop or a task (`isinstance`), so a new loop or task needs no server's change."""
+    rooms = [PACKAGE / "loops", PACKAGE / "tasks"]
+    classes = {
+        node.name
+        for room in rooms
+        for path in room.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
+    asked = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in (PACKAGE / "servers").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "isinstance"
+        and set(ast.unparse(node.args[1]).strip("()").replace(" ", "").split(",")) & classes
+    ]
+    assert classes and not asked, asked

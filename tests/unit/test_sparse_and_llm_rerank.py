@@ -147,7 +147,7 @@ def test_a_chat_template_reranker_scores_its_rendered_pairs_as_cross_encoder(tin
     assert worker.task.pair_texts.chat and worker.task.prompts == {"relevance": "does the document answer the query"}
     long = {"query": QUERY, "documents": ["alice " * 200], "truncate": True}
     bodies = [{"query": QUERY, "documents": DOCUMENTS}, long]
-    ranked, refused = RequestBatches(worker).serve(
+    ranked, refused = RequestBatches(worker).serve_batch(
         [Incoming(json.dumps(body).encode(), "application/json") for body in bodies]
     )
     assert ranked.status == 200, ranked.body

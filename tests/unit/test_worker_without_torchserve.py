@@ -33,11 +33,15 @@ SCRIPT = NO_TORCHSERVE + textwrap.dedent(
     config = {"asyncCommunication": True, "handler": handler}
     thread, worker = ModelThread.start(Worker.build, Placement(model_dir, "tiny", config), EmbeddingTask)
     body = json.dumps({"inputs": ["hello world", "a longer text about rivers"]}).encode()
-    batches = RequestBatches(worker).serve([Incoming(body, "application/json"), Incoming(b"", "application/json")])
-    scheduled = asyncio.run(ScheduledRequests(worker, thread).serve(Incoming(body, "application/json")))
+    batch = [Incoming(body, "application/json"), Incoming(b"", "application/json")]
+    batches = RequestBatches(worker).serve_batch(batch)
+    scheduled = asyncio.run(ScheduledRequests(worker, thread).reply(Incoming(body, "application/json")))
     archive = Archive.open(archive_path)
     replica_worker, replica_loop = ray_serve.start_replica(archive, "tiny", 1, None, NULL_SINK)
-    replica = asyncio.run(replica_loop.serve(Incoming(body, "application/json")))
+    async def yielded(replies):  # what the loop yields for one request, as a server takes it
+        return [reply async for reply in replies]
+
+    (replica,) = asyncio.run(yielded(replica_loop.serve(Incoming(body, "application/json"))))
     expected = SentenceTransformer(model_dir, device="cpu").encode(["hello world", "a longer text about rivers"])
     print(json.dumps({
         "statuses": [reply.status for reply in batches] + [scheduled.status, replica.status],

@@ -32,7 +32,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ts_compiled_handlers.loops.scheduled_requests import FULL, ScheduledRequests
+from ts_compiled_handlers.loops.scheduled_requests import FULL
 from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.servers import inference_api
@@ -182,14 +182,12 @@ class ArchiveReplica:
             incoming = await self.incoming(request, route.path)
         except RequestError as error:
             return http_response(self.worker.refused(route.path, error, "preprocess"))
-        if isinstance(self.loop, ScheduledRequests):
-            return http_response(await self.loop.serve(incoming))
         return await streamed(self.loop.serve(incoming))
 
     async def incoming(self, request: Request, route: str) -> Incoming:
         """The request with its body, read within `max_request_size` (413 past it); at a full queue,
         a 503 before any of the body is read."""
-        if isinstance(self.loop, ScheduledRequests) and self.loop.full:
+        if self.loop.full:
             raise RequestError(503, FULL)
         length = request.headers.get("content-length")
         body = await inference_api.read_body(request.stream(), length, self.max_request_size)
@@ -197,9 +195,10 @@ class ArchiveReplica:
 
 
 async def streamed(replies) -> Response:
-    """A generation request's replies: one plain response, or its chunks streamed."""
+    """What the loop yields for a request: one plain reply (`last` None), or generation's chunks, streamed."""
     first = await anext(replies)
     if first.last is None:
+        await replies.aclose()
         return http_response(first)
 
     async def chunks():

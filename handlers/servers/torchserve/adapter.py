@@ -3,7 +3,8 @@
 Every `.mar` our build makes names the one handler file (handlers/servers/torchserve/handler.py), a
 subclass of this class; the task is the archive's (`handler.task` in its model-config.yaml).
 `initialize` builds the worker (handlers/worker/worker.py) from what the context says (a `Placement`)
-and picks its loop once; `handle` turns `(data, context)` into `Incoming` requests, hands them to
+and starts its loop (handlers/loops/start.py), which says its kind; the way `handle` answers follows
+from that kind, chosen once. `handle` turns `(data, context)` into `Incoming` requests, hands them to
 the loop, and writes the replies back: status, content type and headers in, answers out. The loops:
 - request batches (handlers/loops/request_batches.py): `handle` drives preprocess / inference /
   postprocess, each overridable the way TorchServe's docs teach; generation's own
@@ -22,15 +23,13 @@ from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.protocol import otf_message_handler
 from ts.torch_handler.base_handler import BaseHandler
 
-from ts_compiled_handlers.loops.decode_loop import DecodeLoop
 from ts_compiled_handlers.loops.request_batches import Batch
-from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
 from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import phrase
 from ts_compiled_handlers.servers.torchserve import async_replies, messages, settings
 from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 from ts_compiled_handlers.startup.config import parse
-from ts_compiled_handlers.startup.placement import Placement
+from ts_compiled_handlers.startup.placement import Loop, Placement
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.registry import task_class
 from ts_compiled_handlers.worker.messages import Incoming, Reply
@@ -75,25 +74,38 @@ class TorchServeHandler(BaseHandler):
         )
         sink.declare_traffic_metrics()
         read_messages_from_memory()
+        if self.loop.kind is Loop.SCHEDULED:
+            self.answer = self.answer_one_at_a_time
+        elif self.loop.kind is Loop.DECODE_LOOP:
+            self.answer = self.answer_decode_call
+        else:
+            self.answer = self.answer_in_steps
         self.initialized = True
 
     def handle(self, data, context):
         """One reply per request, in order; a request's failure is its own reply. Never raises.
         Under asyncCommunication, a coroutine TorchServe awaits."""
         self.context = context
-        if isinstance(self.loop, ScheduledRequests):
-            return answer_when_done(
-                [self.loop.serve(self.incoming(index, body)) for index, body in enumerate(data)], context
-            )
-        if isinstance(self.loop, DecodeLoop):
-            requests = [
-                (context.request_ids[index], self.resent_or_incoming(index, body)) for index, body in enumerate(data)
-            ]
-            try:
-                replies = self.loop.call(requests)
-            except Exception as error:  # a defect past the loop's own boundaries: still answer everyone
-                replies = [self.worker.refused("", error, "handle") for _ in data]
-            return write(replies, context, stream_next=True)
+        return self.answer(data, context)
+
+    def answer_one_at_a_time(self, data, context):
+        """asyncCommunication: each request handed to the loop as it came; what it yields, written."""
+        pending = [self.loop.serve(self.incoming(index, body)) for index, body in enumerate(data)]
+        return answer_when_done(pending, context)
+
+    def answer_decode_call(self, data, context) -> list:
+        """continuousBatching: the requests TorchServe holds (new ones with bodies, running ones
+        resent) in one call of the decode loop; each reply says whether its request is done."""
+        ids = context.request_ids
+        requests = [(ids[index], self.resent_or_incoming(index, body)) for index, body in enumerate(data)]
+        try:
+            replies = self.loop.call(requests)
+        except Exception as error:  # a defect past the loop's own boundaries: still answer everyone
+            replies = [self.worker.refused("", error, "handle") for _ in data]
+        return write(replies, context, stream_next=True)
+
+    def answer_in_steps(self, data, context) -> list:
+        """Request batches: TorchServe's three steps, each overridable."""
         try:
             batch = self.inference(self.preprocess(data))
             replies = self.loop.replies(batch, self.postprocess(batch))
@@ -201,6 +213,14 @@ def write(replies: list[Reply], context, stream_next: bool = False) -> list:
 
 
 async def answer_when_done(pending: list, context) -> list:
-    """The scheduled loop's replies, each first sent through the async worker's out-queue."""
-    replies = [await reply for reply in pending]  # the loop's `serve` never raises
+    """Each request's last reply (a loop that answers one at a time yields one each), first sent
+    through the async worker's out-queue."""
+    replies = [await last_reply(each) for each in pending]  # TorchServe 0.12 hands one request here (batchSize 1)
     return async_replies.send_first(write(replies, context), context)
+
+
+async def last_reply(replies) -> Reply:
+    """The last of what a loop yields for one request (a loop's `serve` never raises)."""
+    async for reply in replies:
+        last = reply
+    return last
