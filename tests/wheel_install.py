@@ -20,8 +20,15 @@ class WheelInstall:
         self.log = open(root / "install.log", "w+")  # read back when the install ends
         script = ["bash", str(ROOT / "scripts" / "install.sh")]
         self.installing = subprocess.Popen(script, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        self.env["PATH"] = f"{self.venv / 'bin'}:{self.env['PATH']}"
+
+    @property
+    def env(self) -> dict:
+        """The environment of a command from the new venv, read when it runs: the run's shared
+        inductor cache is set after collection, when this install already started, and a copy made
+        then sent the wheel's server to compile MiniLM cold, twice."""
+        env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env["PATH"] = f"{self.venv / 'bin'}:{env['PATH']}"
+        return env
 
     def ready(self) -> "WheelInstall":
         """Once the install has ended, which it must have done without error."""
