@@ -32,12 +32,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import ready_handler
+from ts_compiled_handlers.configuration import config as handler_config
 from ts_compiled_handlers.engine import packing
 from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.runtime.hardware import DTYPES
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make
-from ts_compiled_handlers.startup import config as handler_config
 
 TINY = {
     "tiny-embedding": "embedding",

@@ -26,10 +26,10 @@ from pathlib import Path
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.benchmark import compare
 from ts_compiled_handlers.benchmarks.in_process import build_aot_package, ready_handler
+from ts_compiled_handlers.compiling import aot_package
 from ts_compiled_handlers.engine.runner import EagerRunner
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make_embedding
-from ts_compiled_handlers.startup import aot_package
 
 QUICK_GRID = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 4]}}
 

@@ -39,11 +39,11 @@ import psutil
 
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.soak import soak
+from ts_compiled_handlers.compiling.compile_cache import ROOT_ENV
 from ts_compiled_handlers.runtime.process_settings import INDUCTOR_CACHE_ENV
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.make_tiny_models import make_embedding
 from ts_compiled_handlers.scripts.serve import TorchServe
-from ts_compiled_handlers.startup.compile_cache import ROOT_ENV
 
 CONTENDERS = {"cold": None, "cache": "cache", "aot": "aot"}  # name: --precompile
 TARGETS = {  # (contender, measure): (most seconds, or most ratio to cold)

@@ -27,9 +27,9 @@ import torch
 
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import build_aot_package
+from ts_compiled_handlers.configuration.placement import Placement
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make_clip
-from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks.image_text import ImageTextTask, probe_image
 from ts_compiled_handlers.worker.worker import Worker
 

@@ -95,7 +95,7 @@ def run_contender(args) -> dict:
     from ts_compiled_handlers.benchmarks.benchmark import compare
     from ts_compiled_handlers.benchmarks.in_process import ready_handler
     from ts_compiled_handlers.engine.runner import EagerRunner
-    from ts_compiled_handlers.startup.calibration import calibration_texts
+    from ts_compiled_handlers.quantizing.calibration import calibration_texts
 
     config = {"dtype": args.dtype, "buckets": grid(args)}
     with tempfile.TemporaryDirectory() as scratch:

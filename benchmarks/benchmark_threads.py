@@ -20,11 +20,11 @@ from pathlib import Path
 
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import ready_handler
+from ts_compiled_handlers.compiling.compiling import CompiledModel
 from ts_compiled_handlers.runtime import process_settings
 from ts_compiled_handlers.runtime.hardware import usable_cores
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make
-from ts_compiled_handlers.startup.compiling import CompiledModel
 
 
 def baked_twin(handler):

@@ -166,7 +166,7 @@ class Run:
         return {"task": "embedding", "dtype": "auto", "buckets": dict(self.profile.grid), "compile": compile_options}
 
     def placement(self, model_dir: Path, name: str, mode: str):
-        from ts_compiled_handlers.startup.placement import Placement
+        from ts_compiled_handlers.configuration.placement import Placement
 
         return Placement(model_dir, name, {"handler": self.handler_config(mode)}, gpu_id=self.gpu_id)
 
@@ -268,8 +268,8 @@ def cuda_graphs_verdict(at_ready: dict, now: dict) -> tuple[bool, dict, str]:
 
 def check_compiled(run: Run, name: str, mode: str, worker, graphs_at_ready: int, cuda_at_ready: dict) -> None:
     """Every bucket warmed, nothing compiled after ready; reduce-overhead: CUDA graphs, none skipped."""
+    from ts_compiled_handlers.compiling.compiling import compiled_graph_count
     from ts_compiled_handlers.engine import buckets
-    from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
     plan, model, report = worker.engine.plan, worker.engine.model, worker.started.report
     detail = {
@@ -351,7 +351,7 @@ def texts_per_second(worker, shapes: tuple, warmup: int, iterations: int) -> dic
 # -- the stages ------------------------------------------------------------------------------------
 def compiled_stage(run: Run, name: str, model_dir: Path, mode: str, parity: tuple) -> dict:
     """One compile mode's worker: built, its checks, its texts/s."""
-    from ts_compiled_handlers.startup.compiling import compiled_graph_count
+    from ts_compiled_handlers.compiling.compiling import compiled_graph_count
     from ts_compiled_handlers.tasks.embedding import EmbeddingTask
     from ts_compiled_handlers.worker.worker import Worker
 
@@ -369,8 +369,8 @@ def compiled_stage(run: Run, name: str, model_dir: Path, mode: str, parity: tupl
 
 def aot_stage(run: Run, name: str, model_dir: Path, parity: tuple) -> dict:
     """An AOT package built into a copy of the model's folder, then a worker serving from it."""
+    from ts_compiled_handlers.compiling.compiling import compiled_graph_count
     from ts_compiled_handlers.startup import aot_start, build_steps
-    from ts_compiled_handlers.startup.compiling import compiled_graph_count
     from ts_compiled_handlers.tasks.embedding import EmbeddingTask
     from ts_compiled_handlers.worker.worker import Worker
 

@@ -37,8 +37,8 @@ def ready_handler(served, model_dir, **handler_config):
 def build_aot_package(task: str, model_dir, yaml_config: dict) -> dict:
     """The AOT package of `model_dir` for `task` built in place, as `hfserve build --precompile aot`
     builds it (without the build's own checks); the build's timings."""
+    from ts_compiled_handlers.configuration.placement import Placement
     from ts_compiled_handlers.startup import aot_start, build_steps
-    from ts_compiled_handlers.startup.placement import Placement
     from ts_compiled_handlers.tasks.registry import task_class
     from ts_compiled_handlers.worker.worker import Worker
 

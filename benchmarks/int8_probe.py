@@ -15,7 +15,7 @@ IndexError, and mean pooling never reads it):
 Then the speed, compiled with freezing, of float32, bfloat16, and of 8-bit int8 with the rest at
 float32 or in bfloat16 under autocast (PyTorch's int8-mixed-bf16, what `quantize: int8` serves
 beside `dtype: bfloat16`): `keep-out` keeps the two projections in floating point as
-`quantize: int8` did before it searched for the few that matter (handlers/startup/int8_search.py),
+`quantize: int8` did before it searched for the few that matter (handlers/quantizing/int8_search.py),
 `all` quantizes them too as `quantize: int8-all` does.
 Prints two tables and writes runs/int8_probe.json.
 """

@@ -29,11 +29,11 @@ from pathlib import Path
 import requests
 
 from ts_compiled_handlers.benchmarks import measure
+from ts_compiled_handlers.configuration.config import GenerationConfig
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make
 from ts_compiled_handlers.scripts.serve import TorchServe
-from ts_compiled_handlers.startup.config import GenerationConfig
 
 WORDS = "the cat sat on the mat and the dog ran to paris with alice bob carol".split()
 TARGET_TOKENS_RATIO = 1.5  # continuous / batches, median generated tokens/s

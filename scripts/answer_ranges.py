@@ -1,7 +1,7 @@
 """An embedding archive's int8/uint8 answer ranges, fixed at build (handlers/tasks/precisions.py).
 
 `hfserve build` embeds the calibration texts (`--calibration FILE`, else the default set of
-handlers/startup/calibration.py) with the eager float32 model, as the archive serves them (its
+handlers/quantizing/calibration.py) with the eager float32 model, as the archive serves them (its
 pooling, its default prompt, its normalization), and writes each dimension's least and greatest
 value into the staged archive. Fixed there, every worker, host and restart quantizes a text alike.
 """
@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.protocols import Request
-from ts_compiled_handlers.startup.calibration import calibration_texts
-from ts_compiled_handlers.startup.config import HandlerConfig
+from ts_compiled_handlers.quantizing.calibration import calibration_texts
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.tasks.pooling import SentenceEmbedder
 from ts_compiled_handlers.tasks.precisions import AnswerRanges

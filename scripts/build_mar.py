@@ -29,15 +29,15 @@ from pathlib import Path
 
 import yaml
 
+from ts_compiled_handlers.configuration.config import TASKS, ConfigError, parse
 from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.quantizing.calibration import CalibrationError, calibration_texts
 from ts_compiled_handlers.runtime import package_files
 from ts_compiled_handlers.scripts import answer_ranges, hub, precompile
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_task
 from ts_compiled_handlers.servers.torchserve import settings
 from ts_compiled_handlers.startup.bucket_plan import task_plan
-from ts_compiled_handlers.startup.calibration import CalibrationError, calibration_texts
-from ts_compiled_handlers.startup.config import TASKS, ConfigError, parse
 from ts_compiled_handlers.tasks.registry import task_class
 
 # batchSize 32: requests arriving at a rate were answered as fast or faster than with 8 at every

@@ -29,6 +29,7 @@ import math
 import random
 from pathlib import Path
 
+from ts_compiled_handlers.configuration.config import BucketConfig
 from ts_compiled_handlers.engine.buckets import BucketPlan, seq_bucket
 from ts_compiled_handlers.engine.buckets import padded_tokens as group_tokens
 from ts_compiled_handlers.engine.layout import Layout
@@ -38,7 +39,6 @@ from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.plan_costs import Costs
 from ts_compiled_handlers.scripts.task_inference import infer_task
 from ts_compiled_handlers.startup.bucket_plan import AUTO_MAX_TOKENS, doubling
-from ts_compiled_handlers.startup.config import BucketConfig
 from ts_compiled_handlers.worker.traffic_stats import read_histograms
 
 ASSUMED = Costs()  # a call's cost without --measure: its tokens and CALL_TOKENS per call

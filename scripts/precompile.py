@@ -72,7 +72,7 @@ def worker_context(staging: Path, config: dict):
 
 def precompile_cache(staging: Path, handler_file: str) -> dict:
     """Initialize the handler against an empty host cache and pack what it compiled."""
-    from ts_compiled_handlers.startup import compile_cache
+    from ts_compiled_handlers.compiling import compile_cache
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
     handler = handler_class(handler_file)()
@@ -92,12 +92,12 @@ def precompile_cache(staging: Path, handler_file: str) -> dict:
 def precompile_package(staging: Path, handler_file: str) -> dict:
     """Build the AOT package, then start a handler from it as a worker would: it must serve from it;
     then run the whole grid and the full compiled-vs-eager check through it (a worker runs less)."""
+    from ts_compiled_handlers.configuration.config import parse
     from ts_compiled_handlers.startup import aot_start, build_steps
-    from ts_compiled_handlers.startup.config import parse
     from ts_compiled_handlers.tasks.registry import task_class
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
-    from ts_compiled_handlers.startup.placement import Placement
+    from ts_compiled_handlers.configuration.placement import Placement
 
     context = worker_context(staging, config)
     served = handler_class(handler_file)

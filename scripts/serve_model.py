@@ -24,12 +24,12 @@ import threading
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from ts_compiled_handlers.compiling.compile_cache import file_digest
+from ts_compiled_handlers.configuration.config import ConfigError
 from ts_compiled_handlers.scripts import build_mar, hub
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.serve import TEMPLATE, TorchServe, busy, free_ports
 from ts_compiled_handlers.scripts.task_inference import TASKS, AmbiguousTask
-from ts_compiled_handlers.startup.compile_cache import file_digest
-from ts_compiled_handlers.startup.config import ConfigError
 
 
 def parse_args(argv):

@@ -18,7 +18,7 @@ guessed to be a reranker: that needs `--task text-classification`.
 import json
 from pathlib import Path
 
-from ts_compiled_handlers.startup.config import TASKS
+from ts_compiled_handlers.configuration.config import TASKS
 
 HEADS = {
     "ForSequenceClassification": "text-classification",

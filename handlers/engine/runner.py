@@ -35,7 +35,7 @@ class ModelRunner:
 
     @property
     def int8_gate(self):
-        """The gate an int8 module carries (handlers/startup/quantizing.py), else None; read without
+        """The gate an int8 module carries (handlers/quantizing/quantizing.py), else None; read without
         loading an eager module that is loaded only when needed (an AOT package's)."""
         return getattr(self._eager, "int8_gate", None)
 

@@ -43,10 +43,10 @@ import time
 
 import torch
 
+from ts_compiled_handlers.configuration.placement import Loop
 from ts_compiled_handlers.request.outcome import describe, internal_error
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.runtime.json_text import as_json
-from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.tasks.continuation import Job
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker

@@ -12,11 +12,11 @@ import asyncio
 import itertools
 from typing import AsyncIterator
 
+from ts_compiled_handlers.configuration.placement import Loop
 from ts_compiled_handlers.loops.decode_loop import DecodeLoop
 from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.request.outcome import refusal
 from ts_compiled_handlers.runtime.json_text import as_json
-from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 
 

@@ -9,12 +9,12 @@ except that a request that already streamed text cannot start again: it ends wit
 
 from typing import Any, Callable
 
+from ts_compiled_handlers.configuration.placement import Loop
 from ts_compiled_handlers.engine import buckets, static_decoding
 from ts_compiled_handlers.engine.layout import Call
 from ts_compiled_handlers.loops.request_batches import Batch, RequestBatches
 from ts_compiled_handlers.request.outcome import isolate
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.tasks.continuation import Job
 
 Send = Callable[[Batch, dict[int, str]], None]

@@ -14,10 +14,10 @@ import contextlib
 import dataclasses
 from typing import Any
 
+from ts_compiled_handlers.configuration.placement import Loop
 from ts_compiled_handlers.request.images import HeldImages
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.worker.messages import USAGE_HEADER, Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker
 

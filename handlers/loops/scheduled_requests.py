@@ -18,12 +18,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+from ts_compiled_handlers.configuration.placement import Loop
 from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.request.images import HeldImages
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.startup.placement import Loop
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker
 

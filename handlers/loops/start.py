@@ -1,17 +1,17 @@
 """A worker and its loop, started in one place for every server: the loop chosen once from where
-the worker sits (handlers/startup/placement.py), the worker built in the model thread wherever
+the worker sits (handlers/configuration/placement.py), the worker built in the model thread wherever
 requests come one at a time (the thread that calls the model must be the one that built it)."""
 
 from collections.abc import Callable
 
+from ts_compiled_handlers.configuration.config import HandlerConfig
+from ts_compiled_handlers.configuration.placement import Loop, Placement, loop_of
 from ts_compiled_handlers.loops.decode_loop import DecodeLoop
 from ts_compiled_handlers.loops.decode_loop_driver import ContinuousRequests
 from ts_compiled_handlers.loops.generation_batches import GenerationBatches
 from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.loops.request_batches import RequestBatches
 from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
-from ts_compiled_handlers.startup.config import HandlerConfig
-from ts_compiled_handlers.startup.placement import Loop, Placement, loop_of
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.worker.worker import Worker
 

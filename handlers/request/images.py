@@ -37,7 +37,7 @@ DATA_URI = re.compile(r"data:image/[a-z0-9.+-]+;base64,", re.IGNORECASE)
 @dataclasses.dataclass(frozen=True)
 class ImageLimits:
     """What one image and one request's images may take (`images:` in the archive's config,
-    handlers/startup/image_config.py, says why each default): bytes as sent (before base64 is decoded: 4/3
+    handlers/configuration/image_config.py, says why each default): bytes as sent (before base64 is decoded: 4/3
     of them), pixels decoded, how many times longer than wide (or wide than high) an image may be (a
     processor that scales the shorter side to 224 would make a 40,000,000 x 1 strip, a 155 KB PNG,
     gigabytes of pixels) and a progressive JPEG's scans (each one a pass over every pixel)."""

@@ -18,7 +18,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 TF32_MIN_CAPABILITY = (8, 0)
-# A configured dtype name (handlers/startup/config.py DTYPE_NAMES, less `auto`) -> its torch dtype.
+# A configured dtype name (handlers/configuration/config.py DTYPE_NAMES, less `auto`) -> its torch dtype.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_MATRIX_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")
 

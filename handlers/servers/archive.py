@@ -25,10 +25,10 @@ from pathlib import Path
 
 import yaml
 
+from ts_compiled_handlers.compiling import compile_cache
+from ts_compiled_handlers.configuration.config import parse
+from ts_compiled_handlers.configuration.placement import Placement
 from ts_compiled_handlers.runtime import package_files, private_dirs
-from ts_compiled_handlers.startup import compile_cache
-from ts_compiled_handlers.startup.config import parse
-from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.registry import task_class
 from ts_compiled_handlers.worker.worker import Worker

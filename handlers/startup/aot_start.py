@@ -1,4 +1,4 @@
-"""Starting a worker from the archive's AOT package, and building that package (handlers/startup/aot_package.py).
+"""Starting a worker from the archive's AOT package, and building that package (handlers/compiling/aot_package.py).
 
 A worker serves the package only if it matches this worker (manifest), is whole (sha256) and
 answers the build's recorded probe rows; otherwise it says why, loudly, and compiles instead. The
@@ -11,14 +11,16 @@ import time
 
 import torch
 
+from ts_compiled_handlers.compiling import aot_package
+from ts_compiled_handlers.compiling.side_packages import SidePackages
 from ts_compiled_handlers.engine import packing
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
+from ts_compiled_handlers.quantizing import quantizing
 from ts_compiled_handlers.runtime import hardware
-from ts_compiled_handlers.startup import aot_package, quantizing, warmup
+from ts_compiled_handlers.startup import warmup
 from ts_compiled_handlers.startup.serving import Serving, Started
-from ts_compiled_handlers.startup.side_packages import SidePackages
 from ts_compiled_handlers.tasks import Task
 
 logger = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from transformers import AutoConfig, AutoTokenizer
 
+from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.engine import buckets, packing
-from ts_compiled_handlers.startup.config import HandlerConfig
 
 if TYPE_CHECKING:  # a task reads the plan's settings; it is made before any task's module
     from ts_compiled_handlers.tasks import Task

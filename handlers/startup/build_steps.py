@@ -21,13 +21,15 @@ from pathlib import Path
 
 import torch
 
+from ts_compiled_handlers.compiling import compile_cache
+from ts_compiled_handlers.compiling.compiling import CompiledModel
 from ts_compiled_handlers.engine import packing
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
+from ts_compiled_handlers.quantizing import quantizing
 from ts_compiled_handlers.runtime import hardware, process_settings
-from ts_compiled_handlers.startup import aot_start, compile_cache, eager_fallback, quantizing, warmup
-from ts_compiled_handlers.startup.compiling import CompiledModel
+from ts_compiled_handlers.startup import aot_start, eager_fallback, warmup
 from ts_compiled_handlers.startup.serving import Serving, Started
 from ts_compiled_handlers.tasks import Task
 
@@ -86,8 +88,8 @@ def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -
     """The float32 engine over its int8 module, run at `dtype` around the int8 linears, if it passes
     the gate on the calibration texts; else, for `int8`, as `compile.on_failure` says, and for
     `auto`, the model as it was (at `dtype`)."""
-    from ts_compiled_handlers.startup import int8_search
-    from ts_compiled_handlers.startup.calibration import calibration_pairs, calibration_rows, calibration_texts
+    from ts_compiled_handlers.quantizing import int8_search
+    from ts_compiled_handlers.quantizing.calibration import calibration_pairs, calibration_rows, calibration_texts
 
     plan, config = serving.plan, serving.config
     unfit = quantizing.unfit(engine, dtype)

@@ -1,6 +1,6 @@
 """What a worker serves, read from the archive before any model is built.
 
-A server says where a worker sits (a `Placement`, handlers/startup/placement.py);
+A server says where a worker sits (a `Placement`, handlers/configuration/placement.py);
 `read_serving(placement, task)` shares the cores, loads the tokenizer and plans the buckets; the
 steps that build the engine (handlers/startup/build_steps.py, handlers/startup/aot_start.py) take
 the `Serving` it returns and a task, of which they need only its building hooks
@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from ts_compiled_handlers.compiling import compile_cache
+from ts_compiled_handlers.configuration.config import CompileConfig, HandlerConfig
+from ts_compiled_handlers.configuration.placement import Placement
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.runtime import hardware, process_settings
-from ts_compiled_handlers.startup import compile_cache, warmup
+from ts_compiled_handlers.startup import warmup
 from ts_compiled_handlers.startup.bucket_plan import task_plan
-from ts_compiled_handlers.startup.config import CompileConfig, HandlerConfig
-from ts_compiled_handlers.startup.placement import Placement
 
 if TYPE_CHECKING:  # the tasks' own modules read Serving
     from ts_compiled_handlers.tasks import Task

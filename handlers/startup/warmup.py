@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.engine import buckets
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 logger = logging.getLogger(__name__)
 

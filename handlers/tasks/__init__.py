@@ -10,10 +10,11 @@ multi-vector (ColBERT) embeddings, classification, token classification, generat
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
@@ -24,10 +25,6 @@ from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.request.answer_budget import AnswerBudget
 from ts_compiled_handlers.request.payload import ParamCheck, boolean_param, choice_param
 from ts_compiled_handlers.request.tokenizing import SIDES, Accepted, Tokenized
-
-if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
-    from ts_compiled_handlers.startup.config import HandlerConfig
-
 
 # One model load at a time in a process: transformers' from_pretrained swaps class-wide functions
 # (PreTrainedModel.tie_weights, torch's init functions) for no-ops while it loads, and two loads in
@@ -44,7 +41,7 @@ class Task:
     """The hooks every task shares, with their defaults."""
 
     NAME = ""  # the task's name in model-config.yaml (`handler.task`) and `hfserve build --task`
-    AOT = True  # it may be served from an AOT package (handlers/startup/aot_package.py)
+    AOT = True  # it may be served from an AOT package (handlers/compiling/aot_package.py)
     PARAMS: dict[str, ParamCheck] = {}
     PER_TOKEN = False  # the model's outputs are per token (token classification), not per text
     PAIRS = False  # the task takes text pairs (a cross-encoder)
@@ -61,9 +58,9 @@ class Task:
     # Tried in order for a request's route; a protocol is one module (handlers/protocols/).
     protocols: tuple[Protocol, ...] = (KServeV2Protocol(), PlainProtocol())
 
-    def __init__(self, config: "HandlerConfig", continuous: bool = False):
+    def __init__(self, config: HandlerConfig, continuous: bool = False):
         self.config = config
-        self.continuous = continuous  # generation as a decode loop (handlers/startup/placement.py)
+        self.continuous = continuous  # generation as a decode loop (handlers/configuration/placement.py)
         # what one answer may take (handlers/request/answer_budget.py), checked before it is made
         self.budget = AnswerBudget(config.max_response_bytes)
 
@@ -77,7 +74,7 @@ class Task:
         with MODEL_LOADING:
             return self.build_model(model_dir)
 
-    def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
+    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
         """The model's own length limit, if it has one; it caps the largest bucket."""
         return None
 
@@ -93,7 +90,7 @@ class Task:
         """What the task reads from the model's files besides the module (labels, pooling): a
         worker serving an AOT package never builds the module."""
 
-    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig", model_config) -> buckets.BucketPlan:
+    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig, model_config) -> buckets.BucketPlan:
         return plan
 
     def graphs_needed(self, plan: buckets.BucketPlan) -> int:
@@ -120,7 +117,7 @@ class Task:
         return request.texts
 
     def calibration_inputs(self, texts: list[str], pairs: Callable[[], list[tuple[str, str]]]) -> list:
-        """What `quantize` calibrates and gates the model on (handlers/startup/calibration.py): the
+        """What `quantize` calibrates and gates the model on (handlers/quantizing/calibration.py): the
         calibration texts, or the pairs made of them (`pairs()`: a file's tab-separated lines, read
         as pairs only by a task that takes pairs), as the model reads them."""
         return texts
@@ -132,7 +129,7 @@ class Task:
     def build_side_models(self, serving, dtype: torch.dtype, check_drift, packages) -> None:
         """Build, warm and check (`check_drift(name, outputs, reference, tolerance)`, the startup
         room's) what the task runs beside the engine (an image tower), before ready: from the
-        archive's AOT packages of them where `packages` (handlers/startup/side_packages.py; None
+        archive's AOT packages of them where `packages` (handlers/compiling/side_packages.py; None
         where compiling is off) loads one that serves."""
 
     def build_side_packages(self, serving, dtype: torch.dtype, packages) -> dict:

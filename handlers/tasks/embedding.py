@@ -10,11 +10,12 @@ and `precision` (float32, int8, uint8, binary, ubinary: handlers/tasks/precision
 """
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.protocols.cohere import CohereEmbedProtocol
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
@@ -35,10 +36,6 @@ from ts_compiled_handlers.tasks.pooling import (
 )
 from ts_compiled_handlers.tasks.precisions import INTEGER_BYTES, PRECISIONS, quantized, read_ranges, values_per_text
 from ts_compiled_handlers.tasks.sentence_head import read_head
-
-if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
-    from ts_compiled_handlers.startup.config import HandlerConfig
-
 
 FLOAT_BYTES = 5  # the fewest bytes a value takes in an answer: base64's 16/3 (JSON's shortest float32s: ~12)
 
@@ -67,7 +64,7 @@ class EmbeddingTask(Task):
         *TEI_ROUTES,
     )
 
-    def __init__(self, config: "HandlerConfig", continuous: bool = False):
+    def __init__(self, config: HandlerConfig, continuous: bool = False):
         super().__init__(config, continuous)
         self.PER_TOKEN = self.keeps_token_states()
 
@@ -180,7 +177,7 @@ class EmbeddingTask(Task):
             return TokenStates(encoder)
         return SentenceEmbedder(encoder, self.pooling, read_head(model_dir).layers)  # its own: cast with the model
 
-    def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
+    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
         return read_json(model_dir / "sentence_bert_config.json", {}).get("max_seq_length")
 
     def model_texts(self, request: Request) -> list:

@@ -1,6 +1,6 @@
 """Text generation with a static KV cache and a compiled decode step: the prompts, their parameters, their answers.
 
-Two loops serve it, chosen where the worker sits (handlers/startup/placement.py: TorchServe's
+Two loops serve it, chosen where the worker sits (handlers/configuration/placement.py: TorchServe's
 `continuousBatching`; a Ray replica always runs the decode loop):
 - continuous (`true`): prompts hold slots of a running decode loop, joining and leaving it between
   steps (handlers/loops/decode_loop.py, handlers/engine/kv_slots.py): one compiled step of shape (slots, 1);
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
+from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.engine.decode_step import DecodeStep
 from ts_compiled_handlers.engine.decoder import DecoderEngine
@@ -39,7 +40,6 @@ from ts_compiled_handlers.tasks.chat import messages_to_inputs
 from ts_compiled_handlers.tasks.continuation import Continuation, Job
 
 if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
-    from ts_compiled_handlers.startup.config import HandlerConfig
     from ts_compiled_handlers.startup.serving import Serving
 
 
@@ -93,11 +93,11 @@ class GenerationTask(Task):
     def configure_tokenizer(self, tokenizer) -> None:
         tokenizer.truncation_side = "left"  # an over-long prompt keeps its end, which generation continues
 
-    def max_seq_len(self, model_dir: Path, config: "HandlerConfig") -> int | None:
+    def max_seq_len(self, model_dir: Path, config: HandlerConfig) -> int | None:
         positions = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).max_position_embeddings
         return positions - config.generation.max_new_tokens
 
-    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig", model_config) -> buckets.BucketPlan:
+    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig, model_config) -> buckets.BucketPlan:
         """Static shapes always: the decode step's shapes are fixed by its cache, one graph per batch
         bucket. `seq_lens: auto` stops at 256 prompt tokens: every decode step reads the whole cache."""
         seq_lens = plan.seq_lens

@@ -18,11 +18,11 @@ import dataclasses
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import ModelsProtocol
@@ -42,9 +42,6 @@ from ts_compiled_handlers.tasks.image_bodies import (
     ZeroShotProtocol,
 )
 from ts_compiled_handlers.tasks.pooling import normalizes, unit_rows
-
-if TYPE_CHECKING:
-    from ts_compiled_handlers.startup.config import HandlerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +135,7 @@ def build_vision(module: ImageFeatures, serving, dtype: torch.dtype, pixels_of, 
 
 
 def packaged_vision(package, serving, dtype: torch.dtype, check_drift) -> VisionRunner | None:
-    """The vision tower from its AOT package (handlers/startup/side_packages.py), warmed at every batch
+    """The vision tower from its AOT package (handlers/compiling/side_packages.py), warmed at every batch
     size and checked against the build's float32 answers; None, and why, where it fails."""
     batch_sizes = tuple(sorted(serving.plan.batch_sizes))
     runner = VisionRunner(
@@ -207,7 +204,7 @@ class ImageTextTask(Task):
 
     NAME = "image-text-embedding"
 
-    def __init__(self, config: "HandlerConfig", continuous: bool = False):
+    def __init__(self, config: HandlerConfig, continuous: bool = False):
         super().__init__(config, continuous)
         bodies = (
             MixedInputsProtocol,
@@ -237,7 +234,7 @@ class ImageTextTask(Task):
         self.image_tokens = (vision.image_size // vision.patch_size) ** 2 + class_token
         self.label_scores = LabelScores.read(serving.model_dir, is_siglip(serving.model_config))
 
-    def adapt_plan(self, plan: buckets.BucketPlan, config: "HandlerConfig", model_config) -> buckets.BucketPlan:
+    def adapt_plan(self, plan: buckets.BucketPlan, config: HandlerConfig, model_config) -> buckets.BucketPlan:
         """SigLIP reads texts as it was trained: all padded to its position table, so one length."""
         if not is_siglip(model_config):
             return plan

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ts_compiled_handlers.configuration.config import HandlerConfig, parse
+from ts_compiled_handlers.configuration.placement import Placement
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Call
 from ts_compiled_handlers.protocols import Protocol, RequestSpec, Served, route_protocol
@@ -34,8 +36,6 @@ from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.runtime.metrics import MetricsSink
 from ts_compiled_handlers.runtime.process_settings import ThreadShare
 from ts_compiled_handlers.startup import build_steps
-from ts_compiled_handlers.startup.config import HandlerConfig, parse
-from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.startup.serving import Serving, Started, read_serving
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.worker import ready_report

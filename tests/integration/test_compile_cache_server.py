@@ -11,11 +11,11 @@ import requests
 import yaml
 from server_logs import logged_lines
 
+from ts_compiled_handlers.compiling.compile_cache import ROOT_ENV
 from ts_compiled_handlers.runtime import hardware
 from ts_compiled_handlers.scripts.build_mar import STARTUP_FLOOR_SECONDS, build
 from ts_compiled_handlers.scripts.cli import main as hfserve
 from ts_compiled_handlers.scripts.serve import ManagementError, TorchServe
-from ts_compiled_handlers.startup.compile_cache import ROOT_ENV
 
 pytestmark = pytest.mark.integration
 

@@ -16,13 +16,13 @@ from parity import assert_same_answers
 from transformers import AutoTokenizer
 from ts.context import RequestProcessor
 
+from ts_compiled_handlers.configuration.config import ConfigError, parse
 from ts_compiled_handlers.loops.model_thread import ModelThread
 from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol
 from ts_compiled_handlers.protocols.tei import TOKEN_BYTES
 from ts_compiled_handlers.request.answer_budget import DEFAULT_LIMIT, AnswerBudget
 from ts_compiled_handlers.request.payload import RequestError
-from ts_compiled_handlers.startup.config import ConfigError, parse
 from ts_compiled_handlers.tasks.embedding import FLOAT_BYTES, EmbeddingTask
 from ts_compiled_handlers.tasks.precisions import INTEGER_BYTES, AnswerRanges
 from ts_compiled_handlers.worker.messages import Incoming

@@ -13,9 +13,9 @@ import pytest
 import torch
 from fakes import build_aot_package, ready_handler
 
+from ts_compiled_handlers.compiling import aot_package, compile_cache
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.engine.runner import EagerRunner
-from ts_compiled_handlers.startup import aot_package, compile_cache
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
 TASKS = ("embedding", "text-classification", "token-classification")

@@ -13,8 +13,8 @@ from rerank_shapes import (
 from sentence_transformers import CrossEncoder
 from transformers import pipeline
 
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
-from ts_compiled_handlers.startup.config import parse
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
+from ts_compiled_handlers.configuration.config import parse
 from ts_compiled_handlers.tasks.classification import ClassificationTask
 
 GRID = {"seq_lens": [8, 32], "batch_sizes": [1, 4]}

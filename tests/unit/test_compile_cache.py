@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from ts_compiled_handlers.compiling import compile_cache
+from ts_compiled_handlers.compiling.compile_cache import HostCache, PackedCacheError
 from ts_compiled_handlers.runtime import metrics, package_files, private_dirs, process_settings
-from ts_compiled_handlers.startup import build_steps, compile_cache, warmup
-from ts_compiled_handlers.startup.compile_cache import HostCache, PackedCacheError
+from ts_compiled_handlers.startup import build_steps, warmup
 from ts_compiled_handlers.worker import ready_report
 
 VALID_FOR = {"format": 1, "torch": "2.13.0", "dtype": "bfloat16", "buckets": {"seq_lens": [16]}}

@@ -9,8 +9,8 @@ import pytest
 from fakes import answered, ready_handler
 from torch._dynamo.utils import counters
 
+from ts_compiled_handlers.compiling import compile_cache
 from ts_compiled_handlers.servers.torchserve.handler import Handler
-from ts_compiled_handlers.startup import compile_cache
 
 # Unfrozen graphs: inductor caches no graph whose weights it froze (what `--precompile cache` builds)
 GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}, "compile": {"freezing": False}}

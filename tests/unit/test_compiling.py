@@ -2,7 +2,7 @@
 
 import torch
 
-from ts_compiled_handlers.startup.compiling import block_dynamic_dims, repeated_blocks
+from ts_compiled_handlers.compiling.compiling import block_dynamic_dims, repeated_blocks
 
 
 def test_the_repeated_block_is_the_longest_list_of_one_class():
@@ -26,8 +26,8 @@ def test_block_inputs_mark_batch_and_length_not_a_hidden_size_of_the_same_value(
 
 
 def test_freezing_is_on_for_a_model_on_the_cpu_unless_the_config_says():
-    from ts_compiled_handlers.startup.compiling import CompiledModel
-    from ts_compiled_handlers.startup.config import parse
+    from ts_compiled_handlers.compiling.compiling import CompiledModel
+    from ts_compiled_handlers.configuration.config import parse
 
     def freezes(module, freezing="auto"):
         options = parse({"handler": {"compile": {"freezing": freezing}}}).compile

@@ -1,6 +1,6 @@
 import pytest
 
-from ts_compiled_handlers.startup.config import BucketConfig, ConfigError, HandlerConfig, parse
+from ts_compiled_handlers.configuration.config import BucketConfig, ConfigError, HandlerConfig, parse
 
 
 def test_defaults_without_a_handler_section():
@@ -69,7 +69,7 @@ def test_config_is_frozen():
 
 
 def test_the_configuration_page_holds_exactly_the_generated_table():
-    """Keys and defaults come from handlers/startup/config.py: a changed default without a docs update fails."""
+    """Keys and defaults come from handlers/configuration/config.py: a changed default without a docs update fails."""
     from ts_compiled_handlers.scripts import config_table
 
     page = config_table.PAGE.read_text()

@@ -10,8 +10,8 @@ from parity import generate_alone
 from torch._dynamo.utils import counters
 from ts.context import RequestProcessor
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.servers.torchserve.handler import Handler
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.tasks.generation import refuse_sliding_window
 
 CONFIG = {"buckets": {"seq_lens": [8, 32], "batch_sizes": [1, 2]}, "generation": {"max_new_tokens": 48}}

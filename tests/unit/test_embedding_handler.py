@@ -6,9 +6,9 @@ import pytest
 import torch
 from fakes import answered, status
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.engine import buckets, layout
 from ts_compiled_handlers.engine.runner import EagerRunner
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"seq_lens": [8, 16, 32], "batch_sizes": [1, 2, 4]}
 
@@ -105,8 +105,8 @@ def test_an_answer_is_normalized_after_its_dimensions_as_torch_normalizes(params
     vector included (its norm floored, as torch floors it)."""
     from types import SimpleNamespace
 
+    from ts_compiled_handlers.configuration.config import parse
     from ts_compiled_handlers.protocols.plain import PlainProtocol
-    from ts_compiled_handlers.startup.config import parse
     from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 
     task = EmbeddingTask(parse({"handler": {"task": "embedding"}}))

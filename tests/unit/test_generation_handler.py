@@ -8,9 +8,9 @@ import torch
 from fakes import RecordingSocket, decoded, ready_handler, start_batch, status
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.engine.sampling import Sampler
 from ts_compiled_handlers.request.payload import RequestError
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.tasks.chat import chat_prompt
 from ts_compiled_handlers.tasks.continuation import Continuation
 

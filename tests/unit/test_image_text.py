@@ -15,10 +15,10 @@ from PIL import Image
 from test_adapters import ask
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.scripts.build_mar import serving_files
 from ts_compiled_handlers.scripts.task_inference import infer_task
 from ts_compiled_handlers.startup import aot_start, warmup
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 from ts_compiled_handlers.tasks import image_text
 
 GRID = {"seq_lens": [8, 64], "batch_sizes": [1, 4]}  # 64: the model's limit, as a template with labels reaches it

@@ -13,11 +13,11 @@ import pytest
 from image_server import png, serving_pictures
 from PIL import Image
 
+from ts_compiled_handlers.configuration.config import parse
+from ts_compiled_handlers.configuration.config_values import ConfigError
 from ts_compiled_handlers.request.image_urls import allowed_addresses
 from ts_compiled_handlers.request.images import ImageLimits, decode_image, request_bytes
 from ts_compiled_handlers.request.payload import RequestError
-from ts_compiled_handlers.startup.config import parse
-from ts_compiled_handlers.startup.config_values import ConfigError
 from ts_compiled_handlers.tasks.image_text import ImageTextTask
 
 

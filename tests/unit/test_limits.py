@@ -3,8 +3,8 @@
 import pytest
 from transformers import BertConfig, XLMRobertaConfig
 
+from ts_compiled_handlers.configuration.config import parse
 from ts_compiled_handlers.startup import bucket_plan
-from ts_compiled_handlers.startup.config import parse
 
 
 class Tokenizer:

@@ -19,8 +19,8 @@ from rerank_shapes import (
 from test_adapters import ask
 from transformers import AutoTokenizer
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.scripts.task_inference import infer_task
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"seq_lens": [16, 128], "batch_sizes": [1, 4]}
 EVERY_OUTPUT = {"return_dense": True, "return_sparse": True, "return_colbert_vecs": True}

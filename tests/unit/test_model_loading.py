@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from transformers import AutoModelForMaskedLM, PreTrainedModel
 
-from ts_compiled_handlers.startup.config import HandlerConfig
+from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.tasks import Task
 
 

@@ -12,8 +12,8 @@ from parity import assert_same_answers, generate_alone
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import pipeline
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.servers.torchserve.handler import Handler
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"buckets": {"seq_lens": [16, 64], "batch_sizes": [1, 4]}, "warmup": {"iterations": 1}}
 TEXTS = ["alice walks to paris quickly", "the cat sat on the red mat in berlin " * 4, "hello"]

@@ -13,8 +13,8 @@ import torch
 from fakes import RecordingMetrics, answered, ready_handler, status
 from parity import assert_same_answers
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.engine import buckets, layout, packing
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 GRID = {"seq_lens": [16, 32, 64], "batch_sizes": [1, 4], "pack_tokens": 64}
 EAGER = {"compile": {"enable": False}, "warmup": {"iterations": 1}}

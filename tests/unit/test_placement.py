@@ -1,4 +1,4 @@
-"""Each decision once: the loop a worker runs (handlers/startup/placement.py) from what its server
+"""Each decision once: the loop a worker runs (handlers/configuration/placement.py) from what its server
 says, TorchServe's keys read in its room alone, and which task an archive serves."""
 
 import dataclasses
@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from ts_compiled_handlers.configuration.config import GENERATION, TASKS, ConfigError
+from ts_compiled_handlers.configuration.placement import Loop, LoopError, Placement, loop_of
 from ts_compiled_handlers.runtime import package_files
 from ts_compiled_handlers.servers.archive import is_stock_handler
 from ts_compiled_handlers.servers.torchserve import settings
-from ts_compiled_handlers.startup.config import GENERATION, TASKS, ConfigError
-from ts_compiled_handlers.startup.placement import Loop, LoopError, Placement, loop_of
 from ts_compiled_handlers.tasks.registry import TASK_CLASSES
 
 PLACED = Placement(Path("/models/m"), "m", {})

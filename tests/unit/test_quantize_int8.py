@@ -17,18 +17,12 @@ import pytest
 import torch
 from fakes import answered, build_aot_package
 
-from ts_compiled_handlers.scripts import build_mar
-from ts_compiled_handlers.scripts.cli import UserError
-from ts_compiled_handlers.startup import (
-    aot_package,
-    aot_start,
-    build_steps,
-    compile_cache,
-    int8_search,
-    quantizing,
-    warmup,
-)
-from ts_compiled_handlers.startup.calibration import (
+from ts_compiled_handlers.compiling import aot_package, compile_cache
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
+from ts_compiled_handlers.configuration.config import ConfigError, parse
+from ts_compiled_handlers.configuration.placement import Placement
+from ts_compiled_handlers.quantizing import int8_search, quantizing
+from ts_compiled_handlers.quantizing.calibration import (
     DEFAULT_TEXTS,
     MIN_TEXTS,
     CalibrationError,
@@ -36,9 +30,9 @@ from ts_compiled_handlers.startup.calibration import (
     calibration_rows,
     calibration_texts,
 )
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
-from ts_compiled_handlers.startup.config import ConfigError, parse
-from ts_compiled_handlers.startup.placement import Placement
+from ts_compiled_handlers.scripts import build_mar
+from ts_compiled_handlers.scripts.cli import UserError
+from ts_compiled_handlers.startup import aot_start, build_steps, warmup
 from ts_compiled_handlers.startup.serving import Serving
 from ts_compiled_handlers.tasks.classification import ClassificationTask
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
@@ -414,7 +408,7 @@ def test_int8_keeps_in_floating_point_only_the_linear_that_drifts_and_int8_all_i
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_simulated_int8_measures_what_the_int8_model_measures(tiny_bert, tmp_path, monkeypatch, dtype):
-    # the search's premise (handlers/startup/int8_search.py): the gate read on int8 simulated in
+    # the search's premise (handlers/quantizing/int8_search.py): the gate read on int8 simulated in
     # float32 (the rest at the model's dtype) is the gate read on the int8 model, so the kept
     # linears it picks pass for real
     model = made_to_drift(tiny_bert, tmp_path / "model", lambda name: name == ONE_DRIFTING)

@@ -11,11 +11,11 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.util import quantize_embeddings
 from test_adapters import ask
 
+from ts_compiled_handlers.configuration.config import parse
 from ts_compiled_handlers.protocols.cohere import prompt
+from ts_compiled_handlers.quantizing.calibration import DEFAULT_TEXTS
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.scripts.answer_ranges import write_ranges
-from ts_compiled_handlers.startup.calibration import DEFAULT_TEXTS
-from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.tasks.precisions import PRECISIONS, AnswerRanges, quantized, read_ranges
 
 # Eager: the answers are made after the model, alike compiled (the task server serves them compiled)

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from ts_compiled_handlers.configuration.config import parse
 from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
 from ts_compiled_handlers.request.outcome import refusal
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted, Tokenized
 from ts_compiled_handlers.runtime.metrics import MetricsSink
 from ts_compiled_handlers.servers import inference_api
-from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.worker.messages import Reply
 

@@ -15,13 +15,13 @@ import pydantic
 import pytest
 import yaml
 
+from ts_compiled_handlers.configuration.placement import Loop, loop_of
 from ts_compiled_handlers.loops.decode_loop_driver import ContinuousRequests
 from ts_compiled_handlers.request.outcome import refusal
 from ts_compiled_handlers.runtime import package_files
 from ts_compiled_handlers.servers import inference_api
 from ts_compiled_handlers.servers.archive import Archive, ArchiveError, with_threads
 from ts_compiled_handlers.servers.inference_api import Route, route_of
-from ts_compiled_handlers.startup.placement import Loop, loop_of
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker

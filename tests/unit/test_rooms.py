@@ -3,6 +3,7 @@ rooms importing each other without a cycle, each server's code in its own room, 
 one can read, and nothing that re-execs a process."""
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -165,3 +166,33 @@ def test_no_server_asks_which_loop_or_task_class_it_holds():
         and set(ast.unparse(node.args[1]).strip("()").replace(" ", "").split(",")) & classes
     ]
     assert classes and not asked, asked
+
+
+def test_the_tasks_import_neither_compiling_nor_quantizing_and_configuration_sits_below_them():
+    """A task is a plain object a worker builds with: how it is compiled or quantized is the startup
+    room's business (not even a type-only import), and the configuration it reads imports no room
+    above it."""
+
+    def rooms_imported(path: Path, nodes) -> set[str]:
+        names = [name for node in nodes for name in imported_names(node) if name.startswith(f"{NAME}.")]
+        return {top_room(room_of_module(name)) for name in names}
+
+    for path in (PACKAGE / "tasks").rglob("*.py"):
+        every = [
+            node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))
+        ]
+        assert not rooms_imported(path, every) & {"compiling", "quantizing"}, path
+    for path in (PACKAGE / "configuration").rglob("*.py"):
+        assert rooms_imported(path, runtime_imports(ast.parse(path.read_text()))) <= {"configuration", "request"}, path
+
+
+def test_design_md_s_module_map_names_every_module_where_it_lives_and_no_other():
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    mapped = design[design.index("## Module map") :]
+    mapped = mapped[: mapped.index("\n## ", 3)]
+    sections = dict(re.findall(r"\*\*`([a-z_]+)/`\*\*\n((?:- .*\n(?:  .*\n)*)+)", mapped))
+    entry = r"`([a-z_/0-9]+\.py)`(?=(?:, `[a-z_/0-9]+\.py`)*:)"  # `name.py`: (or `a.py`, `b.py`:) what it holds
+    listed = {f"{room}/{name}" for room, text in sections.items() for name in re.findall(entry, text)}
+    tree = {path.relative_to(PACKAGE).as_posix() for path in modules() if path.name != "__init__.py"}
+    tree |= {f"{room}/__init__.py" for room in ("tasks", "protocols")}  # their contract lives there
+    assert listed == tree, (sorted(tree - listed), sorted(listed - tree))

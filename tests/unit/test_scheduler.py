@@ -13,12 +13,12 @@ from ts.metrics.metric_cache_errors import MetricsCacheKeyError
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.metrics.metric_type_enum import MetricTypes
 
+from ts_compiled_handlers.configuration.config import ConfigError
 from ts_compiled_handlers.engine.buckets import BucketPlan
 from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.servers.torchserve import async_replies, settings
 from ts_compiled_handlers.servers.torchserve.handler import Handler
-from ts_compiled_handlers.startup.config import ConfigError
 from ts_compiled_handlers.worker.worker import Worker
 
 

@@ -13,10 +13,10 @@ from fakes import answered, ready_handler
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
+from ts_compiled_handlers.configuration.config import parse
 from ts_compiled_handlers.scripts.answer_ranges import embedded_texts
 from ts_compiled_handlers.scripts.make_tiny_models import DENSE_SIZE
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
-from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.tasks.pooling import unit_rows
 from ts_compiled_handlers.tasks.sentence_head import read_head
 

@@ -3,9 +3,9 @@ tests/integration/test_serve_command.py)."""
 
 import socket
 
+from ts_compiled_handlers.configuration.config import parse
 from ts_compiled_handlers.scripts.serve import DEFAULT_PORTS, TEMPLATE, read_setting, render_config
 from ts_compiled_handlers.scripts.serve_model import fingerprint, handler_settings, listeners, parse_args, ports_from
-from ts_compiled_handlers.startup.config import parse
 
 
 def test_the_flags_become_the_handlers_keys_and_only_those_given():

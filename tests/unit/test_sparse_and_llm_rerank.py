@@ -17,10 +17,10 @@ from sentence_transformers.sparse_encoder.modules import SpladePooling
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
+from ts_compiled_handlers.configuration.placement import Placement
 from ts_compiled_handlers.engine.packing import PackedModel, pack_rows
 from ts_compiled_handlers.loops.request_batches import RequestBatches
 from ts_compiled_handlers.request.tokenizing import TextTokenizer
-from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.tasks import logit_score, splade
 from ts_compiled_handlers.tasks.classification import ClassificationTask
 from ts_compiled_handlers.worker.messages import Incoming
@@ -198,9 +198,9 @@ def test_an_answer_too_large_for_torchserve_is_refused_for_that_request_only():
     before its entries are listed."""
     from types import SimpleNamespace
 
+    from ts_compiled_handlers.configuration.config import parse
     from ts_compiled_handlers.protocols.plain import PlainProtocol
     from ts_compiled_handlers.request.payload import RequestError
-    from ts_compiled_handlers.startup.config import parse
     from ts_compiled_handlers.tasks.sparse_embedding import ENTRY_BYTES, SparseEmbeddingTask
 
     config = parse({"handler": {"task": "sparse-embedding"}})

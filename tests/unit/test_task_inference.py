@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from ts_compiled_handlers.configuration.config import TASKS
 from ts_compiled_handlers.scripts.make_tiny_models import MAKERS
 from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_task
-from ts_compiled_handlers.startup.config import TASKS
 
 
 def expected_task(name: str) -> str:

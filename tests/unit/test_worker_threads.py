@@ -12,10 +12,10 @@ import pytest
 import torch
 from fakes import answered, ready_handler
 
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.runtime import hardware, live_workers, process_settings
 from ts_compiled_handlers.runtime.live_workers import LiveWorkers
 from ts_compiled_handlers.runtime.process_settings import ThreadShare
-from ts_compiled_handlers.startup.compiling import compiled_graph_count
 
 HOLDER = """
 import sys, time

@@ -20,7 +20,7 @@ SCRIPT = NO_TORCHSERVE + textwrap.dedent(
     from ts_compiled_handlers.loops.model_thread import ModelThread
     from ts_compiled_handlers.loops.request_batches import RequestBatches
     from ts_compiled_handlers.loops.scheduled_requests import ScheduledRequests
-    from ts_compiled_handlers.startup.placement import Placement
+    from ts_compiled_handlers.configuration.placement import Placement
     from ts_compiled_handlers.tasks.embedding import EmbeddingTask
     from ts_compiled_handlers.worker.messages import Incoming
     from ts_compiled_handlers.worker.worker import NULL_SINK, Worker

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import ray
 
+from ts_compiled_handlers.configuration.config import parse
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.request.chunking import ChunkSize, fitting_spans
 from ts_compiled_handlers.request.payload import RequestError, check_params
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
-from ts_compiled_handlers.startup.config import parse
 from ts_compiled_handlers.tasks.classification import ClassificationTask
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.tasks.image_text import ImageTextTask

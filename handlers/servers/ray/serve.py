@@ -32,6 +32,8 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from ts_compiled_handlers.configuration.config import GENERATION, HandlerConfig, parse
+from ts_compiled_handlers.configuration.placement import Placement
 from ts_compiled_handlers.loops.scheduled_requests import FULL
 from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import RequestError
@@ -39,8 +41,6 @@ from ts_compiled_handlers.servers import inference_api
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
 from ts_compiled_handlers.servers.ray.metrics_sink import RaySink
 from ts_compiled_handlers.startup.bucket_plan import task_plan
-from ts_compiled_handlers.startup.config import GENERATION, HandlerConfig, parse
-from ts_compiled_handlers.startup.placement import Placement
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 
 logger = logging.getLogger(__name__)

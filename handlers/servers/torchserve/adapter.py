@@ -23,13 +23,13 @@ from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.protocol import otf_message_handler
 from ts.torch_handler.base_handler import BaseHandler
 
+from ts_compiled_handlers.configuration.config import parse
+from ts_compiled_handlers.configuration.placement import Loop, Placement
 from ts_compiled_handlers.loops.request_batches import Batch
 from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import phrase
 from ts_compiled_handlers.servers.torchserve import async_replies, messages, settings
 from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
-from ts_compiled_handlers.startup.config import parse
-from ts_compiled_handlers.startup.placement import Loop, Placement
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.registry import task_class
 from ts_compiled_handlers.worker.messages import Incoming, Reply

@@ -5,8 +5,8 @@ loop it drives), and how many workers share the host (`minWorkers`), as a worker
 import dataclasses
 from typing import Any
 
-from ts_compiled_handlers.startup.config import GENERATION, ConfigError
-from ts_compiled_handlers.startup.placement import Placement
+from ts_compiled_handlers.configuration.config import GENERATION, ConfigError
+from ts_compiled_handlers.configuration.placement import Placement
 
 
 def flag(yaml_config: dict, key: str) -> bool:

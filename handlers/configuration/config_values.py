@@ -1,4 +1,4 @@
-"""The checks one model-config.yaml value passes (handlers/startup/config.py names each key's),
+"""The checks one model-config.yaml value passes (handlers/configuration/config.py names each key's),
 and the error that names the key, the value and what is allowed."""
 
 import dataclasses

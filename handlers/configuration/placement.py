@@ -9,7 +9,7 @@ import dataclasses
 import enum
 from pathlib import Path
 
-from ts_compiled_handlers.startup.config import GENERATION
+from ts_compiled_handlers.configuration.config import GENERATION
 
 
 class Loop(enum.Enum):

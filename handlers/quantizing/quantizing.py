@@ -8,7 +8,7 @@ converted; inductor lowers the quantize/dequantize pairs to oneDNN's int8 kernel
 compiled with freezing (CompiledModel freezes whole CPU models by default). CPU only.
 
 Under `int8`, the linears whose int8 would take the answers past the gate stay in floating point,
-the fewest that pass, found by simulating int8 (handlers/startup/int8_search.py: on MiniLM, the FFN
+the fewest that pass, found by simulating int8 (handlers/quantizing/int8_search.py: on MiniLM, the FFN
 downs of its first three layers); `int8-all` quantizes every one. Before quantizing, each int8 linear is
 smoothed (SmoothQuant, `smoothing` is its alpha): its input channels divided by a scale measured on
 the calibration texts and its weight's columns multiplied by it, which moves the activations' outlier

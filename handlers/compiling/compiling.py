@@ -19,10 +19,10 @@ from typing import Callable
 
 import torch
 
+from ts_compiled_handlers.configuration.config import CompileConfig
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.engine.runner import NOT_SERVED, ModelRunner
 from ts_compiled_handlers.runtime import process_settings
-from ts_compiled_handlers.startup.config import CompileConfig
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ not a second copy of them. Its start is checked against eager answers the build 
 The package is loaded only from the archive's own folder and only after every checksum and every
 field of its manifest match this worker; anything else is logged and the worker compiles instead.
 
-An int8 model (`quantize`, handlers/startup/quantizing.py) is the exception: its int8 weights exist
+An int8 model (`quantize`, handlers/quantizing/quantizing.py) is the exception: its int8 weights exist
 only after quantizing, and its linears are int8 kernels only when inductor freezes them (oneDNN
 prepacks the weights). Its package is built frozen, holds its weights in the native code (the
 constants file is empty) and carries float32's answers to the calibration rows, which a worker's
@@ -31,10 +31,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export._tree_utils import reorder_kwargs
 
+from ts_compiled_handlers.compiling import compile_cache
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import NOT_SERVED, ModelRunner
-from ts_compiled_handlers.startup import compile_cache
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import time
 import torch
 
 from ts_compiled_handlers.engine.engine import Engine
-from ts_compiled_handlers.startup import quantizing
+from ts_compiled_handlers.quantizing import quantizing
 
 logger = logging.getLogger(__name__)
 

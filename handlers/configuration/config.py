@@ -12,10 +12,10 @@ generated from them (scripts/config_table.py).
 import dataclasses
 from typing import Any
 
+from ts_compiled_handlers.configuration import config_values as values
+from ts_compiled_handlers.configuration.config_values import ConfigError
+from ts_compiled_handlers.configuration.image_config import ImagesConfig
 from ts_compiled_handlers.request.answer_budget import DEFAULT_LIMIT as DEFAULT_ANSWER_BYTES
-from ts_compiled_handlers.startup import config_values as values
-from ts_compiled_handlers.startup.config_values import ConfigError
-from ts_compiled_handlers.startup.image_config import ImagesConfig
 
 TASKS = (
     "embedding",
@@ -157,7 +157,7 @@ class CompileConfig:
     cache_dir: str = _option(
         values.cache_dir,
         "auto",
-        meaning="where the workers of a host share compiled kernels (handlers/startup/compile_cache.py): "
+        meaning="where the workers of a host share compiled kernels (handlers/compiling/compile_cache.py): "
         "`auto` = `$HFSERVE_CACHE_DIR` (`off` there turns it off host-wide), else "
         "`<tmp>/hfserve-<uid>/compile-cache`; an absolute path; `off` leaves inductor's own cache alone",
         why="a restarted or added worker loads instead of compiling",
@@ -352,7 +352,7 @@ class HandlerConfig:
         values.archive_file,
         "default",
         meaning="the texts `quantize: int8` is held against float32 on: `default`, a varied set shipped in the "
-        "package (handlers/startup/calibration.py), or a file of the archive, one text a line "
+        "package (handlers/quantizing/calibration.py), or a file of the archive, one text a line "
         "(`hfserve build --calibration FILE` puts it there); a reranker is calibrated and gated on pairs, as it "
         "serves: each text beside the one half the set on, or a file's own pairs where every line is "
         "`query<TAB>document`",

@@ -1,6 +1,6 @@
 """AOT packages of the modules a task runs beside its engine (CLIP's and SigLIP's vision tower).
 
-Each is a package like the engine's (handlers/startup/aot_package.py), in its own folder of the
+Each is a package like the engine's (handlers/compiling/aot_package.py), in its own folder of the
 archive's, `aot_package/<name>/`, valid for what the engine's package is valid for. The task hands
 over its module, example inputs whose first dimension is the batch, and the probe inputs and answers
 a worker checks the package against; this room exports, compiles, finds the weights in the archive
@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ts_compiled_handlers.startup import aot_package
+from ts_compiled_handlers.compiling import aot_package
 
 logger = logging.getLogger(__name__)
 

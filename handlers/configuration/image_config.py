@@ -4,8 +4,8 @@ Read by handlers/request/images.py's ImageLimits and the loops' HeldImages."""
 
 import dataclasses
 
-from ts_compiled_handlers.startup import config_values as values
-from ts_compiled_handlers.startup.config_values import option as _option
+from ts_compiled_handlers.configuration import config_values as values
+from ts_compiled_handlers.configuration.config_values import option as _option
 
 
 @dataclasses.dataclass(frozen=True)

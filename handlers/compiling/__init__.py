@@ -1,0 +1,1 @@
+"""Compiling: torch.compile as a worker runs it, the compile caches, and AOT packages."""
