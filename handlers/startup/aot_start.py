@@ -6,12 +6,13 @@ build (`hfserve build --precompile aot`, scripts/precompile.py) loads the model 
 decides its layout by the same check, and exports it.
 """
 
+import json
 import logging
 import time
 
 import torch
 
-from ts_compiled_handlers.compiling import aot_package
+from ts_compiled_handlers.compiling import aot_package, compile_cache
 from ts_compiled_handlers.compiling.side_packages import SidePackages
 from ts_compiled_handlers.engine import packing
 from ts_compiled_handlers.engine.engine import Engine
@@ -37,15 +38,29 @@ def side_packages(serving: Serving, dtype: torch.dtype) -> SidePackages | None:
     return SidePackages(serving, lambda: package_manifest(serving, dtype)) if serving.config.compile.enable else None
 
 
+def package_dtype(serving: Serving, packed) -> torch.dtype:
+    """The dtype a worker serves the package at: the configured one; for `auto`, the build's choice,
+    which is the hardware's pick, or float32 where the build's drift check refused that pick (the
+    build checked on this model, on hardware with the CPU flags or CUDA capability the manifest
+    makes this worker match, so it is not checked again). Without this a model whose bfloat16
+    drifts was never served from its package: the worker asked for one at bfloat16 and compiled."""
+    if serving.config.dtype != "auto":
+        return hardware.DTYPES[serving.config.dtype]
+    picked = hardware.detect().auto_dtype
+    try:
+        built = json.loads((packed / compile_cache.MANIFEST_FILE).read_text()).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        return picked  # the manifest's own check says why this package cannot serve
+    return torch.float32 if built == "float32" else picked
+
+
 def serve_package(task: Task, serving: Serving, began: float, progress=None) -> tuple[Engine, Started] | None:
     """The engine over the archive's AOT package, warmed and checked; None (and why, in the log)
     where there is none or it cannot serve this worker."""
     packed = serving.model_dir / aot_package.PACKAGE_DIR
     if not (packed.is_dir() and serving.config.compile.enable and task.AOT):
         return None
-    # `dtype: auto` is not checked against float32 again: the build did, on this model and on
-    # hardware with the CPU flags or CUDA capability the manifest makes this worker match.
-    dtype = hardware.DTYPES.get(serving.config.dtype, hardware.detect().auto_dtype)
+    dtype = package_dtype(serving, packed)
     try:
         package = aot_package.load(packed, package_manifest(serving, dtype), serving.model_dir, serving.device)
         load_eager = _eager_loader(task, serving, dtype, package.layout)

@@ -16,6 +16,7 @@ from fakes import build_aot_package, ready_handler
 from ts_compiled_handlers.compiling import aot_package, compile_cache
 from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.engine.runner import EagerRunner
+from ts_compiled_handlers.runtime import hardware
 
 GRID = {"buckets": {"seq_lens": [8, 16], "batch_sizes": [1, 2]}}
 TASKS = ("embedding", "text-classification", "token-classification")
@@ -83,6 +84,17 @@ def test_the_package_holds_code_and_reads_the_weights_from_the_archive(packaged)
     module = handler.engine.model.eager
     assert set(manifest["weights"]) == set(dict(module.named_parameters()))
     assert set(manifest["built"]["constants_in_package"]) <= set(dict(module.named_buffers()))
+
+
+def test_an_auto_archive_whose_build_kept_float32_serves_from_its_float32_package(packaged, monkeypatch):
+    """`dtype: auto` where the build's drift check refused the hardware's bfloat16: the package is
+    float32, and a worker on that hardware serves it (it asked for a bfloat16 one and compiled)."""
+    bfloat16_cpu = hardware.Hardware("cpu", "cpu", None, False, frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(hardware, "detect", lambda: bfloat16_cpu)
+    assert hardware.detect().auto_dtype == torch.bfloat16
+    handler = ready_handler("embedding", packaged["embedding"], **{**GRID, "dtype": "auto"})
+    assert handler.model_source == "aot package" and handler.engine.dtype == torch.float32
+    assert compiled_graph_count() == 0
 
 
 def test_the_eager_model_loaded_later_lends_the_package_its_weights(packaged):
