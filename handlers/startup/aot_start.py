@@ -48,8 +48,8 @@ def package_dtype(serving: Serving, packed) -> torch.dtype:
         return hardware.DTYPES[serving.config.dtype]
     picked = hardware.detect().auto_dtype
     try:
-        built = json.loads((packed / compile_cache.MANIFEST_FILE).read_text()).get("dtype")
-    except (OSError, ValueError, AttributeError):
+        built = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())["valid_for"]["dtype"]
+    except (OSError, ValueError, KeyError, TypeError):
         return picked  # the manifest's own check says why this package cannot serve
     return torch.float32 if built == "float32" else picked
 
