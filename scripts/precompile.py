@@ -94,7 +94,6 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
     then run the whole grid and the full compiled-vs-eager check through it (a worker runs less)."""
     from ts_compiled_handlers.configuration.config import parse
     from ts_compiled_handlers.startup import aot_start, build_steps
-    from ts_compiled_handlers.tasks.registry import task_class
 
     config = yaml.safe_load((staging / "model-config.yaml").read_text())
     from ts_compiled_handlers.configuration.placement import Placement
@@ -102,7 +101,7 @@ def precompile_package(staging: Path, handler_file: str) -> dict:
     context = worker_context(staging, config)
     served = handler_class(handler_file)
     placement = Placement(staging, "precompile", config, batch_size=context.system_properties.get("batch_size"))
-    task, serving, _ = served.worker_class.read(placement, task_class(parse(config).task))
+    task, serving, _ = served.worker_class.read(placement, served.served_task(parse(config)))
     eager = build_steps.eager_engine(task, serving)
     print("precompile: exporting the model and compiling it with AOTInductor", file=sys.stderr, flush=True)
     built = aot_start.build_package(task, serving, eager)

@@ -86,11 +86,11 @@ class Archive:
     def served_by(self) -> tuple[type[Task], type[Worker]]:
         """The task and worker classes that serve this archive: its `handler.task`'s and our worker
         where its handler file is one of ours, else those the handler class the file defines names."""
-        task = task_class(parse(self.yaml_config).task)
+        config = parse(self.yaml_config)
         if is_stock_handler(self.folder / self.handler_file):
-            return task, Worker
+            return task_class(config.task), Worker
         handler = self.handler_class()
-        return handler.task_class or task, handler.worker_class
+        return handler.served_task(config), handler.worker_class
 
     def handler_class(self):
         """The handler class the manifest names: the one class of its file that subclasses ours."""

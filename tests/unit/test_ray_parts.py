@@ -144,6 +144,26 @@ def test_an_archive_is_unpacked_once_per_machine_and_names_its_task(tmp_path):
     assert (placement.model_name, placement.model_version, placement.batch_size) == ("renamed", "2.0", None)
 
 
+def test_a_handler_of_ones_own_names_the_task_class_every_server_and_the_build_serve(tmp_path):
+    """`task_class` (a subclass of the archive's task, to add a protocol) wins wherever a handler's
+    task is asked: TorchServe's initialize, the build's precompile step and Ray's archive."""
+    from ts_compiled_handlers.configuration.config import parse
+    from ts_compiled_handlers.servers.torchserve.handler import Handler
+
+    own = (
+        "from ts_compiled_handlers.servers.torchserve.handler import Handler\n"
+        "from ts_compiled_handlers.tasks.embedding import EmbeddingTask\n\n\n"
+        "class Shouting(EmbeddingTask):\n    pass\n\n\n"
+        "class Mine(Handler):\n    task_class = Shouting\n"
+    )
+    archive = Archive.open(fake_archive(tmp_path, own), root=tmp_path / "unpacked")
+    task, worker = archive.served_by()
+    assert task.__name__ == "Shouting" and issubclass(task, EmbeddingTask) and worker is Worker
+    mine = archive.handler_class()  # the file run again: classes of their own
+    assert mine.served_task(parse(archive.yaml_config)) is mine.task_class
+    assert Handler.served_task(parse({"handler": {"task": "embedding"}})) is EmbeddingTask
+
+
 def test_archives_that_cannot_be_served_are_refused_with_the_reason(tmp_path):
     with pytest.raises(ArchiveError, match="every node"):
         Archive.open(tmp_path / "missing.mar")

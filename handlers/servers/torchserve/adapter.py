@@ -23,7 +23,7 @@ from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.protocol import otf_message_handler
 from ts.torch_handler.base_handler import BaseHandler
 
-from ts_compiled_handlers.configuration.config import parse
+from ts_compiled_handlers.configuration.config import HandlerConfig, parse
 from ts_compiled_handlers.configuration.placement import Loop, Placement
 from ts_compiled_handlers.loops.request_batches import Batch
 from ts_compiled_handlers.loops.start import start
@@ -48,6 +48,12 @@ class TorchServeHandler(BaseHandler):
     worker_class: type[Worker] = Worker
     warmup_progress = None  # called as warmup_progress(done, total) after each shape (the build's bar)
 
+    @classmethod
+    def served_task(cls, config: HandlerConfig) -> type[Task]:
+        """The task class this handler serves the archive's `config` with (the build's precompile
+        step and Ray ask the same)."""
+        return cls.task_class or task_class(config.task)
+
     def initialize(self, context):
         """The worker built, warmed, checked (under asyncCommunication in its model thread), then its loop."""
         self.context = context
@@ -60,7 +66,7 @@ class TorchServeHandler(BaseHandler):
             context.system_properties.get("gpu_id"),
         )
         config = parse(placement.yaml_config)  # once per worker
-        served = self.task_class or task_class(config.task)
+        served = self.served_task(config)
         sink = TorchServeSink(context)
         quiet_per_batch_lines()
         self.worker, self.loop = start(
