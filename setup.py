@@ -23,7 +23,10 @@ setup(
     # (build, serve, plan), benchmarks/ the benchmarks and load tests (`hfserve benchmark`, `hfserve loadtest`).
     packages=[PACKAGE, *(f"{PACKAGE}.{room}" for room in find_packages("handlers")), *TOOLS],
     package_dir={PACKAGE: "handlers", **{tool: tool.rpartition(".")[2] for tool in TOOLS}},
-    package_data={f"{PACKAGE}.servers.torchserve": ["metrics.yaml", "config.properties", "log4j2.xml"]},
+    package_data={
+        f"{PACKAGE}.servers.torchserve": ["metrics.yaml", "config.properties", "log4j2.xml"],
+        f"{PACKAGE}.engine": ["text_attention.cpp"],  # built on the serving host (handlers/engine/text_attention.py)
+    },
     entry_points={"console_scripts": [f"hfserve = {PACKAGE}.scripts.cli:main"]},
     python_requires=">=3.10",
     # The floors are the lowest releases whose tests all pass (scripts/check_floors.sh, the tries

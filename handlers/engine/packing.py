@@ -17,7 +17,7 @@ classification) keep their per-token outputs.
 
 import torch
 
-from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.engine import buckets, text_attention
 
 # The budget of `pack_tokens: auto` (capped at the largest length bucket): longer rows kept paying
 # up to MiniLM's limit of 256 (docs/performance.md, "Packing"); longer ones were not measured.
@@ -167,3 +167,9 @@ def first_position(module: torch.nn.Module) -> int:
         if hasattr(part, "position_embeddings") and getattr(part, "padding_idx", None) is not None:
             return part.padding_idx + 1
     return 0
+
+
+def attention_inputs(model: torch.nn.Module, segments: torch.Tensor) -> dict:
+    """What a packed call passes down to the model's attention: the rows' segments, where its
+    attention runs per text (handlers/engine/text_attention.py); nothing otherwise."""
+    return {text_attention.SEGMENTS_KWARG: segments} if text_attention.is_enabled(model) else {}

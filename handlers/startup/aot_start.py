@@ -14,7 +14,7 @@ import torch
 
 from ts_compiled_handlers.compiling import aot_package, compile_cache
 from ts_compiled_handlers.compiling.side_packages import SidePackages
-from ts_compiled_handlers.engine import packing
+from ts_compiled_handlers.engine import packing, text_attention
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
@@ -61,6 +61,8 @@ def serve_package(task: Task, serving: Serving, began: float, progress=None) -> 
     if not (packed.is_dir() and serving.config.compile.enable and task.AOT):
         return None
     dtype = package_dtype(serving, packed)
+    if serving.config.buckets.pack_attention == "auto" and serving.device.type == "cpu":
+        text_attention.load()  # the operator a package built with per-text attention calls
     try:
         package = aot_package.load(packed, package_manifest(serving, dtype), serving.model_dir, serving.device)
         load_eager = _eager_loader(task, serving, dtype, package.layout)

@@ -23,7 +23,7 @@ import torch
 
 from ts_compiled_handlers.compiling import compile_cache
 from ts_compiled_handlers.compiling.compiling import CompiledModel
-from ts_compiled_handlers.engine import packing
+from ts_compiled_handlers.engine import packing, text_attention
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
@@ -165,10 +165,24 @@ def choose_dtype(task: Task, serving: Serving, module: torch.nn.Module) -> torch
 
 def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: torch.dtype) -> Engine:
     """An eager engine over packed rows if the plan packs and, on the probe, each text packed with
-    others gets the answer it gets alone; otherwise over length groups."""
+    others gets the answer it gets alone (with per-text attention where it is on, else with the
+    block mask); otherwise over length groups."""
     alone = task.engine(EagerRunner(module), serving, dtype, Layout())
     if serving.plan.pack_tokens is None or not hasattr(module, "packed"):
         return alone
+    per_text = serving.config.buckets.pack_attention == "auto" and serving.device.type == "cpu"
+    if per_text and text_attention.enable(module):
+        packed = packed_engine(task, serving, module, dtype, alone, "Per-text attention OFF, the block mask instead")
+        if packed is not None:
+            logger.info("Packed rows attend per text (hfserve::text_attention)")
+            return packed
+        text_attention.disable(module)
+    return packed_engine(task, serving, module, dtype, alone, "Packing OFF, texts run in length groups") or alone
+
+
+def packed_engine(task: Task, serving: Serving, module, dtype: torch.dtype, alone: Engine, refused: str):
+    """The engine over packed rows if its answers on the probe equal `alone`'s, else None, logged
+    after `refused` with why."""
     layout = Layout(serving.plan.pack_tokens, packing.first_position(module))
     packed = task.engine(EagerRunner(packing.PackedModel(module)), serving, dtype, layout)
     probe = serving.probes.check_rows()
@@ -178,11 +192,11 @@ def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: 
         warmup.check_drift("packed vs alone", together, expected, serving.tolerance(dtype))
         warmup.check_error("packed vs alone", together, expected, serving.tolerance(dtype) ** 0.5)
     except (warmup.WarmupError, NotImplementedError) as error:  # answers that differ, a head it cannot reach
-        logger.warning("Packing OFF, texts run in length groups: %s: %s", type(error).__name__, error)
-        return alone
-    except Exception:  # a model that takes no position_ids or 4-D mask, or a defect: groups, and why
-        logger.warning("Packing OFF, texts run in length groups: the packed model failed", exc_info=True)
-        return alone
+        logger.warning("%s: %s: %s", refused, type(error).__name__, error)
+        return None
+    except Exception:  # a model that takes no position_ids or 4-D mask, or a defect: why, with its traceback
+        logger.warning("%s: the packed model failed", refused, exc_info=True)
+        return None
     logger.info("Packing on: rows of up to %d tokens, positions from %d", layout.pack_budget, layout.first_position)
     return packed
 

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from ts_compiled_handlers.engine.packing import pick_per_text, starts_of_texts
+from ts_compiled_handlers.engine.packing import attention_inputs, pick_per_text, starts_of_texts
 from ts_compiled_handlers.request.payload import RequestError
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,12 @@ class TokenLogits(Logits):
 
     def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         """Per-token logits (rows, T, labels) under a 4-D mask (packed rows)."""
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **attention_inputs(self.model, segments),
+        ).logits
 
 
 class SequenceLogits(Logits):
@@ -54,7 +59,13 @@ class SequenceLogits(Logits):
         if not (bert_like or roberta_like):  # DistilBERT, ALBERT, DeBERTa...: heads with other steps
             raise NotImplementedError(f"{type(self.model).__name__}'s head is neither BERT- nor RoBERTa-like")
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **types)[0]
+        hidden = base(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **attention_inputs(base, segments),
+            **types,
+        )[0]
         firsts = pick_per_text(hidden, segments, starts_of_texts(segments))  # (rows, slots, H)
         rows, slots, width = firsts.shape
         firsts = firsts.reshape(rows * slots, 1, width)  # heads read token 0 of each (text, 1, H)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ts_compiled_handlers.engine.packing import attention_inputs
 from ts_compiled_handlers.tasks.model_files import module_folder
 
 # PyLate's defaults for what a model's config_sentence_transformers.json leaves out
@@ -115,7 +116,12 @@ class TokenVectors(torch.nn.Module):
         if self.unattended_id is not None:  # attention_mask: additive (rows, 1, T, T)
             blocked = (input_ids == self.unattended_id)[:, None, None, :]
             attention_mask = attention_mask.masked_fill(blocked, torch.finfo(attention_mask.dtype).min)
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        hidden = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **attention_inputs(self.encoder, segments),
+        )[0]
         return self.vectors(hidden)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ts_compiled_handlers.engine.packing import ends_of_texts, pick_per_text
+from ts_compiled_handlers.engine.packing import attention_inputs, ends_of_texts, pick_per_text
 from ts_compiled_handlers.tasks.model_files import module_folder, read_json
 
 ANSWER_TOKENS = ("yes", "no")
@@ -72,5 +72,10 @@ class CausalLogitScore(torch.nn.Module):
 
     def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         """Each packed pair's score (rows, slots, 1), read at its own last token."""
-        hidden = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        hidden = self.base(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **attention_inputs(self.base, segments),
+        )[0]
         return self._score(pick_per_text(hidden, segments, ends_of_texts(segments)))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ts_compiled_handlers.engine.packing import attention_inputs
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.rerank_routes import rerank_routes
@@ -70,7 +71,12 @@ class M3Outputs(torch.nn.Module):
         return torch.cat([dense, weight, colbert], dim=-1)
 
     def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        hidden = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **attention_inputs(self.encoder, segments),
+        )[0]
         return self.outputs(hidden)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

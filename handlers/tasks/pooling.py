@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ts_compiled_handlers.engine.packing import pool_per_text
+from ts_compiled_handlers.engine.packing import attention_inputs, pool_per_text
 from ts_compiled_handlers.tasks.model_files import module_folder, read_json
 
 # sentence-transformers' poolings as its Pooling config names them (`pooling_mode`, 6.x), and the
@@ -60,7 +60,12 @@ class SentenceEmbedder(torch.nn.Module):
 
     def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         """Each packed text's pooled embedding (rows, slots, H * modes), under a 4-D mask."""
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        hidden = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **attention_inputs(self.encoder, segments),
+        )[0]
         pooled = pool_per_text(hidden, segments, self.modes)
         return pooled if self.head is None else self.head(pooled)
 
@@ -91,7 +96,12 @@ class TokenStates(torch.nn.Module):
         self.encoder = encoder
 
     def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        return self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **attention_inputs(self.encoder, segments),
+        )[0]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

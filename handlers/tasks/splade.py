@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ts_compiled_handlers.engine.packing import pool_per_text, sum_per_text
+from ts_compiled_handlers.engine.packing import attention_inputs, pool_per_text, sum_per_text
 from ts_compiled_handlers.tasks.model_files import module_folder, read_json
 
 STRATEGIES = ("max", "sum")
@@ -89,7 +89,12 @@ class SpladeEncoder(torch.nn.Module):
 
     def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         """Each packed text's sparse vector (rows, slots, V), pooled over its own tokens."""
-        states = self.masked_lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        states = self.masked_lm(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **attention_inputs(self.masked_lm, segments),
+        ).logits
         pooled = []
         for logits in self._slices(states):
             if self.strategy == "max":

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,13 @@ def test_every_exporting_task_serves_from_its_package_without_dynamo(packaged, t
         for served, reference in zip(engine.run(token_ids).rows, eager.run(token_ids).rows, strict=True):
             torch.testing.assert_close(served, reference, atol=1e-5, rtol=1e-4)
     assert engine.model.recompiles_after_ready == 0
+
+
+def test_a_packed_package_calls_the_per_text_attention_operator(packaged):
+    """Its native code calls hfserve::text_attention (through AOTInductor's proxy executor)."""
+    with zipfile.ZipFile(packaged["embedding"] / aot_package.PACKAGE_DIR / aot_package.PACKAGE_FILE) as package:
+        calls = [name for name in package.namelist() if name.endswith(".wrapper.json")]
+        assert calls and any(b'"target": "hfserve::text_attention"' in package.read(name) for name in calls)
 
 
 def test_a_shape_outside_the_bounds_is_answered_eagerly_and_counted(packaged):

@@ -1,0 +1,189 @@
+"""Attention over each packed text alone: the `hfserve::text_attention` operator and its loading.
+
+Over packed rows, SDPA scores every token against every token of its row and the block-diagonal
+mask discards the pairs that straddle two texts (73% of the scores on the load test's traffic,
+docs/performance.md). The operator (text_attention.cpp, built here with the C++ compiler inductor
+uses) scores each text against itself only. Inductor calls it as an extern kernel, in the compiled
+graph and in AOT packages; `reference` is what it is tested against.
+
+It is reached through transformers' attention interface: `enable(model)` switches a model's
+attention to `ATTENTION`, which runs the operator when the call carries the rows' segments
+(`text_segments`, PackedModel) and SDPA otherwise (padded calls, sliding windows). Where the
+operator cannot be built, `enable` says why once in the log and the model keeps SDPA with the mask.
+"""
+
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from ts_compiled_handlers.runtime import private_dirs
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_suffix(".cpp")
+ATTENTION = "hfserve_text"  # the name under transformers' attention interface
+SEGMENTS_KWARG = "text_segments"  # the (rows, T) segment ids a packed call passes down to attention
+DENSE_FROM = 384  # texts longer than this go to SDPA on their own slice (its kernels' rate pays there)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
+AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"}
+
+
+def vector_flags(cpu_flags: set[str]) -> list[str]:
+    """The width of ATen's vectors the kernel is built for, as inductor picks it: AVX512, AVX2 or scalar."""
+    if AVX512 <= cpu_flags:
+        return ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
+    if {"avx2", "fma"} <= cpu_flags:
+        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    return ["-DCPU_CAPABILITY=DEFAULT"]
+
+
+def library_path() -> Path:
+    """Where this source, this torch and this CPU's build is kept (built once per host)."""
+    key = hashlib.sha256()
+    key.update(SOURCE.read_bytes())
+    key.update(f"{torch.__version__} {sys.version} {' '.join(FLAGS)}".encode())
+    key.update(" ".join(sorted(_cpu_flags())).encode())
+    return private_dirs.TEMP / "ops" / f"text_attention-{key.hexdigest()[:16]}.so"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    return set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+
+
+def build(target: Path) -> None:
+    """Compile the operator into `target` (atomically: a half-written library is never loaded)."""
+    from torch.utils import cpp_extension
+
+    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    includes = [f"-I{path}" for path in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    libraries = [f"-L{path}" for path in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
+    compiler = os.environ.get("CXX", "c++")
+    command = [compiler, *FLAGS, *vector_flags(_cpu_flags()), *includes, str(SOURCE), "-o", str(partial), *libraries]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"{compiler} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    partial.replace(target)
+
+
+@functools.cache
+def load() -> bool:
+    """Build (once per host) and load the operator; False, logged with the reason, where it cannot be."""
+    if hasattr(torch.ops.hfserve, "text_attention"):
+        return True
+    try:
+        target = library_path()
+        private_dirs.private_folder(target.parent)  # a library found there is loaded: only ours
+        if not target.exists():
+            logger.info("Building the per-text attention operator (once per host): %s", target)
+            build(target)
+        torch.ops.load_library(str(target))
+        torch.library.register_fake("hfserve::text_attention")(_output_like)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        logger.warning("Per-text attention unavailable, packed rows keep SDPA with the block mask: %s", error)
+        return False
+    return True
+
+
+def _output_like(query, key, value, segments, scale, causal, dense_from):
+    rows, heads, tokens, dim = query.shape
+    return query.new_empty(rows, tokens, heads, dim)
+
+
+def reference(query, key, value, segments, scale: float, causal: bool) -> torch.Tensor:
+    """What the operator computes, text by text in float32: (rows, T, heads, D), zeros at padding."""
+    rows, heads, tokens, dim = query.shape
+    out = query.new_zeros(rows, tokens, heads, dim)
+    group = heads // key.shape[1]
+    for row in range(rows):
+        ids = segments[row].tolist()
+        start = 0
+        while start < tokens:
+            end = start + 1
+            while end < tokens and ids[end] == ids[start]:
+                end += 1
+            if ids[start] > 0:
+                q = query[row, :, start:end].float()
+                k = key[row, :, start:end].float().repeat_interleave(group, dim=0)
+                v = value[row, :, start:end].float().repeat_interleave(group, dim=0)
+                scores = q @ k.transpose(-1, -2) * scale
+                if causal:
+                    scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+                out[row, start:end] = (scores.softmax(-1) @ v).transpose(0, 1).to(out.dtype)
+            start = end
+    return out
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-interface call: per text where the call carries its segments."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    segments = kwargs.get(SEGMENTS_KWARG)
+    if segments is None or kwargs.get("sliding_window") or query.device.type != "cpu":
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    causal = bool(getattr(module, "is_causal", False))
+    out = torch.ops.hfserve.text_attention(query, key, value, segments, scale, causal, DENSE_FROM)
+    return out, None
+
+
+@functools.cache
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+def enable(model: torch.nn.Module) -> bool:
+    """Switch `model`'s attention (each transformers model inside it) to per text over packed rows;
+    False, with SDPA kept, where the operator cannot be built or the model has no attention interface."""
+    models = _transformers_models(model)
+    if not models or not load():
+        return False
+    _register()
+    try:
+        for part in models:
+            part.set_attn_implementation(ATTENTION)
+    except (ValueError, ImportError) as error:
+        logger.warning("Per-text attention off, packed rows keep SDPA with the block mask: %s", error)
+        disable(model)
+        return False
+    return True
+
+
+def disable(model: torch.nn.Module) -> None:
+    """Back to SDPA with the block mask."""
+    for part in _transformers_models(model):
+        part.set_attn_implementation("sdpa")
+
+
+def is_enabled(model: torch.nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == ATTENTION
+
+
+def _transformers_models(model: torch.nn.Module) -> list:
+    """The outermost transformers models in `model` (one switch covers their submodules)."""
+    from transformers import PreTrainedModel
+
+    found, inner = [], set()
+    for part in model.modules():
+        if isinstance(part, PreTrainedModel) and id(part) not in inner:
+            found.append(part)
+            inner.update(id(sub) for sub in part.modules())
+    return found

@@ -1,0 +1,100 @@
+"""The per-text attention operator (hfserve::text_attention) against its reference, at random
+lengths, paddings, dtypes, causal and grouped heads; inside a compiled graph; and served."""
+
+import logging
+import random
+
+import pytest
+import torch
+from fakes import ready_handler
+
+from ts_compiled_handlers.compiling.compiling import compiled_graph_count
+from ts_compiled_handlers.engine import packing, text_attention
+
+pytestmark = pytest.mark.skipif(not text_attention.load(), reason="the C++ compiler could not build the operator")
+
+
+def random_rows(rows: int, tokens: int, rng: random.Random, longest: int) -> torch.Tensor:
+    """Segment ids as the packer lays them out: texts end to end from 1, the tail padding 0."""
+    segments = torch.zeros(rows, tokens, dtype=torch.long)
+    for row in range(rows):
+        start, text = 0, 1
+        while start < tokens and rng.random() > 0.1:
+            length = min(rng.randint(1, longest), tokens - start)
+            segments[row, start : start + length] = text
+            start, text = start + length, text + 1
+    return segments
+
+
+def head_major(rows, tokens, heads, dim, dtype) -> torch.Tensor:
+    """(rows, heads, T, D) viewed from (rows, T, heads, D), the strides transformers' attention gets."""
+    return torch.randn(rows, tokens, heads, dim).to(dtype).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 32), (6, 2, 64), (2, 1, 24)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_operator_equals_the_reference_at_random_lengths(dtype, heads, kv_heads, dim, causal):
+    rng = random.Random(f"{dtype}{heads}{dim}{causal}")
+    torch.manual_seed(rng.randint(0, 1 << 30))
+    segments = random_rows(5, 160, rng, longest=90)
+    query = head_major(5, 160, heads, dim, dtype)
+    key, value = head_major(5, 160, kv_heads, dim, dtype), head_major(5, 160, kv_heads, dim, dtype)
+    expected = text_attention.reference(query, key, value, segments, dim**-0.5, causal)
+    # dense_from 48: texts over 48 tokens take the SDPA-per-slice path, the rest the kernel
+    for dense_from in (48, 1024):
+        out = torch.ops.hfserve.text_attention(query, key, value, segments, dim**-0.5, causal, dense_from)
+        assert out.shape == (5, 160, heads, dim) and out.dtype == dtype
+        real = segments > 0
+        tolerance = 2e-5 if dtype == torch.float32 else 2e-2  # bfloat16: its probabilities are rounded, as SDPA's
+        torch.testing.assert_close(out[real].float(), expected[real].float(), atol=tolerance, rtol=tolerance)
+        assert torch.count_nonzero(out[~real]) == 0  # padding attends to nothing
+
+
+def test_over_a_packed_row_it_answers_as_sdpa_under_the_block_mask():
+    rng = random.Random(7)
+    segments = random_rows(4, 128, rng, longest=50)
+    query, key, value = (head_major(4, 128, 4, 32, torch.float32) for _ in range(3))
+    mask = packing.block_mask(segments, torch.float32)
+    masked = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
+    out = torch.ops.hfserve.text_attention(query, key, value, segments, 32**-0.5, False, text_attention.DENSE_FROM)
+    real = segments > 0
+    torch.testing.assert_close(out[real], masked[real], atol=2e-5, rtol=2e-5)
+
+
+def test_in_a_compiled_graph_it_is_one_graph_over_every_shape():
+    torch._dynamo.reset()
+    projection = torch.nn.Linear(4 * 32, 8)
+
+    def layer(query, key, value, segments):
+        attended = torch.ops.hfserve.text_attention(query, key, value, segments, 32**-0.5, False, 384)
+        return projection(attended.flatten(2))
+
+    compiled = torch.compile(layer, dynamic=True)
+    rng = random.Random(3)
+    for rows, tokens in ((2, 16), (2, 64), (3, 40), (4, 128)):  # 1 would specialize, as any size 1 does
+        segments = random_rows(rows, tokens, rng, longest=30)
+        inputs = [head_major(rows, tokens, 4, 32, torch.float32) for _ in range(3)]
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*inputs, segments), layer(*inputs, segments), atol=1e-5, rtol=1e-5)
+    assert compiled_graph_count() == 1
+
+
+def test_a_packed_archive_attends_per_text_and_answers_as_under_the_mask(tiny_models, caplog):
+    caplog.set_level(logging.INFO, logger="ts_compiled_handlers")
+    texts = [list(range(5, 5 + length)) for length in (3, 17, 9, 30, 1, 12)]
+    served = {}
+    for attention in ("auto", "mask"):
+        handler = ready_handler("embedding", tiny_models["embedding"], buckets={"pack_attention": attention})
+        assert handler.engine.layout.packed
+        served[attention] = torch.stack(handler.engine.run(texts).rows)
+        assert ("Packed rows attend per text" in caplog.text) == (attention == "auto")
+        caplog.clear()
+    torch.testing.assert_close(served["auto"], served["mask"], atol=1e-5, rtol=1e-4)
+
+
+def test_a_model_without_the_operator_keeps_the_mask(tiny_models, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="ts_compiled_handlers")
+    monkeypatch.setattr(text_attention, "load", lambda: False)
+    handler = ready_handler("embedding", tiny_models["embedding"])
+    assert handler.engine.layout.packed and "Packed rows attend per text" not in caplog.text
