@@ -25,7 +25,11 @@ setup(
     package_dir={PACKAGE: "handlers", **{tool: tool.rpartition(".")[2] for tool in TOOLS}},
     package_data={
         f"{PACKAGE}.servers.torchserve": ["metrics.yaml", "config.properties", "log4j2.xml"],
-        f"{PACKAGE}.engine": ["text_attention.cpp"],  # built on the serving host (handlers/engine/text_attention.py)
+        f"{PACKAGE}.engine": [
+            "text_attention.cpp",
+            "text_attention_bf16.cpp",
+            "text_attention.h",
+        ],  # built on the serving host (handlers/engine/text_attention.py)
     },
     entry_points={"console_scripts": [f"hfserve = {PACKAGE}.scripts.cli:main"]},
     python_requires=">=3.10",

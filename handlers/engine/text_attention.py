@@ -27,11 +27,12 @@ from ts_compiled_handlers.runtime import private_dirs
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_suffix(".cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("text_attention.cpp", "text_attention_bf16.cpp"))
+HEADER = Path(__file__).with_name("text_attention.h")
 ATTENTION = "hfserve_text"  # the name under transformers' attention interface
 SEGMENTS_KWARG = "text_segments"  # the (rows, T) segment ids a packed call passes down to attention
 DENSE_FROM = 384  # texts longer than this go to SDPA on their own slice (its kernels' rate pays there)
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20", "-shared", "-fPIC")
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"}
 
 
@@ -47,7 +48,8 @@ def vector_flags(cpu_flags: set[str]) -> list[str]:
 def library_path() -> Path:
     """Where this source, this torch and this CPU's build is kept (built once per host)."""
     key = hashlib.sha256()
-    key.update(SOURCE.read_bytes())
+    for path in (*SOURCES, HEADER):
+        key.update(path.read_bytes())
     key.update(f"{torch.__version__} {sys.version} {' '.join(FLAGS)}".encode())
     key.update(" ".join(sorted(_cpu_flags())).encode())
     return private_dirs.TEMP / "ops" / f"text_attention-{key.hexdigest()[:16]}.so"
@@ -69,7 +71,16 @@ def build(target: Path) -> None:
     includes = [f"-I{path}" for path in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     libraries = [f"-L{path}" for path in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
     compiler = os.environ.get("CXX", "c++")
-    command = [compiler, *FLAGS, *vector_flags(_cpu_flags()), *includes, str(SOURCE), "-o", str(partial), *libraries]
+    command = [
+        compiler,
+        *FLAGS,
+        *vector_flags(_cpu_flags()),
+        *includes,
+        *map(str, SOURCES),
+        "-o",
+        str(partial),
+        *libraries,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)

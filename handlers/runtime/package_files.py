@@ -11,7 +11,7 @@ TOOLS = ("scripts", "benchmarks")
 # `hfserve build` does not import TorchServe's base handler (it logs warnings at import).
 HANDLER = "servers/torchserve/handler.py"
 TORCHSERVE_FILES = PACKAGE / "servers" / "torchserve"  # config.properties, metrics.yaml, log4j2.xml
-SUFFIXES = (".py", ".yaml", ".cpp")  # .cpp: the per-text attention operator, built on the serving host
+SUFFIXES = (".py", ".yaml", ".cpp", ".h")  # C++: the per-text attention operator, built on the serving host
 
 
 def serving_files(package: Path = PACKAGE) -> list[Path]:

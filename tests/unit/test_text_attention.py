@@ -98,3 +98,55 @@ def test_a_model_without_the_operator_keeps_the_mask(tiny_models, monkeypatch, c
     monkeypatch.setattr(text_attention, "load", lambda: False)
     handler = ready_handler("embedding", tiny_models["embedding"])
     assert handler.engine.layout.packed and "Packed rows attend per text" not in caplog.text
+
+
+VARIANT = """
+import random, sys, torch
+from ts_compiled_handlers.engine import text_attention
+from test_text_attention import head_major, random_rows
+text_attention.FLAGS = tuple(f for f in text_attention.FLAGS if f != "-march=native") + tuple(sys.argv[1].split())
+text_attention._cpu_flags = lambda: set(sys.argv[2].split())
+assert text_attention.load()
+rng, worst = random.Random(5), 0.0
+for dtype in (torch.float32, torch.bfloat16):
+    for heads, kv_heads, dim in ((4, 4, 32), (6, 2, 64), (2, 1, 24)):
+        for causal in (False, True):
+            segments = random_rows(3, 128, rng, longest=70)
+            query = head_major(3, 128, heads, dim, dtype)
+            key, value = head_major(3, 128, kv_heads, dim, dtype), head_major(3, 128, kv_heads, dim, dtype)
+            out = torch.ops.hfserve.text_attention(query, key, value, segments, dim**-0.5, causal, 1024)
+            expected = text_attention.reference(query, key, value, segments, dim**-0.5, causal)
+            error = (out.float() - expected.float())[segments > 0].abs().max().item()
+            worst = max(worst, error / (2e-5 if dtype == torch.float32 else 2e-2))
+print(worst)
+"""
+
+
+def cpu_has(*features: str) -> bool:
+    return set(features) <= text_attention._cpu_flags()
+
+
+@pytest.mark.parametrize(
+    ("march", "features"),
+    [
+        pytest.param("-march=haswell", "avx2 fma", id="avx2"),  # CI's AVX2-only machines: the float kernel
+        pytest.param(  # AVX512-BF16 without AMX (AMD EPYC): the pair kernel at every head dim
+            "-march=sapphirerapids -mno-amx-tile -mno-amx-bf16 -mno-amx-int8",
+            "avx512f avx512bw avx512vl avx512dq fma avx512_bf16",
+            id="avx512-bf16",
+            marks=pytest.mark.skipif(not cpu_has("avx512_bf16"), reason="this CPU cannot run AVX512-BF16 code"),
+        ),
+    ],
+)
+def test_the_builds_for_other_cpus_equal_the_reference(march, features, tmp_path):
+    """This host's build takes one path per dtype and head dim; the others are built and run here."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": f"{tests}:{tests.parent}", "TMPDIR": str(tmp_path)}  # fakes lives a level up
+    done = subprocess.run([sys.executable, "-c", VARIANT, march, features], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split()[-1]) <= 1.0  # within each dtype's tolerance of the reference
