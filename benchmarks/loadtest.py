@@ -20,8 +20,9 @@ benchmarks/stock_handler.py). Optional, never by default: the other outputs on t
 CLIP (`ours-images` against `stock-images`, TorchServe's stock way: benchmarks/loadtest_images.py), `ours-int8` and
 `ours-int8-all` (`ours-auto` with `quantize: int8` at the default gate, or `int8-all` with the gate
 at a least cosine of 0.95: refused, it fails to register rather than serve unquantized) and their AOT-packed twins
-(`ours-int8-aot`, `ours-int8-all-aot`), `ours-mask` (`ours-auto` with packed rows' attention under the
-block mask, `pack_attention: mask`: per-text attention's gain through TorchServe), and Infinity's torch engine, `infinity-float32`,
+(`ours-int8-aot`, `ours-int8-all-aot`), `ours-mask` (`ours-auto` with packed rows' attention under
+the block mask, `pack_attention: mask`: per-text attention's gain through TorchServe), and
+Infinity's torch engine, `infinity-float32`,
 `infinity-bfloat16` and their `-compile` twins (its `--compile`), each started from the same model
 folder in a venv of its own (benchmarks/infinity_server.py, installed into runs/infinity-venv the
 first time) and sent the same texts; the run checks ours-auto against the best of them; and

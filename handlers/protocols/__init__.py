@@ -47,7 +47,7 @@ class Request:
     `token_states`: each token's vector, not one per text (TEI's `embed_all`).
     `form`: the protocol's own fields, a dataclass of its module that only that protocol reads.
     `images`: the request's images, decoded and preprocessed, and where each stands among its
-    inputs (tasks that take images: handlers/tasks/image_bodies.py)."""
+    inputs (tasks that take images: handlers/protocols/image_bodies.py)."""
 
     texts: list[str] | list[tuple[str, str]]
     params: dict[str, Any]

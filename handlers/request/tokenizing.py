@@ -71,7 +71,7 @@ class Accepted:
     @property
     def work(self) -> int:
         """What the request weighs in a call's token budget: its tokens, and its images' patches
-        (handlers/tasks/image_bodies.py), so that a call of images and texts keeps to the budget."""
+        (handlers/protocols/image_bodies.py), so that a call of images and texts keeps to the budget."""
         images = getattr(self.request, "images", None)
         return self.tokens + (images.tokens if images is not None else 0)
 

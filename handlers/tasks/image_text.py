@@ -32,7 +32,7 @@ from ts_compiled_handlers.request.payload import boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.runtime import process_settings
 from ts_compiled_handlers.tasks import MODEL_LOADING, Task
-from ts_compiled_handlers.tasks.image_bodies import (
+from ts_compiled_handlers.protocols.image_bodies import (
     ImageCohereProtocol,
     ImageEmbeddingsProtocol,
     ImageInputs,

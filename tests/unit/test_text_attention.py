@@ -150,3 +150,13 @@ def test_the_builds_for_other_cpus_equal_the_reference(march, features, tmp_path
     done = subprocess.run([sys.executable, "-c", VARIANT, march, features], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.split()[-1]) <= 1.0  # within each dtype's tolerance of the reference
+
+
+def test_the_layer_benchmark_checks_and_times_both_sides(tmp_path):
+    from ts_compiled_handlers.benchmarks import benchmark_text_attention
+
+    result = benchmark_text_attention.main(["--quick", "--out", str(tmp_path / "attention.json")])
+    assert {(row["model"], row["dtype"]) for row in result["results"]} == {
+        (model, dtype) for model in ("minilm", "bert-base") for dtype in ("float32", "bfloat16")
+    }
+    assert all(row["per_text_seconds"] > 0 and row["masked_seconds"] > 0 for row in result["results"])
