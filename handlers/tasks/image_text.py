@@ -24,14 +24,6 @@ import torch
 
 from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.engine import buckets
-from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
-from ts_compiled_handlers.protocols.openai import ModelsProtocol
-from ts_compiled_handlers.protocols.plain import PlainProtocol
-from ts_compiled_handlers.request.images import ImageLimits, read_images
-from ts_compiled_handlers.request.payload import boolean_param
-from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.runtime import process_settings
-from ts_compiled_handlers.tasks import MODEL_LOADING, Task
 from ts_compiled_handlers.protocols.image_bodies import (
     ImageCohereProtocol,
     ImageEmbeddingsProtocol,
@@ -41,6 +33,14 @@ from ts_compiled_handlers.protocols.image_bodies import (
     ZeroShotForm,
     ZeroShotProtocol,
 )
+from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
+from ts_compiled_handlers.protocols.openai import ModelsProtocol
+from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.request.images import ImageLimits, read_images
+from ts_compiled_handlers.request.payload import boolean_param
+from ts_compiled_handlers.request.tokenizing import Accepted
+from ts_compiled_handlers.runtime import process_settings
+from ts_compiled_handlers.tasks import MODEL_LOADING, Task
 from ts_compiled_handlers.tasks.pooling import normalizes, unit_rows
 
 logger = logging.getLogger(__name__)
