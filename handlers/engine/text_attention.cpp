@@ -14,6 +14,9 @@
 #include "text_attention.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>

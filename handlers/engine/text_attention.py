@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ HEADER = Path(__file__).with_name("text_attention.h")
 ATTENTION = "hfserve_text"  # the name under transformers' attention interface
 SEGMENTS_KWARG = "text_segments"  # the (rows, T) segment ids a packed call passes down to attention
 DENSE_FROM = 384  # texts longer than this go to SDPA on their own slice (its kernels' rate pays there)
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20", "-fPIC")
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"}
 
 
@@ -64,28 +65,36 @@ def _cpu_flags() -> set[str]:
 
 
 def build(target: Path) -> None:
-    """Compile the operator into `target` (atomically: a half-written library is never loaded)."""
+    """Compile the operator into `target`: its two units at once (2 cores: about 10 s, not 20),
+    then linked atomically, so a half-written library is never loaded."""
     from torch.utils import cpp_extension
 
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
+    compiler = os.environ.get("CXX", "c++")
     includes = [f"-I{path}" for path in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     libraries = [f"-L{path}" for path in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu", "-ltorch"]
-    compiler = os.environ.get("CXX", "c++")
-    command = [
-        compiler,
-        *FLAGS,
-        *vector_flags(_cpu_flags()),
-        *includes,
-        *map(str, SOURCES),
-        "-o",
-        str(partial),
-        *libraries,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise RuntimeError(f"{compiler} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    partial.replace(target)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        objects = [Path(scratch) / f"{source.stem}.o" for source in SOURCES]
+        flags = [*FLAGS, *vector_flags(_cpu_flags()), *includes]
+        units = [
+            subprocess.Popen([compiler, *flags, "-c", str(source), "-o", str(out)], stderr=subprocess.PIPE, text=True)
+            for source, out in zip(SOURCES, objects, strict=True)
+        ]
+        errors = [unit.communicate()[1] for unit in units]  # each read to its end: no pipe fills
+        _check(compiler, [(unit.returncode, text) for unit, text in zip(units, errors, strict=True)])
+        partial = Path(scratch) / target.name
+        linked = subprocess.run(
+            [compiler, *FLAGS, "-shared", *map(str, objects), "-o", str(partial), *libraries],
+            capture_output=True,
+            text=True,
+        )
+        _check(compiler, [(linked.returncode, linked.stderr)])
+        partial.replace(target)
+
+
+def _check(compiler: str, results: list[tuple[int, str]]) -> None:
+    for code, errors in results:
+        if code != 0:
+            raise RuntimeError(f"{compiler} failed ({code}): {errors.strip()[-2000:]}")
 
 
 @functools.cache
