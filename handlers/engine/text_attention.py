@@ -12,6 +12,8 @@ attention to `ATTENTION`, which runs the operator when the call carries the rows
 operator cannot be built, `enable` says why once in the log and the model keeps SDPA with the mask.
 """
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -97,6 +99,17 @@ def _check(compiler: str, results: list[tuple[int, str]]) -> None:
             raise RuntimeError(f"{compiler} failed ({code}): {errors.strip()[-2000:]}")
 
 
+@contextlib.contextmanager
+def _held(lock: Path):
+    """An exclusive lock on `lock` (this user's private folder; never through a symbolic link)."""
+    descriptor = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
+
+
 @functools.cache
 def load() -> bool:
     """Build (once per host) and load the operator; False, logged with the reason, where it cannot be."""
@@ -106,8 +119,10 @@ def load() -> bool:
         target = library_path()
         private_dirs.private_folder(target.parent)  # a library found there is loaded: only ours
         if not target.exists():
-            logger.info("Building the per-text attention operator (once per host): %s", target)
-            build(target)
+            with _held(target.with_suffix(".lock")):  # workers starting together: one builds, the rest wait
+                if not target.exists():
+                    logger.info("Building the per-text attention operator (once per host): %s", target)
+                    build(target)
         torch.ops.load_library(str(target))
         torch.library.register_fake("hfserve::text_attention")(_output_like)
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:

@@ -171,6 +171,7 @@ def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: 
     if serving.plan.pack_tokens is None or not hasattr(module, "packed"):
         return alone
     per_text = serving.config.buckets.pack_attention == "auto" and serving.device.type == "cpu"
+    per_text = per_text and getattr(module, "per_text_attention", True)  # False: a mask of its own inside texts
     if per_text and text_attention.enable(module):
         packed = packed_engine(task, serving, module, dtype, alone, "Per-text attention OFF, the block mask instead")
         if packed is not None:

@@ -108,6 +108,8 @@ class TokenVectors(torch.nn.Module):
         with torch.no_grad():
             self.projection.weight.copy_(projection)
         self.unattended_id = unattended_id
+        # keys blocked inside a text (query expansion's tokens): only the mask can say so
+        self.per_text_attention = unattended_id is None
 
     def vectors(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.normalize(self.projection(hidden).float(), p=2, dim=-1)

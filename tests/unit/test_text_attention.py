@@ -63,7 +63,10 @@ def test_over_a_packed_row_it_answers_as_sdpa_under_the_block_mask():
 
 
 def test_in_a_compiled_graph_it_is_one_graph_over_every_shape():
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()  # compiled_graph_count() counts from here
     projection = torch.nn.Linear(4 * 32, 8)
 
     def layer(query, key, value, segments):
@@ -160,3 +163,21 @@ def test_the_layer_benchmark_checks_and_times_both_sides(tmp_path):
         (model, dtype) for model in ("minilm", "bert-base") for dtype in ("float32", "bfloat16")
     }
     assert all(row["per_text_seconds"] > 0 and row["masked_seconds"] > 0 for row in result["results"])
+
+
+def test_where_it_cannot_be_built_loading_says_why_and_returns_false(tmp_path):
+    """No compiler (a slim image): the worker keeps the block mask, logged, and does not fail."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO)\n"
+        "from ts_compiled_handlers.engine import text_attention\n"
+        "print(text_attention.load())\n"
+    )
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-1] == "False"
+    assert "Per-text attention unavailable, packed rows keep SDPA with the block mask" in done.stderr
+    assert "no-compiler" in done.stderr
