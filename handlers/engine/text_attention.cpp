@@ -45,17 +45,23 @@ std::vector<Span> spans_of(const at::Tensor& segments) {
   return spans;
 }
 
+// acc[r] += a[r * a_row + k] * b[k * b_row : +KEY_BLOCK] for k < depth: both of a text's products
+// in float32, QUERY_BLOCK rows of `a` broadcast against one vector of `b`.
+void product(const float* a, int64_t a_row, const float* b, int64_t b_row, int64_t depth, Vec (&acc)[QUERY_BLOCK]) {
+  for (auto& sum : acc) sum = Vec(0.f);
+  for (int64_t k = 0; k < depth; ++k) {
+    const Vec column = Vec::loadu(b + k * b_row);
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < QUERY_BLOCK; ++r) acc[r] = at::vec::fmadd(Vec(a[r * a_row + k]), column, acc[r]);
+  }
+}
+
 // scores[i][j] = query[i] . keys_t[:, j] for `rows` queries (a multiple of QUERY_BLOCK).
 void score(const float* query, int64_t rows, int64_t dim, const float* keys_t, int64_t keys, float* scores) {
   for (int64_t i = 0; i < rows; i += QUERY_BLOCK) {
     for (int64_t j = 0; j < keys; j += KEY_BLOCK) {
       Vec acc[QUERY_BLOCK];
-      for (auto& sum : acc) sum = Vec(0.f);
-      for (int64_t d = 0; d < dim; ++d) {
-        const Vec key = Vec::loadu(keys_t + d * keys + j);
-#pragma GCC unroll 8
-        for (int64_t r = 0; r < QUERY_BLOCK; ++r) acc[r] = at::vec::fmadd(Vec(query[(i + r) * dim + d]), key, acc[r]);
-      }
+      product(query + i * dim, dim, keys_t + j, keys, dim, acc);
       for (int64_t r = 0; r < QUERY_BLOCK; ++r) acc[r].store(scores + (i + r) * keys + j);
     }
   }
@@ -87,12 +93,7 @@ void weigh_values(const float* scores, int64_t keys, int64_t length, const float
                   int64_t dim_padded, int64_t i, int64_t real_rows, scalar_t* const* dst) {
   for (int64_t d0 = 0; d0 < dim_padded; d0 += KEY_BLOCK) {
     Vec acc[QUERY_BLOCK];
-    for (auto& sum : acc) sum = Vec(0.f);
-    for (int64_t j = 0; j < length; ++j) {
-      const Vec value = Vec::loadu(values + j * dim_padded + d0);
-#pragma GCC unroll 8
-      for (int64_t r = 0; r < QUERY_BLOCK; ++r) acc[r] = at::vec::fmadd(Vec(scores[(i + r) * keys + j]), value, acc[r]);
-    }
+    product(scores + i * keys, keys, values + d0, dim_padded, length, acc);
     float lanes[KEY_BLOCK];
     for (int64_t r = 0; r < real_rows; ++r) {
       acc[r].store(lanes);

@@ -86,27 +86,34 @@ void softmax_pairs(float* scores, int64_t rows, int64_t keys, int64_t first_quer
   }
 }
 
-// QUERY_BLOCK queries against `lanes` vectors of keys from key j: two vectors share each query pair's
-// broadcast (the loads, not the dot products, bound one vector's loop).
+// acc[r][l] += rows[r][k, k + 1] . columns' pair row k / 2, vector l, for k < depth: the pair dot
+// products both of a text's products are made of. `lanes` vectors share each row's broadcast (the
+// loads, not the dot products, bound one vector's loop).
+template <int lanes>
+void pair_product(const uint16_t* const* rows, int64_t depth, const uint16_t* columns, int64_t pair_row,
+                  __m512 (&acc)[QUERY_BLOCK][lanes]) {
+  for (auto& row : acc)
+    for (auto& sum : row) sum = _mm512_setzero_ps();
+  for (int64_t k = 0; k < depth; k += 2) {
+    __m512bh column[lanes];
+    for (int l = 0; l < lanes; ++l)
+      column[l] = (__m512bh)_mm512_loadu_si512(columns + (k >> 1) * pair_row + l * KEY_BLOCK * 2);
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < QUERY_BLOCK; ++r) {
+      const __m512bh left = pair(rows[r] + k);
+      for (int l = 0; l < lanes; ++l) acc[r][l] = _mm512_dpbf16_ps(acc[r][l], left, column[l]);
+    }
+  }
+}
+
+// QUERY_BLOCK queries' scores against `lanes` vectors of keys from key j.
 template <int lanes>
 void score_block(const uint16_t* const* query, int64_t dim, const uint16_t* key_pairs, int64_t keys, int64_t j,
                  float* scores) {
   __m512 acc[QUERY_BLOCK][lanes];
-  for (auto& row : acc)
-    for (auto& sum : row) sum = _mm512_setzero_ps();
-  for (int64_t d = 0; d < dim; d += 2) {
-    __m512bh key[lanes];
-    for (int l = 0; l < lanes; ++l)
-      key[l] = (__m512bh)_mm512_loadu_si512(key_pairs + (d >> 1) * keys * 2 + (j + l * KEY_BLOCK) * 2);
-#pragma GCC unroll 8
-    for (int64_t r = 0; r < QUERY_BLOCK; ++r) {
-      const __m512bh q = pair(query[r] + d);
-      for (int l = 0; l < lanes; ++l) acc[r][l] = _mm512_dpbf16_ps(acc[r][l], q, key[l]);
-    }
-  }
+  pair_product<lanes>(query, dim, key_pairs + j * 2, keys * 2, acc);
   for (int64_t r = 0; r < QUERY_BLOCK; ++r)
-    for (int l = 0; l < lanes; ++l)
-      _mm512_storeu_ps(scores + r * keys + j + l * KEY_BLOCK, acc[r][l]);
+    for (int l = 0; l < lanes; ++l) _mm512_storeu_ps(scores + r * keys + j + l * KEY_BLOCK, acc[r][l]);
 }
 
 void score_pairs(const uint16_t* const* query, int64_t dim, const uint16_t* key_pairs, int64_t keys, float* scores) {
@@ -120,19 +127,10 @@ template <int lanes>
 void weigh_block(const uint16_t* probs, const float* inverse, int64_t keys, int64_t length,
                  const uint16_t* value_pairs, int64_t dim, int64_t dp, int64_t d0, int64_t real_rows,
                  at::BFloat16* const* dst) {
+  const uint16_t* rows[QUERY_BLOCK];
+  for (int64_t r = 0; r < QUERY_BLOCK; ++r) rows[r] = probs + r * keys;
   __m512 acc[QUERY_BLOCK][lanes];
-  for (auto& row : acc)
-    for (auto& sum : row) sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < length; j += 2) {
-    __m512bh value[lanes];
-    for (int l = 0; l < lanes; ++l)
-      value[l] = (__m512bh)_mm512_loadu_si512(value_pairs + (j >> 1) * dp * 2 + (d0 + l * KEY_BLOCK) * 2);
-#pragma GCC unroll 8
-    for (int64_t r = 0; r < QUERY_BLOCK; ++r) {
-      const __m512bh p = pair(probs + r * keys + j);
-      for (int l = 0; l < lanes; ++l) acc[r][l] = _mm512_dpbf16_ps(acc[r][l], p, value[l]);
-    }
-  }
+  pair_product<lanes>(rows, length, value_pairs + d0 * 2, dp * 2, acc);
   for (int64_t r = 0; r < real_rows; ++r) {
     for (int l = 0; l < lanes; ++l) {
       const int64_t first = d0 + l * KEY_BLOCK, kept = std::clamp<int64_t>(dim - first, 0, KEY_BLOCK);
@@ -166,16 +164,22 @@ bool tiles_allowed() {  // Linux lends AMX's tile data to a process that asks (t
   return allowed;
 }
 
+// Tile 0 = 16 rows of `left` (`left_row` elements apart) times the pair rows of `right` (`right_row`
+// elements apart), over `depth` bfloat16 of each left row.
+void tile_product(const uint16_t* left, int64_t left_row, const uint16_t* right, int64_t right_row, int64_t depth) {
+  _tile_zero(0);
+  for (int64_t k = 0; k < depth; k += TILE_KEYS) {
+    _tile_loadd(1, left + k, left_row * 2);
+    _tile_loadd(2, right + (k >> 1) * right_row, right_row * 2);
+    _tile_dpbf16ps(0, 1, 2);
+  }
+}
+
 void score_tiles(const uint16_t* query, int64_t rows, int64_t dim, const uint16_t* key_pairs, int64_t keys,
                  float* scores) {
   for (int64_t i = 0; i < rows; i += TILE_ROWS)
     for (int64_t j = 0; j < keys; j += KEY_BLOCK) {
-      _tile_zero(0);
-      for (int64_t d = 0; d < dim; d += TILE_KEYS) {
-        _tile_loadd(1, query + i * dim + d, dim * 2);
-        _tile_loadd(2, key_pairs + (d >> 1) * keys * 2 + j * 2, keys * 4);
-        _tile_dpbf16ps(0, 1, 2);
-      }
+      tile_product(query + i * dim, dim, key_pairs + j * 2, keys * 2, dim);
       _tile_stored(0, scores + i * keys + j, keys * 4);
     }
 }
@@ -185,12 +189,7 @@ void weigh_tiles(const uint16_t* probs, const float* inverse, int64_t rows, int6
   alignas(64) float block[TILE_ROWS * KEY_BLOCK];
   for (int64_t i = 0; i < rows; i += TILE_ROWS)
     for (int64_t d0 = 0; d0 < dp; d0 += KEY_BLOCK) {
-      _tile_zero(0);
-      for (int64_t j = 0; j < keys; j += TILE_KEYS) {
-        _tile_loadd(1, probs + i * keys + j, keys * 2);
-        _tile_loadd(2, value_pairs + (j >> 1) * dp * 2 + d0 * 2, dp * 4);
-        _tile_dpbf16ps(0, 1, 2);
-      }
+      tile_product(probs + i * keys, keys, value_pairs + d0 * 2, dp * 2, keys);
       _tile_stored(0, block, KEY_BLOCK * 4);
       const auto kept = static_cast<__mmask16>((1u << std::min<int64_t>(dim - d0, KEY_BLOCK)) - 1);
       for (int64_t r = 0; r < TILE_ROWS && i + r < real_rows; ++r) {
