@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+OPS_DIR_ENV = "HFSERVE_OPS_DIR"  # handlers/engine/text_attention.py: where the attention operator is built
+
 
 def pytest_addoption(parser):
     parser.addoption("--fuzz-requests", type=int, default=200, help="generated requests per task in the fuzz tests")
@@ -51,11 +53,13 @@ def compile_cache(tmp_path_factory):
     tests turn it on with a folder of their own.
     """
     cache = os.environ.get("TEST_INDUCTOR_CACHE") or str(shared_folder(tmp_path_factory, "inductor-cache"))
-    names = ("TORCHINDUCTOR_CACHE_DIR", "HFSERVE_CACHE_DIR", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS")
+    names = ("TORCHINDUCTOR_CACHE_DIR", "HFSERVE_CACHE_DIR", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", OPS_DIR_ENV)
     previous = {name: os.environ.get(name) for name in names}
     # Precompiled C++ headers, off in a worker unless asked: a run of cold compiles spends half the
-    # compiler's CPU with them (handlers/runtime/process_settings.py).
-    os.environ.update(dict(zip(names, (cache, "off", "1"), strict=True)))
+    # compiler's CPU with them (handlers/runtime/process_settings.py). The per-text attention
+    # operator is built once for the run, not once per server's own temp dir.
+    ops = os.environ.get(OPS_DIR_ENV) or str(shared_folder(tmp_path_factory, "ops"))
+    os.environ.update(dict(zip(names, (cache, "off", "1", ops), strict=True)))
     yield cache
     for name, value in previous.items():
         if value is None:

@@ -30,6 +30,7 @@ from ts_compiled_handlers.runtime import private_dirs
 
 logger = logging.getLogger(__name__)
 
+OPS_DIR_ENV = "HFSERVE_OPS_DIR"
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("text_attention.cpp", "text_attention_bf16.cpp"))
 HEADER = Path(__file__).with_name("text_attention.h")
 ATTENTION = "hfserve_text"  # the name under transformers' attention interface
@@ -55,7 +56,14 @@ def library_path() -> Path:
         key.update(path.read_bytes())
     key.update(f"{torch.__version__} {sys.version} {' '.join(FLAGS)}".encode())
     key.update(" ".join(sorted(_cpu_flags())).encode())
-    return private_dirs.TEMP / "ops" / f"text_attention-{key.hexdigest()[:16]}.so"
+    return ops_folder() / f"text_attention-{key.hexdigest()[:16]}.so"
+
+
+def ops_folder() -> Path:
+    """$HFSERVE_OPS_DIR (one build shared by every server of a host, or baked into an image), else
+    this user's folder in the temp dir (a server started by `hfserve start` has its own)."""
+    chosen = os.environ.get(OPS_DIR_ENV)
+    return Path(chosen) if chosen else private_dirs.TEMP / "ops"
 
 
 def _cpu_flags() -> set[str]:

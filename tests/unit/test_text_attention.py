@@ -11,7 +11,12 @@ from fakes import ready_handler
 from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.engine import packing, text_attention
 
-pytestmark = pytest.mark.skipif(not text_attention.load(), reason="the C++ compiler could not build the operator")
+
+@pytest.fixture(autouse=True)
+def operator():
+    """Built once for the run, in the run's shared ops folder (tests/conftest.py)."""
+    if not text_attention.load():
+        pytest.skip("the C++ compiler could not build the operator")
 
 
 def random_rows(rows: int, tokens: int, rng: random.Random, longest: int) -> torch.Tensor:
@@ -149,7 +154,7 @@ def test_the_builds_for_other_cpus_equal_the_reference(march, features, tmp_path
     from pathlib import Path
 
     tests = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": f"{tests}:{tests.parent}", "TMPDIR": str(tmp_path)}  # fakes lives a level up
+    env = {**os.environ, "PYTHONPATH": f"{tests}:{tests.parent}", text_attention.OPS_DIR_ENV: str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", VARIANT, march, features], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.split()[-1]) <= 1.0  # within each dtype's tolerance of the reference
@@ -176,7 +181,7 @@ def test_where_it_cannot_be_built_loading_says_why_and_returns_false(tmp_path):
         "from ts_compiled_handlers.engine import text_attention\n"
         "print(text_attention.load())\n"
     )
-    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), text_attention.OPS_DIR_ENV: str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split()[-1] == "False"
     assert "Per-text attention unavailable, packed rows keep SDPA with the block mask" in done.stderr
