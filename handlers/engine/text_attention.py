@@ -194,9 +194,11 @@ def _register() -> None:
 
 def enable(model: torch.nn.Module) -> bool:
     """Switch `model`'s attention (each transformers model inside it) to per text over packed rows;
-    False, with SDPA kept, where the operator cannot be built or the model has no attention interface."""
+    False, its attention left as it was, where the operator cannot be built or the model does not
+    attend through SDPA and transformers' attention interface."""
     models = _transformers_models(model)
-    if not models or not load():
+    # SDPA models only: SDPA is what the padded calls fall back to, and what `disable` restores
+    if not models or any(part.config._attn_implementation != "sdpa" for part in models) or not load():
         return False
     _register()
     try:

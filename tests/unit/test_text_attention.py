@@ -186,3 +186,14 @@ def test_where_it_cannot_be_built_loading_says_why_and_returns_false(tmp_path):
     assert done.stdout.split()[-1] == "False"
     assert "Per-text attention unavailable, packed rows keep SDPA with the block mask" in done.stderr
     assert "no-compiler" in done.stderr
+
+
+def test_only_a_model_attending_through_sdpa_is_switched_and_disable_restores_it(tiny_models):
+    from transformers import AutoModel
+
+    eager = AutoModel.from_pretrained(tiny_models["embedding"], attn_implementation="eager")
+    assert not text_attention.enable(eager) and eager.config._attn_implementation == "eager"
+    model = AutoModel.from_pretrained(tiny_models["embedding"])
+    assert text_attention.enable(model) and text_attention.is_enabled(model)
+    text_attention.disable(model)
+    assert model.config._attn_implementation == "sdpa" and not text_attention.is_enabled(model)
