@@ -21,9 +21,7 @@ namespace hfserve_text_attention {
 #if defined(__AVX512BF16__)
 namespace {
 
-// The same over bfloat16 inputs with AVX512-BF16's pair dot products: query and key pairs along the
-// head dim for the scores, probability and value pairs along the keys for the output; the softmax
-// in float32 between them, its probabilities rounded to bfloat16 as SDPA's CPU kernel rounds them.
+// Two adjacent bfloat16 values, broadcast to every 32-bit lane (the left operand of a pair product).
 inline __m512bh pair(const uint16_t* at) {
   int32_t bits;
   std::memcpy(&bits, at, sizeof bits);
