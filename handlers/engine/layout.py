@@ -41,6 +41,7 @@ class Layout:
     pack_budget: int | None = None
     first_position: int = 0
     token_types: bool = False  # the model reads token_type_ids (BERT's text pairs): an input of their own
+    per_text: bool = False  # packed rows attend per text (hfserve::text_attention): a package then calls it
 
     @property
     def packed(self) -> bool:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ts_compiled_handlers.runtime import private_dirs
+from ts_compiled_handlers.runtime import hardware, private_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +67,9 @@ def ops_folder() -> Path:
 
 
 def _cpu_flags() -> set[str]:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return set()
-    return set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+    """Every flag: `-march=native` builds for all of them, so a library is never loaded on a CPU
+    that lacks one (a shared $HFSERVE_OPS_DIR)."""
+    return set(hardware.read_cpu_flags(wanted=None))
 
 
 def build(target: Path) -> None:

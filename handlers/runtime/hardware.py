@@ -55,14 +55,15 @@ class Hardware:
 
 
 def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), wanted=CPU_MATRIX_FLAGS) -> frozenset[str]:
-    """Which of the `wanted` CPU features this CPU has (empty where unknown)."""
+    """Which of the `wanted` CPU features this CPU has (None: all of them; empty where unknown)."""
     try:
         text = cpuinfo.read_text()
     except OSError:
         return frozenset()
     for line in text.splitlines():
         if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split()) & frozenset(wanted)
+            found = frozenset(line.split(":", 1)[1].split())
+            return found if wanted is None else found & frozenset(wanted)
     return frozenset()
 
 

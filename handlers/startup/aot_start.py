@@ -9,6 +9,7 @@ decides its layout by the same check, and exports it.
 import json
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -38,7 +39,16 @@ def side_packages(serving: Serving, dtype: torch.dtype) -> SidePackages | None:
     return SidePackages(serving, lambda: package_manifest(serving, dtype)) if serving.config.compile.enable else None
 
 
-def package_dtype(serving: Serving, packed) -> torch.dtype:
+def built_manifest(packed: Path) -> dict:
+    """The package's manifest as the build wrote it, or {} (its own check then says why not)."""
+    try:
+        built = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return built if isinstance(built, dict) else {}
+
+
+def package_dtype(serving: Serving, built: dict) -> torch.dtype:
     """The dtype a worker serves the package at: the configured one; for `auto`, the build's choice,
     which is the hardware's pick, or float32 where the build's drift check refused that pick (the
     build checked on this model, on hardware with the CPU flags or CUDA capability the manifest
@@ -48,10 +58,9 @@ def package_dtype(serving: Serving, packed) -> torch.dtype:
         return hardware.DTYPES[serving.config.dtype]
     picked = hardware.detect().auto_dtype
     try:
-        built = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())["valid_for"]["dtype"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return torch.float32 if built["valid_for"]["dtype"] == "float32" else picked
+    except (KeyError, TypeError):
         return picked  # the manifest's own check says why this package cannot serve
-    return torch.float32 if built == "float32" else picked
 
 
 def serve_package(task: Task, serving: Serving, began: float, progress=None) -> tuple[Engine, Started] | None:
@@ -60,9 +69,10 @@ def serve_package(task: Task, serving: Serving, began: float, progress=None) -> 
     packed = serving.model_dir / aot_package.PACKAGE_DIR
     if not (packed.is_dir() and serving.config.compile.enable and task.AOT):
         return None
-    dtype = package_dtype(serving, packed)
-    if serving.config.buckets.pack_attention == "auto" and serving.device.type == "cpu":
-        text_attention.load()  # the operator a package built with per-text attention calls
+    built = built_manifest(packed)
+    dtype = package_dtype(serving, built)
+    if isinstance(built.get("layout"), dict) and built["layout"].get("per_text") is True:
+        text_attention.load()  # the operator its native code calls, built or loaded before the package
     try:
         package = aot_package.load(packed, package_manifest(serving, dtype), serving.model_dir, serving.device)
         load_eager = _eager_loader(task, serving, dtype, package.layout)

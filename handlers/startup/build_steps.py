@@ -173,7 +173,8 @@ def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: 
     per_text = serving.config.buckets.pack_attention == "auto" and serving.device.type == "cpu"
     per_text = per_text and getattr(module, "per_text_attention", True)  # False: a mask of its own inside texts
     if per_text and text_attention.enable(module):
-        packed = packed_engine(task, serving, module, dtype, alone, "Per-text attention OFF, the block mask instead")
+        refused = "Per-text attention OFF, the block mask instead"
+        packed = packed_engine(task, serving, module, dtype, alone, refused, per_text=True)
         if packed is not None:
             logger.info("Packed rows attend per text (hfserve::text_attention)")
             return packed
@@ -181,10 +182,10 @@ def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: 
     return packed_engine(task, serving, module, dtype, alone, "Packing OFF, texts run in length groups") or alone
 
 
-def packed_engine(task: Task, serving: Serving, module, dtype: torch.dtype, alone: Engine, refused: str):
+def packed_engine(task: Task, serving: Serving, module, dtype, alone: Engine, refused: str, per_text: bool = False):
     """The engine over packed rows if its answers on the probe equal `alone`'s, else None, logged
     after `refused` with why."""
-    layout = Layout(serving.plan.pack_tokens, packing.first_position(module))
+    layout = Layout(serving.plan.pack_tokens, packing.first_position(module), per_text=per_text)
     packed = task.engine(EagerRunner(packing.PackedModel(module)), serving, dtype, layout)
     probe = serving.probes.check_rows()
     try:

@@ -58,11 +58,30 @@ def test_every_exporting_task_serves_from_its_package_without_dynamo(packaged, t
     assert engine.model.recompiles_after_ready == 0
 
 
-def test_a_packed_package_calls_the_per_text_attention_operator(packaged):
-    """Its native code calls hfserve::text_attention (through AOTInductor's proxy executor)."""
-    with zipfile.ZipFile(packaged["embedding"] / aot_package.PACKAGE_DIR / aot_package.PACKAGE_FILE) as package:
+def test_a_packed_package_calls_the_per_text_attention_operator_and_says_so(packaged):
+    """Its native code calls hfserve::text_attention (through AOTInductor's proxy executor), and its
+    manifest records it, so that a worker loads the operator before the package, and only then."""
+    packed = packaged["embedding"] / aot_package.PACKAGE_DIR
+    with zipfile.ZipFile(packed / aot_package.PACKAGE_FILE) as package:
         calls = [name for name in package.namelist() if name.endswith(".wrapper.json")]
         assert calls and any(b'"target": "hfserve::text_attention"' in package.read(name) for name in calls)
+    assert json.loads((packed / compile_cache.MANIFEST_FILE).read_text())["layout"]["per_text"] is True
+
+
+def test_an_aot_start_loads_the_attention_operator_only_for_a_package_that_calls_it(packaged, tmp_path, monkeypatch):
+    from ts_compiled_handlers.engine import text_attention
+
+    def masked(packed):  # the manifest of a build that kept the block mask
+        manifest = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())
+        manifest["layout"]["per_text"] = False
+        (packed / compile_cache.MANIFEST_FILE).write_text(json.dumps(manifest))
+
+    loads = []
+    monkeypatch.setattr(text_attention, "load", lambda: loads.append(1) or True)  # loaded in this process already
+    handler = ready_handler("embedding", damaged_copy(packaged["embedding"], tmp_path, masked), **GRID)
+    assert handler.model_source == "aot package" and not handler.engine.layout.per_text and loads == []
+    handler = ready_handler("embedding", packaged["embedding"], **GRID)
+    assert handler.model_source == "aot package" and handler.engine.layout.per_text and loads == [1]
 
 
 def test_a_shape_outside_the_bounds_is_answered_eagerly_and_counted(packaged):
