@@ -42,6 +42,9 @@ from ts_compiled_handlers.tasks.registry import task_class
 
 # batchSize 32: requests arriving at a rate were answered as fast or faster than with 8 at every
 # rate, and past 8's capacity (docs/performance.md, "batchSize and maxBatchDelay", open loop).
+# maxBatchDelay 5: 1 answers a lone query 2-6 ms sooner but served less under load in most rounds
+# (docs/performance.md, "Against vLLM's CPU build"); never 0, which caps every batch at 2 (TorchServe
+# 0.12's pollBatch stops once the delay left is at or below 0, after its second request).
 DEFAULT_MODEL_CONFIG = {
     "minWorkers": 1,
     "maxWorkers": 1,
