@@ -13,6 +13,7 @@ import json
 from typing import Any, Callable, Literal
 
 from ts_compiled_handlers.request.answer_budget import AnswerBudget
+from ts_compiled_handlers.request.answers import Generated
 from ts_compiled_handlers.request.payload import ParamCheck, RequestError
 
 # The deepest JSON any request needs is 4 levels (a KServe v2 body); deeper is refused before any
@@ -95,7 +96,8 @@ class Protocol:
         raise NotImplementedError
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        """The body for the task's answers, one per text of `request` (`prompt_tokens`: its usage)."""
+        """The body for the task's answers (handlers/request/answers.py), one per text of `request`
+        (`prompt_tokens`: its usage)."""
         raise NotImplementedError
 
     def error(self, error: RequestError) -> Any:
@@ -109,7 +111,9 @@ class Protocol:
         """What to send of new text (`(text index, piece)` per prompt) while the request generates."""
         raise RequestError(400, "this protocol does not stream")
 
-    def stream_end(self, request: Request, pieces: list[tuple[int, str]], results: list[dict], prompt_tokens=0) -> str:
+    def stream_end(
+        self, request: Request, pieces: list[tuple[int, str]], results: list[Generated], prompt_tokens=0
+    ) -> str:
         """The stream's last message: the pieces not yet sent, then each prompt's result."""
         raise RequestError(400, "this protocol does not stream")
 

@@ -66,7 +66,7 @@ class CohereEmbedProtocol(Protocol):
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         columns = {
-            kind: [answer["embeddings"][TYPES.get(kind, "float32")] for answer in answers]
+            kind: [answer.embeddings[TYPES.get(kind, "float32")] for answer in answers]
             for kind in request.form.embedding_types
         }
         return embed_answer(request.texts, columns, {"input_tokens": prompt_tokens})

@@ -24,6 +24,7 @@ from ts_compiled_handlers.protocols.openai import (
     EmbeddingsProtocol,
     OpenAIProtocol,
 )
+from ts_compiled_handlers.request.answers import written
 from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
 
 MODALITIES = ("text", "image")
@@ -88,7 +89,7 @@ class MixedInputsProtocol(Protocol):
         return Request(texts, params, self, isinstance(inputs, list), images=decoded)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        return answers if request.is_list else answers[0]
+        return written(answers if request.is_list else answers[0])
 
 
 def _item(item: Any, position: int) -> tuple[str, Any]:
@@ -163,7 +164,7 @@ class ZeroShotProtocol(Protocol):
         return Request(texts, {}, self, form=ZeroShotForm(labels), images=images)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        return answers
+        return written(answers)
 
 
 class ImageKServeProtocol(KServeV2Protocol):
@@ -225,7 +226,7 @@ class ImageCohereProtocol(Protocol):
         return Request([], params, self, form=form, images=decoded)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        vectors = [answer["embedding"] for answer in answers]
+        vectors = [answer.embedding for answer in answers]
         images = 0 if request.images is None else len(request.images.positions)
         columns = dict.fromkeys(request.form.embedding_types, vectors)
         return embed_answer(request.texts, columns, {"input_tokens": prompt_tokens, "images": images})

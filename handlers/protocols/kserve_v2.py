@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.request.answers import TENSORS, fields
 from ts_compiled_handlers.request.payload import ParamCheck, RequestError, check_params, check_texts, is_unicode_text
 from ts_compiled_handlers.runtime.json_text import plain
 
@@ -94,16 +95,24 @@ def response(answers: list, model_name: str, model_version: str | None, request_
 
 
 def outputs(answers: list) -> list[dict]:
-    if answers and all(isinstance(answer, dict) for answer in answers):
-        fields = list(answers[0])
-        if all(list(answer) == fields for answer in answers):
-            return [tensor(name, [answer[name] for answer in answers]) for name in fields]
+    """One tensor per field where every text's answer is one kind of `TENSORS`, or a list of one
+    length of such answers (top-k labels); else one BYTES tensor of JSON strings."""
+    kinds = {type(answer) for answer in answers}
+    if len(kinds) == 1 and kinds <= set(TENSORS):
+        return [tensor(name, [getattr(answer, name) for answer in answers]) for name in names(answers)]
     if answers and all(isinstance(answer, list) and answer for answer in answers):
-        fields = list(answers[0][0]) if isinstance(answers[0][0], dict) else None
-        rows_alike = fields and all(isinstance(item, dict) and list(item) == fields for a in answers for item in a)
-        if rows_alike and len({len(answer) for answer in answers}) == 1:  # e.g. top_k labels and scores
-            return [tensor(name, [[item[name] for item in answer] for answer in answers]) for name in fields]
+        items = [item for answer in answers for item in answer]
+        kinds = {type(item) for item in items}
+        if len(kinds) == 1 and kinds <= set(TENSORS) and len({len(answer) for answer in answers}) == 1:
+            return [
+                tensor(name, [[getattr(item, name) for item in answer] for answer in answers]) for name in names(items)
+            ]
     return [json_tensor("output", answers)]
+
+
+def names(answers: list) -> list[str]:
+    """The fields the answers hold (an m3 answer holds the outputs its request asked for)."""
+    return [name for name in fields(answers[0]) if all(getattr(answer, name) is not None for answer in answers)]
 
 
 def tensor(name: str, rows: list) -> dict:
@@ -119,7 +128,12 @@ def tensor(name: str, rows: list) -> dict:
 
 
 def json_tensor(name: str, rows: list) -> dict:
-    return {"name": name, "shape": [len(rows)], "datatype": "BYTES", "data": [json.dumps(row) for row in rows]}
+    return {
+        "name": name,
+        "shape": [len(rows)],
+        "datatype": "BYTES",
+        "data": [json.dumps(row, default=plain) for row in rows],
+    }
 
 
 def _shape(value: Any) -> list[int] | None:

@@ -90,7 +90,7 @@ class EmbeddingsProtocol(OpenAIProtocol):
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         packed = request.form.encoding_format == "base64"
-        vectors = [as_base64(answer["embedding"]) if packed else answer["embedding"] for answer in answers]
+        vectors = [as_base64(answer.embedding) if packed else answer.embedding for answer in answers]
         data = [{"object": "embedding", "index": index, "embedding": vector} for index, vector in enumerate(vectors)]
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
         return {"object": "list", "data": data, "model": served.model_name, "usage": usage}

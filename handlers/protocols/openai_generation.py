@@ -18,6 +18,7 @@ from typing import Any
 
 from ts_compiled_handlers.protocols import Request, RequestSpec, Served
 from ts_compiled_handlers.protocols.openai import OpenAIProtocol, refuse_unserved
+from ts_compiled_handlers.request.answers import Generated
 from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
 
 # OpenAI fields that are served only at their neutral value (anything else: a 400 naming them).
@@ -94,7 +95,7 @@ class CompletionsProtocol(OpenAIProtocol):
         return self.choice(index, text, finish_reason)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        choices = [self.choice(index, one["generated_text"], one["finish_reason"]) for index, one in enumerate(answers)]
+        choices = [self.choice(index, one.generated_text, one.finish_reason) for index, one in enumerate(answers)]
         body = self.envelope(request, self.object_name)
         return {**body, "choices": choices, "usage": usage(answers, prompt_tokens)}
 
@@ -112,10 +113,12 @@ class CompletionsProtocol(OpenAIProtocol):
                 started.add(index)
         return "".join(events)
 
-    def stream_end(self, request: Request, pieces: list[tuple[int, str]], results: list[dict], prompt_tokens=0) -> str:
+    def stream_end(
+        self, request: Request, pieces: list[tuple[int, str]], results: list[Generated], prompt_tokens=0
+    ) -> str:
         events = [self.stream_pieces(request, pieces)]
         for (index, _), result in zip(pieces, results, strict=True):
-            events.append(self.event(request, [self.delta(index, "", result["finish_reason"], False)]))
+            events.append(self.event(request, [self.delta(index, "", result.finish_reason, False)]))
         if request.form.include_usage:
             events.append(self.event(request, [], usage=usage(results, prompt_tokens)))
         return "".join(events) + "data: [DONE]\n\n"
@@ -183,6 +186,6 @@ def sampling(value: dict, spec: RequestSpec) -> dict:
     return params
 
 
-def usage(results: list[dict], prompt_tokens: int) -> dict:
-    completion = sum(result["generated_tokens"] for result in results)
+def usage(results: list[Generated], prompt_tokens: int) -> dict:
+    completion = sum(result.generated_tokens for result in results)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}

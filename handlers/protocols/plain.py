@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from ts_compiled_handlers.protocols import Protocol, Request, RequestSpec, Served
+from ts_compiled_handlers.request.answers import Generated, fields, written
 from ts_compiled_handlers.request.payload import RequestError, check_params, check_texts
 
 
@@ -26,17 +27,19 @@ class PlainProtocol(Protocol):
         return Request(texts, params, self, is_list)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        return answers if request.is_list else answers[0]
+        return written(answers if request.is_list else answers[0])
 
     def stream_pieces(self, request: Request, pieces: list[tuple[int, str]]) -> str:
         return "".join(json.dumps({"index": index, "text": piece}) + "\n" for index, piece in pieces if piece)
 
-    def stream_end(self, request: Request, pieces: list[tuple[int, str]], results: list[dict], prompt_tokens=0) -> str:
+    def stream_end(
+        self, request: Request, pieces: list[tuple[int, str]], results: list[Generated], prompt_tokens=0
+    ) -> str:
         lines = []
         for (index, piece), result in zip(pieces, results, strict=True):
             if piece:
                 lines.append({"index": index, "text": piece})
-            lines.append({"index": index, **result})
+            lines.append({"index": index, **fields(result)})
         return "".join(json.dumps(line) + "\n" for line in lines)
 
 

@@ -89,7 +89,7 @@ def ranked(request: Request, answers: list, text_key: str = "document") -> list[
     """`{index, score[, document]}` per document, best first, the first `top_n` (TEI names the
     text `text`); a MaxSim request's first answer is its query's, not a document's."""
     maxsim = request.scoring == "maxsim"
-    scores = [answer["score"] for answer in (answers[1:] if maxsim else answers)]
+    scores = [answer.score for answer in (answers[1:] if maxsim else answers)]
     documents = request.texts[1:] if maxsim else [text[1] for text in request.texts]
     results = []
     for index in sorted(range(len(scores)), key=lambda index: -scores[index])[: request.form.top_n]:

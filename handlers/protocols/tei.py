@@ -28,6 +28,7 @@ from typing import Any
 
 from ts_compiled_handlers.protocols import Answered, Protocol, Request, RequestSpec, Served
 from ts_compiled_handlers.protocols.rerank import Ranking, RerankForm, ranked
+from ts_compiled_handlers.request.answers import written
 from ts_compiled_handlers.request.payload import RequestError, boolean_param, check_params, check_texts
 from ts_compiled_handlers.request.tokenizing import CHARACTERS_PER_TOKEN
 
@@ -76,7 +77,7 @@ class TeiEmbedProtocol(TeiProtocol):
         return Request(texts, check_params(body, spec.params), self)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        return [answer["embedding"] for answer in answers]
+        return [answer.embedding for answer in answers]
 
 
 class TeiEmbedAllProtocol(TeiEmbedProtocol):
@@ -88,7 +89,7 @@ class TeiEmbedAllProtocol(TeiEmbedProtocol):
         return dataclasses.replace(super().read(value, spec), token_states=True)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        return [answer["token_states"] for answer in answers]
+        return [answer.token_states for answer in answers]
 
 
 class TeiEmbedSparseProtocol(TeiEmbedProtocol):
@@ -98,7 +99,7 @@ class TeiEmbedSparseProtocol(TeiEmbedProtocol):
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
         return [
-            [{"index": index, "value": value} for index, value in zip(answer["indices"], answer["values"], strict=True)]
+            [{"index": index, "value": value} for index, value in zip(answer.indices, answer.values, strict=True)]
             for answer in answers
         ]
 
@@ -131,7 +132,7 @@ class TeiPredictProtocol(TeiProtocol):
         return Request(texts, params, self, is_list=not single, form=PredictForm(single))
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0) -> Any:
-        return answers[0] if request.form.single else answers
+        return written(answers[0] if request.form.single else answers)
 
 
 def _is_pair(value: Any) -> bool:

@@ -21,6 +21,7 @@ from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.rerank_routes import rerank_routes
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiPredictProtocol
+from ts_compiled_handlers.request.answers import Score
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import Task, logit_score
@@ -105,7 +106,7 @@ class ClassificationTask(Task):
             if len(self.id2label) != 1:
                 raise RequestError(400, f"reranking needs a one-label cross-encoder; this one has {len(self.id2label)}")
             scores = (lambda row: row.float()) if request.params.get("raw_scores") else self.rerank_scores
-            return [{"score": scores(row)[0].item()} for row in rows]
+            return [Score(scores(row)[0].item()) for row in rows]
         top_k = request.params.get("top_k", 1)
         scores = (lambda row: row.float()) if request.params.get("raw_scores") else self.scores
         return [top_labels(scores(row), self.id2label, top_k) for row in rows]

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from ts_compiled_handlers.engine.sampling import Sampler
+from ts_compiled_handlers.request.answers import Generated
 
 REPLACEMENT = "\ufffd"  # what a decoder shows for an incomplete multi-byte character
 
@@ -73,10 +74,6 @@ class Job:
     def streams(self) -> bool:
         return self.accepted.request.params.get("stream", False)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> Generated:
         """The prompt's answer once it is finished."""
-        return {
-            "generated_text": self.continuation.text,
-            "finish_reason": self.continuation.finish_reason,
-            "generated_tokens": len(self.continuation.ids),
-        }
+        return Generated(self.continuation.text, self.continuation.finish_reason, len(self.continuation.ids))

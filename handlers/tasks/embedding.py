@@ -23,6 +23,7 @@ from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProt
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedAllProtocol, TeiEmbedProtocol
+from ts_compiled_handlers.request.answers import HiddenStates, Vector, Vectors
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import Task
@@ -207,11 +208,9 @@ class EmbeddingTask(Task):
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         if not isinstance(precisions, tuple):
             vectors = embeddings if precisions == "float32" else quantized(embeddings, precisions, self.ranges)
-            return [{"embedding": vector} for vector in vectors]
+            return [Vector(vector) for vector in vectors]
         by_precision = {name: quantized(embeddings, name, self.ranges) for name in names}
-        return [
-            {"embeddings": {name: values[text] for name, values in by_precision.items()}} for text in range(len(rows))
-        ]
+        return [Vectors({name: values[text] for name, values in by_precision.items()}) for text in range(len(rows))]
 
     def token_states(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         """Each text's tokens' states (T, H) float32, within the answer budget."""
@@ -219,7 +218,7 @@ class EmbeddingTask(Task):
             values = sum(row.numel() for row in rows)
             field = accepted.request.protocol.texts_field
             self.budget.check(values, FLOAT_BYTES, "values of token states", field, "send fewer or shorter texts")
-        return [{"token_states": np.ascontiguousarray(row.numpy(), dtype=np.float32)} for row in rows]
+        return [HiddenStates(np.ascontiguousarray(row.numpy(), dtype=np.float32)) for row in rows]
 
     def _check_size(self, texts: int, dimensions: int, precisions: tuple, accepted: Accepted) -> None:
         """The answer budget's check before the answer is made: a float takes FLOAT_BYTES, a byte INTEGER_BYTES."""

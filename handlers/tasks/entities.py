@@ -4,16 +4,16 @@ Strategy `none` answers every token whose best label is not `O`; `simple` first 
 adjacent tokens that continue one entity (B-X then I-X..., or equal plain tags), averaging scores.
 """
 
-from typing import Any
-
 import torch
 from tokenizers import Encoding
+
+from ts_compiled_handlers.request.answers import Entity, EntityGroup
 
 AGGREGATIONS = ("none", "simple")
 IGNORED_LABELS = ("O",)
 
 
-def token_entities(logits: torch.Tensor, encoding: Encoding, text: str, tokenizer, id2label) -> list[dict[str, Any]]:
+def token_entities(logits: torch.Tensor, encoding: Encoding, text: str, tokenizer, id2label) -> list[Entity]:
     """One entity per non-special token: its best label and score, its token and character span."""
     probabilities = torch.softmax(logits[: len(encoding.ids)].float(), dim=-1)
     entities = []
@@ -22,16 +22,7 @@ def token_entities(logits: torch.Tensor, encoding: Encoding, text: str, tokenize
             continue
         best = int(probabilities[index].argmax())
         word = text[start:end] if token_id == tokenizer.unk_token_id else tokenizer.convert_ids_to_tokens(token_id)
-        entities.append(
-            {
-                "entity": id2label[best],
-                "score": probabilities[index, best].item(),
-                "index": index,
-                "word": word,
-                "start": start,
-                "end": end,
-            }
-        )
+        entities.append(Entity(id2label[best], probabilities[index, best].item(), index, word, start, end))
     return entities
 
 
@@ -42,30 +33,30 @@ def _tag(label: str) -> tuple[str, str]:
     return "I", label
 
 
-def group_entities(entities: list[dict[str, Any]], tokenizer) -> list[dict[str, Any]]:
+def group_entities(entities: list[Entity], tokenizer) -> list[EntityGroup]:
     """Merge adjacent token entities of one type into `entity_group`s (strategy `simple`)."""
-    runs: list[list[dict]] = []
+    runs: list[list[Entity]] = []
     for entity in entities:
-        prefix, tag = _tag(entity["entity"])
-        if runs and prefix != "B" and _tag(runs[-1][-1]["entity"])[1] == tag:
+        prefix, tag = _tag(entity.entity)
+        if runs and prefix != "B" and _tag(runs[-1][-1].entity)[1] == tag:
             runs[-1].append(entity)
         else:
             runs.append([entity])
     return [
-        {
-            "entity_group": _tag(run[0]["entity"])[1],
-            "score": sum(entity["score"] for entity in run) / len(run),
-            "word": tokenizer.convert_tokens_to_string([entity["word"] for entity in run]),
-            "start": run[0]["start"],
-            "end": run[-1]["end"],
-        }
+        EntityGroup(
+            _tag(run[0].entity)[1],
+            sum(entity.score for entity in run) / len(run),
+            tokenizer.convert_tokens_to_string([entity.word for entity in run]),
+            run[0].start,
+            run[-1].end,
+        )
         for run in runs
     ]
 
 
-def entities_for(logits, encoding, text, tokenizer, id2label, aggregation: str) -> list[dict[str, Any]]:
+def entities_for(logits, encoding, text, tokenizer, id2label, aggregation: str) -> list[Entity] | list[EntityGroup]:
     """The pipeline's answer for one text under `aggregation` (`none` or `simple`)."""
     found = token_entities(logits, encoding, text, tokenizer, id2label)
     if aggregation == "simple":
-        found = group_entities(found, tokenizer)
-    return [e for e in found if e.get("entity", e.get("entity_group")) not in IGNORED_LABELS]
+        return [group for group in group_entities(found, tokenizer) if group.entity_group not in IGNORED_LABELS]
+    return [entity for entity in found if entity.entity not in IGNORED_LABELS]

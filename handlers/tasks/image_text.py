@@ -36,6 +36,7 @@ from ts_compiled_handlers.protocols.image_bodies import (
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
+from ts_compiled_handlers.request.answers import Label, Vector
 from ts_compiled_handlers.request.images import ImageLimits, read_images
 from ts_compiled_handlers.request.payload import boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
@@ -340,7 +341,7 @@ class ImageTextTask(Task):
         if accepted.request.params.get("normalize", self.normalize_default):
             embeddings = unit_rows(embeddings)
         embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
-        return [{"embedding": vector} for vector in embeddings]
+        return [Vector(vector) for vector in embeddings]
 
     def zero_shot(self, labels: list[str], rows: list[torch.Tensor]) -> list:
         """The image (the first row) against each label's text, as transformers' pipeline scores
@@ -349,7 +350,7 @@ class ImageTextTask(Task):
         cosines = torch.nn.functional.normalize(texts, dim=-1) @ torch.nn.functional.normalize(image, dim=0)
         scores = self.label_scores(cosines)
         ranked = sorted(zip(scores, labels, strict=True), key=lambda pair: -pair[0])
-        return [{"score": score, "label": label} for score, label in ranked]
+        return [Label(label, score) for score, label in ranked]
 
 
 def draft_size(processor) -> tuple[int, int] | None:

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from ts_compiled_handlers.engine.packing import attention_inputs, pick_per_text, starts_of_texts
+from ts_compiled_handlers.request.answers import Label
 from ts_compiled_handlers.request.payload import RequestError
 
 logger = logging.getLogger(__name__)
@@ -120,10 +121,10 @@ def cross_encoder_activation(config, saved: dict | None = None, labels: int | No
     return "sigmoid" if (config.num_labels if labels is None else labels) == 1 else "none"
 
 
-def top_labels(scores: torch.Tensor, id2label: dict[int, str], top_k: int | None) -> list[dict[str, Any]]:
-    """`[{"label", "score"}]` by descending score, the first `top_k` of them (all for None)."""
+def top_labels(scores: torch.Tensor, id2label: dict[int, str], top_k: int | None) -> list[Label]:
+    """The labels by descending score, the first `top_k` of them (all for None)."""
     order = torch.argsort(scores, descending=True, stable=True).tolist()
-    return [{"label": id2label[index], "score": scores[index].item()} for index in order[:top_k]]
+    return [Label(id2label[index], scores[index].item()) for index in order[:top_k]]
 
 
 def optional_top_k(value: Any, name: str) -> int | None:

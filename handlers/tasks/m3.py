@@ -29,6 +29,7 @@ from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.rerank_routes import rerank_routes
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedProtocol, TeiEmbedSparseProtocol
+from ts_compiled_handlers.request.answers import M3, QueryVectors, Score, Sparse, Vector
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks.embedding import FLOAT_BYTES, EmbeddingTask
@@ -97,10 +98,10 @@ def lexical_score(query: dict, document: dict) -> float:
     return sum(weight * document[token] for token, weight in query.items() if token in document)
 
 
-def index_order(weights: dict[str, float]) -> dict:
-    """Lexical weights as a sparse embedding's `{"indices", "values"}`, in index order."""
+def index_order(weights: dict[str, float]) -> Sparse:
+    """Lexical weights as a sparse embedding's entries, in index order."""
     indices = sorted(int(token) for token in weights)
-    return {"indices": indices, "values": [weights[str(index)] for index in indices]}
+    return Sparse(indices, [weights[str(index)] for index in indices])
 
 
 def colbert_score(query: np.ndarray, document: np.ndarray) -> float:
@@ -205,16 +206,13 @@ class M3EmbeddingTask(EmbeddingTask):
             remedy = "send fewer or shorter texts, or ask for fewer outputs"
             self.budget.check(least, 1, "bytes of vectors and weights", request.protocol.texts_field, remedy)
         if type(request.protocol) is TeiEmbedProtocol:
-            return [{"embedding": vector} for vector, _, _ in texts]
+            return [Vector(vector) for vector, _, _ in texts]
         if type(request.protocol) is TeiEmbedSparseProtocol:
             return [index_order(weights) for _, weights, _ in texts]
-        answers = []
-        for vector, weights, vectors in texts:
-            one = {"dense_vecs": vector} if dense else {}
-            one |= {"lexical_weights": weights} if sparse else {}
-            one |= {"colbert_vecs": vectors} if colbert else {}
-            answers.append(one)
-        return answers
+        return [
+            M3(vector if dense else None, weights if sparse else None, vectors if colbert else None)
+            for vector, weights, vectors in texts
+        ]
 
     def scores(self, request: Request, texts: list) -> list:
         """The query's answer first (how many ColBERT vectors it has), then each document's score."""
@@ -227,5 +225,5 @@ class M3EmbeddingTask(EmbeddingTask):
                 + w_sparse * lexical_score(query_weights, weights)
                 + w_colbert * colbert_score(query_vectors, vectors)
             )
-            scores.append({"score": combined / (w_dense + w_sparse + w_colbert)})
-        return [{"query_vectors": len(query_vectors)}, *scores]
+            scores.append(Score(combined / (w_dense + w_sparse + w_colbert)))
+        return [QueryVectors(len(query_vectors)), *scores]

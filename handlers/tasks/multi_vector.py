@@ -27,6 +27,7 @@ from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.rerank_routes import rerank_routes
+from ts_compiled_handlers.request.answers import MultiVector, QueryVectors, Score, Vectors
 from ts_compiled_handlers.request.payload import RequestError, choice_param
 from ts_compiled_handlers.request.tokenizing import Accepted, Tokenized
 from ts_compiled_handlers.tasks.embedding import FLOAT_BYTES, EmbeddingTask
@@ -136,12 +137,12 @@ class MultiVectorTask(EmbeddingTask):
         ]
         if request.scoring == "maxsim":
             query, documents = kept[0], kept[1:]
-            return [{"query_vectors": len(query)}, *({"score": maxsim(query, document)} for document in documents)]
+            return [QueryVectors(len(query)), *(Score(maxsim(query, document)) for document in documents)]
         if request.protocol is not None:
             values = sum(row.numel() for row in kept)
             field = request.protocol.texts_field
             self.budget.check(values, FLOAT_BYTES, "values of token vectors", field, "send fewer or shorter texts")
         vectors = [np.ascontiguousarray(row.numpy(), dtype=np.float32) for row in kept]
         if isinstance(request.params.get("precision"), tuple):  # Cohere's embedding_types: float only
-            return [{"embeddings": {"float32": rows}} for rows in vectors]
-        return [{"embedding": rows} for rows in vectors]
+            return [Vectors({"float32": rows}) for rows in vectors]
+        return [MultiVector(rows) for rows in vectors]

@@ -19,6 +19,7 @@ from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
 from ts_compiled_handlers.protocols.tei import TeiEmbedSparseProtocol
+from ts_compiled_handlers.request.answers import Sparse
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import splade
@@ -104,5 +105,5 @@ class SparseEmbeddingTask(EmbeddingTask):
         answers = []
         for row in rows:
             indices, values = sparse_entries(row, top_k, threshold)
-            answers.append({"indices": indices, "values": values})
+            answers.append(Sparse(indices, values))
         return answers

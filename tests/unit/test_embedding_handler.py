@@ -116,7 +116,7 @@ def test_an_answer_is_normalized_after_its_dimensions_as_torch_normalizes(params
     expected = torch.stack(rows)[:, : params.get("dimensions", 16)]
     if params.get("normalize", True):
         expected = torch.nn.functional.normalize(expected, dim=-1)
-    made = torch.from_numpy(np.array([answer["embedding"] for answer in answers]))
+    made = torch.from_numpy(np.array([answer.embedding for answer in answers]))
     assert made.dtype == torch.float32 and made.shape == expected.shape
     assert torch.allclose(made, expected, rtol=1e-6, atol=1e-7)
     assert torch.equal(made[-1], torch.zeros_like(made[-1]))

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from ts_compiled_handlers.request.answers import M3, Label, Vector
 from ts_compiled_handlers.runtime import json_text
 
 ANSWERS = [
@@ -37,6 +38,18 @@ def test_an_answer_reads_back_as_the_standard_library_writes_it(encoder, answer)
 def test_what_json_cannot_carry_is_refused_however_deep(encoder, bad):
     with pytest.raises(ValueError):
         encoder({"data": [{"embedding": [0.1, bad]}]})
+
+
+def test_a_typed_answer_is_the_object_of_its_fields_that_are_not_none(encoder):
+    row = np.array([0.25, -0.5], dtype=np.float32)
+    answers = [Vector(row), [Label("POSITIVE", 0.99)], M3(dense_vecs=row, colbert_vecs=np.ones((2, 2), np.float32))]
+    assert json.loads(encoder(answers)) == [
+        {"embedding": [0.25, -0.5]},
+        [{"label": "POSITIVE", "score": 0.99}],
+        {"dense_vecs": [0.25, -0.5], "colbert_vecs": [[1.0, 1.0], [1.0, 1.0]]},
+    ]
+    with pytest.raises(ValueError):
+        encoder(Vector(np.array([np.nan], dtype=np.float32)))
 
 
 def test_text_goes_as_it_is(encoder):

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from ts_compiled_handlers.protocols import kserve_v2
+from ts_compiled_handlers.request.answers import M3, EntityGroup, Generated, Label, Vector
 from ts_compiled_handlers.request.payload import RequestError, boolean_param, int_param
 
 PARAMS = {"normalize": boolean_param, "top_k": int_param(1, 5)}
@@ -55,7 +56,7 @@ def test_bad_v2_requests_get_a_4xx_that_says_why(body, fragment):
 
 
 def test_embeddings_become_one_fp32_matrix():
-    answer = kserve_v2.response([{"embedding": [0.5, 1.0]}, {"embedding": [2.0, 3]}], "m", "1.0", "7")
+    answer = kserve_v2.response([Vector([0.5, 1.0]), Vector([2.0, 3])], "m", "1.0", "7")
     assert answer == {
         "model_name": "m",
         "model_version": "1.0",
@@ -68,23 +69,23 @@ def test_embeddings_as_numpy_rows_become_the_same_matrix_of_their_shortest_float
     import torch
 
     rows = list(torch.tensor([[0.1, 0.5], [2.0, 3.0]]).numpy())  # what the embedding task answers: float32 rows
-    (output,) = kserve_v2.outputs([{"embedding": row} for row in rows])
+    (output,) = kserve_v2.outputs([Vector(row) for row in rows])
     assert output == {"name": "embedding", "shape": [2, 2], "datatype": "FP32", "data": [0.1, 0.5, 2.0, 3.0]}
 
 
 def test_labels_and_scores_become_two_tensors_top_k_adds_a_dimension():
-    top1 = kserve_v2.outputs([{"label": "POS", "score": 0.9}, {"label": "NEG", "score": 0.6}])
+    top1 = kserve_v2.outputs([Label("POS", 0.9), Label("NEG", 0.6)])
     assert top1 == [
         {"name": "label", "shape": [2], "datatype": "BYTES", "data": ["POS", "NEG"]},
         {"name": "score", "shape": [2], "datatype": "FP32", "data": [0.9, 0.6]},
     ]
-    top2 = kserve_v2.outputs([[{"label": "A", "score": 0.7}, {"label": "B", "score": 0.3}]] * 3)
+    top2 = kserve_v2.outputs([[Label("A", 0.7), Label("B", 0.3)]] * 3)
     described = [(t["name"], t["shape"], t["datatype"]) for t in top2]
     assert described == [("label", [3, 2], "BYTES"), ("score", [3, 2], "FP32")]
 
 
 def test_generation_fields_keep_their_types():
-    answers = [{"generated_text": "hi", "finish_reason": "length", "generated_tokens": 3}] * 2
+    answers = [Generated("hi", "length", 3)] * 2
     types = [(t["name"], t["datatype"], t["shape"]) for t in kserve_v2.outputs(answers)]
     assert types == [
         ("generated_text", "BYTES", [2]),
@@ -94,7 +95,18 @@ def test_generation_fields_keep_their_types():
 
 
 def test_answers_of_no_fixed_shape_become_json_strings():
-    entities = [[{"word": "alice", "score": 0.9}], []]
+    entities = [[EntityGroup("PER", 0.9, "alice", 0, 5)], []]
     (tensor,) = kserve_v2.outputs(entities)
     assert tensor["name"] == "output" and tensor["shape"] == [2] and tensor["datatype"] == "BYTES"
-    assert [json.loads(row) for row in tensor["data"]] == entities
+    alice = {"entity_group": "PER", "score": 0.9, "word": "alice", "start": 0, "end": 5}
+    assert [json.loads(row) for row in tensor["data"]] == [[alice], []]
+    # entity lists of one length are still JSON: their kind has no fixed shape
+    (tensor,) = kserve_v2.outputs([entities[0]] * 2)
+    assert tensor["name"] == "output" and [json.loads(row) for row in tensor["data"]] == [[alice], [alice]]
+
+
+def test_an_m3_answer_makes_a_tensor_of_each_output_the_request_asked_for():
+    answers = [M3(dense_vecs=[0.5, 1.0], lexical_weights={"7": 0.25}), M3(dense_vecs=[1.0, 0.0], lexical_weights={})]
+    dense, weights = kserve_v2.outputs(answers)
+    assert dense == {"name": "dense_vecs", "shape": [2, 2], "datatype": "FP32", "data": [0.5, 1.0, 1.0, 0.0]}
+    assert weights["name"] == "lexical_weights" and [json.loads(row) for row in weights["data"]] == [{"7": 0.25}, {}]

@@ -9,6 +9,7 @@ import pytest
 from ts_compiled_handlers.protocols import Answered, RequestSpec, Served
 from ts_compiled_handlers.protocols.openai import EmbeddingsProtocol, ModelsProtocol
 from ts_compiled_handlers.protocols.openai_generation import ChatCompletionsProtocol, CompletionsProtocol
+from ts_compiled_handlers.request.answers import Generated, Vector
 from ts_compiled_handlers.request.payload import RequestError, boolean_param, int_param, number_param
 
 EMBEDDING = RequestSpec({"normalize": boolean_param, "dimensions": int_param(1, 8)}, 4, model_name="m")
@@ -65,7 +66,7 @@ def test_embedding_refusals_take_openais_shape(body, status, param):
 
 def test_embeddings_are_encoded_as_floats_or_base64_float32():
     protocol = EmbeddingsProtocol()
-    answers = [{"embedding": [0.5, -1.25]}, {"embedding": [3.0, 0.0]}]
+    answers = [Vector([0.5, -1.25]), Vector([3.0, 0.0])]
     floats = protocol.encode(protocol.read({"input": ["a", "b"]}, EMBEDDING), answers, SERVED, 7)
     assert floats == {
         "object": "list",
@@ -127,9 +128,7 @@ def test_a_chat_stream_is_server_sent_events_with_a_role_first_and_done_last():
     )
     first = protocol.stream_pieces(request, [(0, "Hel")])
     later = protocol.stream_pieces(request, [(0, "lo")])
-    end = protocol.stream_end(
-        request, [(0, "!")], [{"generated_text": "Hello!", "finish_reason": "stop", "generated_tokens": 3}], 4
-    )
+    end = protocol.stream_end(request, [(0, "!")], [Generated("Hello!", "stop", 3)], 4)
     events = (first + later + end).split("\n\n")
     assert events[-2:] == ["data: [DONE]", ""] and all(event.startswith("data: ") for event in events[:-1])
     chunks = [json.loads(event[6:]) for event in events[:-2]]

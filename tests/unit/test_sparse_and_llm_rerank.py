@@ -211,5 +211,5 @@ def test_an_answer_too_large_for_torchserve_is_refused_for_that_request_only():
         task.answer(SimpleNamespace(request=SimpleNamespace(params={}, protocol=PlainProtocol())), rows)
     assert refused.value.status == 413 and refused.value.field == "top_k"
     kept = task.answer(SimpleNamespace(request=SimpleNamespace(params={"top_k": 300}, protocol=PlainProtocol())), rows)
-    assert [len(answer["indices"]) for answer in kept] == [300] * len(rows)
-    assert all(answer["indices"] == sorted(answer["indices"]) for answer in kept)
+    assert [len(answer.indices) for answer in kept] == [300] * len(rows)
+    assert all(answer.indices == sorted(answer.indices) for answer in kept)

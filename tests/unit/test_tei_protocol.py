@@ -12,6 +12,7 @@ from ts_compiled_handlers.protocols.tei import (
     TeiRerankProtocol,
     body_object,
 )
+from ts_compiled_handlers.request.answers import Label, QueryVectors, Score
 from ts_compiled_handlers.request.payload import RequestError, boolean_param, choice_param
 from ts_compiled_handlers.tasks.classification import optional_top_k
 
@@ -48,7 +49,7 @@ def test_predict_takes_a_text_a_pair_or_a_batch_of_either_as_tei_does():
     assert texts.texts == ["a", "b", "c"] and not texts.form.single
     with pytest.raises(RequestError):
         predict.read({"inputs": [["q", "p"], "c"]}, SPEC)
-    answers = [[{"label": "x", "score": 0.5}]]
+    answers = [[Label("x", 0.5)]]
     assert predict.encode(single, answers, None) == answers[0]
 
 
@@ -57,7 +58,7 @@ def test_rerank_takes_teis_texts_and_answers_best_first_with_the_text_asked_for(
     assert rerank.accepts({"query": "q", "texts": []}) and not rerank.accepts({"query": "q", "documents": []})
     request = rerank.read({"query": "q", "texts": ["a", "b"], "return_text": True}, SPEC)
     assert request.texts == [("q", "a"), ("q", "b")] and request.scoring == "rerank"
-    ranked = rerank.encode(request, [{"score": 0.1}, {"score": 0.9}], None)
+    ranked = rerank.encode(request, [Score(0.1), Score(0.9)], None)
     assert ranked == [{"index": 1, "score": 0.9, "text": "b"}, {"index": 0, "score": 0.1, "text": "a"}]
     no_pairs = RequestSpec(PARAMS, 8, pairs=False)
     with pytest.raises(RequestError, match="does not rerank"):
@@ -68,7 +69,7 @@ def test_rerank_on_a_maxsim_archive_sends_the_query_first_and_takes_raw_scores_a
     rerank, no_pairs = TeiRerankProtocol("maxsim"), RequestSpec(PARAMS, 8, pairs=False)
     request = rerank.read({"query": "q", "texts": ["a", "b"], "raw_scores": True, "return_text": True}, no_pairs)
     assert request.texts == ["q", "a", "b"] and request.scoring == "maxsim" and request.params == {}
-    ranked = rerank.encode(request, [{"query_vectors": 3}, {"score": 0.1}, {"score": 0.9}], None)
+    ranked = rerank.encode(request, [QueryVectors(3), Score(0.1), Score(0.9)], None)
     assert ranked == [{"index": 1, "score": 0.9, "text": "b"}, {"index": 0, "score": 0.1, "text": "a"}]
     with pytest.raises(RequestError, match="raw_scores"):
         rerank.read({"query": "q", "texts": ["a"], "raw_scores": "yes"}, no_pairs)

@@ -80,7 +80,7 @@ class Embedder(ArchiveBatches):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         answers = self.answers(list(batch[self.text_column]), self.params)
-        vectors = np.stack([answer["embedding"] for answer in answers])
+        vectors = np.stack([answer.embedding for answer in answers])
         return {**batch, self.output_column: vectors}
 
 
@@ -130,7 +130,7 @@ class ChunkEmbedder(Embedder):
             for marks, text in zip(offsets, documents, strict=True)
         ]
         texts = [text[start:end] for text, pieces in zip(documents, spans, strict=True) for start, end in pieces]
-        vectors = np.stack([answer["embedding"] for answer in self.answers(texts, self.params)])
+        vectors = np.stack([answer.embedding for answer in self.answers(texts, self.params)])
         counts = [len(pieces) for pieces in spans]
         if self.per_document:
             return {**batch, self.output_column: self.pooled(vectors, counts)}
@@ -163,8 +163,8 @@ class Classifier(ArchiveBatches):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         best = [labels[0] for labels in self.answers(list(batch[self.text_column]))]
-        labels = np.array([answer["label"] for answer in best], dtype=object)
-        scores = np.array([answer["score"] for answer in best], dtype=np.float32)
+        labels = np.array([answer.label for answer in best], dtype=object)
+        scores = np.array([answer.score for answer in best], dtype=np.float32)
         return {**batch, self.label_column: labels, self.score_column: scores}
 
 
@@ -181,7 +181,7 @@ class MultiVectorEmbedder(ArchiveBatches):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         answers = self.answers(list(batch[self.text_column]), self.params)
-        return {**batch, self.output_column: ragged([answer["embedding"] for answer in answers])}
+        return {**batch, self.output_column: ragged([answer.embedding for answer in answers])}
 
 
 def ragged(rows: list) -> np.ndarray:
@@ -216,13 +216,13 @@ class M3Embedder(ArchiveBatches):
         answers = self.answers(list(batch[self.text_column]), self.params)
         columns = {}
         if self.params["return_dense"]:
-            columns["dense_vecs"] = np.stack([answer["dense_vecs"] for answer in answers])
+            columns["dense_vecs"] = np.stack([answer.dense_vecs for answer in answers])
         if self.params["return_sparse"]:
-            entries = [index_order(answer["lexical_weights"]) for answer in answers]
-            columns["sparse_indices"] = ragged([np.array(one["indices"], dtype=np.int64) for one in entries])
-            columns["sparse_values"] = ragged([np.array(one["values"], dtype=np.float32) for one in entries])
+            entries = [index_order(answer.lexical_weights) for answer in answers]
+            columns["sparse_indices"] = ragged([np.array(one.indices, dtype=np.int64) for one in entries])
+            columns["sparse_values"] = ragged([np.array(one.values, dtype=np.float32) for one in entries])
         if self.params["return_colbert_vecs"]:
-            columns["colbert_vecs"] = ragged([answer["colbert_vecs"] for answer in answers])
+            columns["colbert_vecs"] = ragged([answer.colbert_vecs for answer in answers])
         return {**batch, **columns}
 
 
@@ -253,7 +253,7 @@ class ImageEmbedder(ArchiveBatches):
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         accepted = [self.accepted(row, value) for row, value in enumerate(batch[self.text_column])]
         outputs = zip(accepted, self.worker.run(accepted), strict=True)  # the batch's images in one go
-        vectors = np.stack([self.worker.task.answer(one, rows)[0]["embedding"] for one, rows in outputs])
+        vectors = np.stack([self.worker.task.answer(one, rows)[0].embedding for one, rows in outputs])
         return {**batch, self.output_column: vectors}
 
     def accepted(self, row: int, value) -> Accepted:
