@@ -12,6 +12,7 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -52,6 +53,16 @@ class Hardware:
         if self.device == "cuda":
             return torch.float16
         return torch.float32
+
+
+def serving_dtype(configured: str, refuses: Callable[[torch.dtype], bool]) -> torch.dtype:
+    """The one dtype policy, for a compiled start and an AOT package's alike: a configured dtype as
+    it is; `auto`, the hardware's pick (`auto_dtype`), or float32 where `refuses(pick)` says the
+    pick drifts from float32 on this model (the start's check, or the one the package's build made)."""
+    if configured != "auto":
+        return DTYPES[configured]
+    picked = detect().auto_dtype
+    return torch.float32 if picked != torch.float32 and refuses(picked) else picked
 
 
 def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), wanted=CPU_MATRIX_FLAGS) -> frozenset[str]:

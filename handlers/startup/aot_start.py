@@ -54,13 +54,14 @@ def package_dtype(serving: Serving, built: dict) -> torch.dtype:
     build checked on this model, on hardware with the CPU flags or CUDA capability the manifest
     makes this worker match, so it is not checked again). Without this a model whose bfloat16
     drifts was never served from its package: the worker asked for one at bfloat16 and compiled."""
-    if serving.config.dtype != "auto":
-        return hardware.DTYPES[serving.config.dtype]
-    picked = hardware.detect().auto_dtype
-    try:
-        return torch.float32 if built["valid_for"]["dtype"] == "float32" else picked
-    except (KeyError, TypeError):
-        return picked  # the manifest's own check says why this package cannot serve
+
+    def refused_at_build(picked: torch.dtype) -> bool:
+        try:
+            return built["valid_for"]["dtype"] == "float32"
+        except (KeyError, TypeError):
+            return False  # the manifest's own check says why this package cannot serve
+
+    return hardware.serving_dtype(serving.config.dtype, refused_at_build)
 
 
 def serve_package(task: Task, serving: Serving, began: float, progress=None) -> tuple[Engine, Started] | None:

@@ -144,23 +144,24 @@ def load_model(task: Task, serving: Serving) -> tuple[torch.nn.Module, torch.dty
 
 
 def choose_dtype(task: Task, serving: Serving, module: torch.nn.Module) -> torch.dtype:
-    """The configured dtype; for `auto`, the hardware's pick if it stays close to float32."""
-    config = serving.config
-    if config.dtype != "auto":
-        return hardware.DTYPES[config.dtype]
-    chosen = hardware.detect().auto_dtype
-    if chosen == torch.float32 or not config.warmup.verify:
-        return chosen
+    """The configured dtype; for `auto`, the hardware's pick if it stays close to float32 on the probe."""
+    verify = serving.config.warmup.verify
+    return hardware.serving_dtype(serving.config.dtype, lambda picked: verify and drifts(task, serving, module, picked))
+
+
+def drifts(task: Task, serving: Serving, module: torch.nn.Module, picked: torch.dtype) -> bool:
+    """Whether the eager model at `picked` drifts from float32 on the probe past its tolerance
+    (said, then `compile.on_failure` followed: `fail` raises)."""
     probe = serving.probes.check_rows()
     reference = task.engine(EagerRunner(module), serving, torch.float32, Layout()).run(probe).rows
-    candidate = copy.deepcopy(module).to(chosen)  # casting back to float32 would lose bits
+    candidate = copy.deepcopy(module).to(picked)  # casting back to float32 would lose bits
     try:
-        outputs = task.engine(EagerRunner(candidate), serving, chosen, Layout()).run(probe).rows
-        warmup.check_drift(f"dtype auto -> {chosen}", outputs, reference, serving.tolerance(chosen))
+        outputs = task.engine(EagerRunner(candidate), serving, picked, Layout()).run(probe).rows
+        warmup.check_drift(f"dtype auto -> {picked}", outputs, reference, serving.tolerance(picked))
     except warmup.WarmupError as error:
-        on_failure(config.compile.on_failure, error)
-        chosen = torch.float32
-    return chosen
+        on_failure(serving.config.compile.on_failure, error)
+        return True
+    return False
 
 
 def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: torch.dtype) -> Engine:

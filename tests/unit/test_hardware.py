@@ -103,3 +103,22 @@ def test_usable_cores_are_the_quota_rounded_down_within_the_affinity(tmp_path, m
     root, proc_cgroup = cgroups(tmp_path, "0::/\n", {"cpu.max": f"{limit} 100000\n"})
     assert hardware.usable_cores(root, proc_cgroup) == expected
     assert hardware.cores_described(root, proc_cgroup).startswith(f"{expected} cores (container CPU quota ")
+
+
+@pytest.mark.parametrize(
+    ("flags", "configured", "refused", "served", "asked"),
+    [
+        ({"avx512_bf16"}, "auto", False, torch.bfloat16, [torch.bfloat16]),
+        ({"avx512_bf16"}, "auto", True, torch.float32, [torch.bfloat16]),  # the pick drifts: float32
+        (set(), "auto", True, torch.float32, []),  # float32 picked: nothing to check
+        ({"avx512_bf16"}, "float16", True, torch.float16, []),  # configured: served as it is
+    ],
+)
+def test_one_dtype_policy_serves_the_configured_dtype_or_the_pick_unless_it_drifts(
+    monkeypatch, flags, configured, refused, served, asked
+):
+    cpu = hardware.Hardware("cpu", "cpu", None, False, frozenset(flags))
+    monkeypatch.setattr(hardware, "detect", lambda: cpu)
+    checked = []
+    assert hardware.serving_dtype(configured, lambda picked: checked.append(picked) or refused) == served
+    assert checked == asked
