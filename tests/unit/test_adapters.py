@@ -76,7 +76,7 @@ class Shouted(Protocol):
         return Request(check_texts([value["shout"].upper()], spec.max_inputs), {}, self, is_list=False)
 
     def encode(self, request: Request, answers: list, served: Served, prompt_tokens: int = 0):
-        return {"model": served.model_name, "size": len(answers[0]["embedding"]), "first": answers[0]["embedding"][0]}
+        return {"model": served.model_name, "size": len(answers[0].embedding), "first": answers[0].embedding[0]}
 
     def error(self, error: RequestError):
         return {"problem": error.message}
