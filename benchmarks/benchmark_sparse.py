@@ -30,9 +30,9 @@ import torch
 
 from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.configuration.placement import Placement
+from ts_compiled_handlers.graphs import splade
 from ts_compiled_handlers.loops.request_batches import RequestBatches
 from ts_compiled_handlers.scripts.cli import HelpFormatter
-from ts_compiled_handlers.tasks import splade
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.tasks.m3 import M3EmbeddingTask
 from ts_compiled_handlers.tasks.multi_vector import MultiVectorTask

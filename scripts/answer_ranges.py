@@ -12,12 +12,12 @@ import numpy as np
 import torch
 
 from ts_compiled_handlers.configuration.config import HandlerConfig
+from ts_compiled_handlers.graphs.pooling import SentenceEmbedder
+from ts_compiled_handlers.graphs.sentence_head import read_head
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.quantizing.calibration import calibration_texts
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-from ts_compiled_handlers.tasks.pooling import SentenceEmbedder
 from ts_compiled_handlers.tasks.precisions import AnswerRanges
-from ts_compiled_handlers.tasks.sentence_head import read_head
 
 BATCH = 8  # texts per model call: a large model's calibration never holds many padded texts at once
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ts_compiled_handlers.engine.packing import attention_inputs
-from ts_compiled_handlers.tasks.model_files import module_folder
+from ts_compiled_handlers.graphs.model_files import module_folder
 
 # PyLate's defaults for what a model's config_sentence_transformers.json leaves out
 DEFAULTS = {

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ts_compiled_handlers.engine.packing import attention_inputs, ends_of_texts, pick_per_text
-from ts_compiled_handlers.tasks.model_files import module_folder, read_json
+from ts_compiled_handlers.graphs.model_files import module_folder, read_json
 
 ANSWER_TOKENS = ("yes", "no")
 

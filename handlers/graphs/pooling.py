@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ts_compiled_handlers.engine.packing import attention_inputs, pool_per_text
-from ts_compiled_handlers.tasks.model_files import module_folder, read_json
+from ts_compiled_handlers.graphs.model_files import module_folder, read_json
 
 # sentence-transformers' poolings as its Pooling config names them (`pooling_mode`, 6.x), and the
 # older boolean flags for them, in the order it concatenates them.
@@ -56,7 +56,7 @@ class SentenceEmbedder(torch.nn.Module):
         super().__init__()
         self.encoder = encoder
         self.modes = modes
-        self.head = head  # sentence-transformers' modules after the pooling (handlers/tasks/sentence_head.py)
+        self.head = head  # sentence-transformers' modules after the pooling (handlers/graphs/sentence_head.py)
 
     def packed(self, input_ids, attention_mask, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         """Each packed text's pooled embedding (rows, slots, H * modes), under a 4-D mask."""

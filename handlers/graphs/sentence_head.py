@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ts_compiled_handlers.tasks.model_files import read_json
+from ts_compiled_handlers.graphs.model_files import read_json
 
 DEFAULT_ACTIVATION = "torch.nn.modules.activation.Tanh"  # sentence-transformers' Dense default
 SERVED_AFTER_POOLING = ("Dense", "Normalize")

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ts_compiled_handlers.engine.packing import attention_inputs, pool_per_text, sum_per_text
-from ts_compiled_handlers.tasks.model_files import module_folder, read_json
+from ts_compiled_handlers.graphs.model_files import module_folder, read_json
 
 STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")

@@ -16,6 +16,9 @@ import torch
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import ModelRunner
+from ts_compiled_handlers.graphs import logit_score
+from ts_compiled_handlers.graphs.logits import SequenceLogits
+from ts_compiled_handlers.graphs.model_files import named_prompts, read_json
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.rerank_routes import rerank_routes
@@ -24,16 +27,14 @@ from ts_compiled_handlers.protocols.tei import TeiPredictProtocol
 from ts_compiled_handlers.request.answers import Score
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.tasks import Task, logit_score
+from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.labels import (
     SCORE_FUNCTIONS,
-    SequenceLogits,
     cross_encoder_activation,
     optional_top_k,
     score_function,
     top_labels,
 )
-from ts_compiled_handlers.tasks.model_files import named_prompts, read_json
 from ts_compiled_handlers.tasks.pair_texts import PairTexts
 
 if TYPE_CHECKING:  # the startup room builds what a task reads; a task only reads it
@@ -57,7 +58,7 @@ class ClassificationTask(Task):
 
     def read_settings(self, serving: "Serving") -> None:
         model_dir, model_config = serving.model_dir, serving.model_config
-        self.causal = logit_score.is_causal_lm(model_config)  # an LLM reranker (handlers/tasks/logit_score.py)
+        self.causal = logit_score.is_causal_lm(model_config)  # an LLM reranker (handlers/graphs/logit_score.py)
         if self.causal:
             self.score_ids = logit_score.score_token_ids(model_dir, serving.tokenizer)
             self.id2label = {0: "LABEL_0"}  # one score, as CrossEncoder has one label over LogitScore

@@ -16,6 +16,15 @@ import numpy as np
 import torch
 
 from ts_compiled_handlers.configuration.config import HandlerConfig
+from ts_compiled_handlers.graphs.model_files import named_prompts, read_json
+from ts_compiled_handlers.graphs.pooling import (
+    SentenceEmbedder,
+    TokenStates,
+    pooled_rows,
+    pooling_modes,
+    unit_rows,
+)
+from ts_compiled_handlers.graphs.sentence_head import read_head
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.protocols.cohere import CohereEmbedProtocol
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
@@ -27,16 +36,7 @@ from ts_compiled_handlers.request.answers import HiddenStates, Vector, Vectors
 from ts_compiled_handlers.request.payload import RequestError, boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import Task
-from ts_compiled_handlers.tasks.model_files import named_prompts, read_json
-from ts_compiled_handlers.tasks.pooling import (
-    SentenceEmbedder,
-    TokenStates,
-    pooled_rows,
-    pooling_modes,
-    unit_rows,
-)
 from ts_compiled_handlers.tasks.precisions import INTEGER_BYTES, PRECISIONS, quantized, read_ranges, values_per_text
-from ts_compiled_handlers.tasks.sentence_head import read_head
 
 FLOAT_BYTES = 5  # the fewest bytes a value takes in an answer: base64's 16/3 (JSON's shortest float32s: ~12)
 

@@ -24,6 +24,8 @@ import torch
 
 from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.graphs.image_features import ImageFeatures, TextFeatures
+from ts_compiled_handlers.graphs.pooling import normalizes, unit_rows
 from ts_compiled_handlers.protocols.image_bodies import (
     ImageCohereProtocol,
     ImageEmbeddingsProtocol,
@@ -42,42 +44,12 @@ from ts_compiled_handlers.request.payload import boolean_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.runtime import process_settings
 from ts_compiled_handlers.tasks import MODEL_LOADING, Task
-from ts_compiled_handlers.tasks.pooling import normalizes, unit_rows
 
 logger = logging.getLogger(__name__)
 
 
 def is_siglip(model_config) -> bool:
     return model_config.model_type == "siglip"
-
-
-class TextFeatures(torch.nn.Module):
-    """The text tower and its projection (SigLIP's is inside its tower, as its head):
-    forward(input_ids, attention_mask) -> (batch, dim). `reads_padding` (SigLIP): the mask is not
-    passed, as SigLIP's tokenizer gives none and its last token, a padding one, is pooled."""
-
-    def __init__(self, model: torch.nn.Module, reads_padding: bool = False):
-        super().__init__()
-        self.text_model = model.text_model
-        self.text_projection = getattr(model, "text_projection", torch.nn.Identity())
-        self.reads_padding = reads_padding
-
-    def forward(self, input_ids, attention_mask):
-        mask = None if self.reads_padding else attention_mask
-        return self.text_projection(self.text_model(input_ids=input_ids, attention_mask=mask).pooler_output)
-
-
-class ImageFeatures(torch.nn.Module):
-    """The vision tower and its projection (SigLIP's: its attention-pooling head, inside the tower):
-    forward(pixel_values) -> (batch, dim)."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.vision_model = model.vision_model
-        self.visual_projection = getattr(model, "visual_projection", torch.nn.Identity())
-
-    def forward(self, pixel_values):
-        return self.visual_projection(self.vision_model(pixel_values=pixel_values).pooler_output)
 
 
 class VisionRunner:

@@ -3,7 +3,7 @@
 The model is a folder PyLate saves: a Transformer, a Dense projection without bias (`1_Dense`), and
 in config_sentence_transformers.json the query and document prefixes, their lengths, query
 expansion and the skiplist. Every text gets one vector per token, projected and normalized inside
-the compiled graph (handlers/tasks/late_interaction.py). `input_type` says what a text is, and is
+the compiled graph (handlers/graphs/late_interaction.py). `input_type` says what a text is, and is
 required (the two give different vectors, and a wrong guess fails silently):
 - `query`: the query prefix after the first token, cut at `query_length`, then the mask token up
   to that length (query expansion; attended to only where `attend_to_expansion_tokens`); a
@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ts_compiled_handlers.graphs.late_interaction import ColbertSettings, TokenVectors, maxsim, read_projection
+from ts_compiled_handlers.graphs.model_files import read_json
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.protocols.cohere import CohereEmbedProtocol
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
@@ -31,8 +33,6 @@ from ts_compiled_handlers.request.answers import MultiVector, QueryVectors, Scor
 from ts_compiled_handlers.request.payload import RequestError, choice_param
 from ts_compiled_handlers.request.tokenizing import Accepted, Tokenized
 from ts_compiled_handlers.tasks.embedding import FLOAT_BYTES, EmbeddingTask
-from ts_compiled_handlers.tasks.late_interaction import ColbertSettings, TokenVectors, maxsim, read_projection
-from ts_compiled_handlers.tasks.model_files import read_json
 
 INPUT_TYPES = ("query", "document")
 

@@ -9,7 +9,7 @@ pair is tokenized as two texts, logged once at start (sentence-transformers refu
 import logging
 from pathlib import Path
 
-from ts_compiled_handlers.tasks.model_files import read_json
+from ts_compiled_handlers.graphs.model_files import read_json
 
 logger = logging.getLogger(__name__)
 

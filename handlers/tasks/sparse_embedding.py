@@ -5,7 +5,7 @@ vocabulary-sized vector per text, most of it zeros, answered as its non-zero ent
 `{"indices": [...], "values": [...]}`. Per request: `top_k` keeps the k largest values (the model's
 `max_active_dims` by default, as `encode` keeps them), `threshold` drops values at or below it (off
 by default), and `prompt_name` as for dense embeddings. The pooling runs inside the compiled graph
-in vocabulary slices (handlers/tasks/splade.py), so a call never holds every token's logits at once.
+in vocabulary slices (handlers/graphs/splade.py), so a call never holds every token's logits at once.
 A request's entries are counted before they are listed: past the answer budget
 (handlers/request/answer_budget.py) it gets 413 asking for `top_k` or `threshold`.
 """
@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ts_compiled_handlers.graphs import splade
+from ts_compiled_handlers.graphs.model_files import read_json
 from ts_compiled_handlers.protocols.kserve_v2 import KServeV2Protocol
 from ts_compiled_handlers.protocols.plain import PlainProtocol
 from ts_compiled_handlers.protocols.tei import ROUTES as TEI_ROUTES
@@ -22,9 +24,7 @@ from ts_compiled_handlers.protocols.tei import TeiEmbedSparseProtocol
 from ts_compiled_handlers.request.answers import Sparse
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
-from ts_compiled_handlers.tasks import splade
 from ts_compiled_handlers.tasks.embedding import EmbeddingTask
-from ts_compiled_handlers.tasks.model_files import read_json
 
 # The fewest bytes an (index, value) entry takes in an answer, in practice: ~25 in ours (a 5-digit
 # index, a float's 17 digits), ~45 in TEI's `{"index", "value"}`.

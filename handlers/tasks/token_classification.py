@@ -4,11 +4,11 @@ from pathlib import Path
 
 import torch
 
+from ts_compiled_handlers.graphs.logits import TokenLogits
 from ts_compiled_handlers.request.payload import choice_param
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.entities import AGGREGATIONS, entities_for
-from ts_compiled_handlers.tasks.labels import TokenLogits
 
 
 class TokenClassificationTask(Task):

@@ -17,8 +17,8 @@ from rerank_shapes import (
 from test_adapters import ask
 
 from ts_compiled_handlers.compiling.compiling import compiled_graph_count
+from ts_compiled_handlers.graphs.late_interaction import ColbertSettings
 from ts_compiled_handlers.scripts.task_inference import infer_task
-from ts_compiled_handlers.tasks.late_interaction import ColbertSettings
 
 GRID = {"seq_lens": [16, 48], "batch_sizes": [1, 4]}
 

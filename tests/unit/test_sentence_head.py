@@ -1,4 +1,4 @@
-"""An embedder's modules after its pooling (Dense, Normalize: handlers/tasks/sentence_head.py)
+"""An embedder's modules after its pooling (Dense, Normalize: handlers/graphs/sentence_head.py)
 answered as sentence-transformers' `encode` answers them, compiled and packed, kept token states
 pooled through them too; a module that is not served refused by name; an archive's int8 answer
 ranges measured on the vectors it serves, left-padding tokenizers included."""
@@ -15,10 +15,10 @@ from sentence_transformers import SentenceTransformer
 
 from ts_compiled_handlers.compiling.compiling import compiled_graph_count
 from ts_compiled_handlers.configuration.config import parse
+from ts_compiled_handlers.graphs.pooling import unit_rows
+from ts_compiled_handlers.graphs.sentence_head import read_head
 from ts_compiled_handlers.scripts.answer_ranges import embedded_texts
 from ts_compiled_handlers.scripts.make_tiny_models import DENSE_SIZE
-from ts_compiled_handlers.tasks.pooling import unit_rows
-from ts_compiled_handlers.tasks.sentence_head import read_head
 
 GRID = {"seq_lens": [16, 64], "batch_sizes": [1, 4]}
 TEXTS = ["alice walks to paris quickly", "the cat sat on the red mat in berlin " * 4, "hello"]

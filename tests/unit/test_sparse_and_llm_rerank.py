@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokeniz
 
 from ts_compiled_handlers.configuration.placement import Placement
 from ts_compiled_handlers.engine.packing import PackedModel, pack_rows
+from ts_compiled_handlers.graphs import logit_score, splade
 from ts_compiled_handlers.loops.request_batches import RequestBatches
 from ts_compiled_handlers.request.tokenizing import TextTokenizer
-from ts_compiled_handlers.tasks import logit_score, splade
 from ts_compiled_handlers.tasks.classification import ClassificationTask
 from ts_compiled_handlers.worker.messages import Incoming
 from ts_compiled_handlers.worker.worker import Worker

@@ -17,6 +17,7 @@ import numpy as np
 import ray
 
 from ts_compiled_handlers.configuration.config import parse
+from ts_compiled_handlers.graphs.pooling import unit_rows
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.request.chunking import ChunkSize, fitting_spans
 from ts_compiled_handlers.request.payload import RequestError, check_params
@@ -27,7 +28,6 @@ from ts_compiled_handlers.tasks.embedding import EmbeddingTask
 from ts_compiled_handlers.tasks.image_text import ImageTextTask
 from ts_compiled_handlers.tasks.m3 import M3EmbeddingTask, index_order
 from ts_compiled_handlers.tasks.multi_vector import MultiVectorTask
-from ts_compiled_handlers.tasks.pooling import unit_rows
 
 
 class ArchiveBatches:
