@@ -322,6 +322,15 @@ class HandlerConfig:
         "past which the frontend drops the worker's connection and its whole batch fails; 64 texts of a "
         "4096-wide embedding take ~3 MB, of a SPLADE model ~6 MB in TEI's form",
     )
+    cache_bytes: int = _option(
+        values.non_negative_int,
+        0,
+        meaning="the most bytes of model output rows kept for texts seen before (least recently used out): a "
+        "repeated text, or one repeated within a call, is answered from its rows, not computed again (encoders; "
+        "keyed by its token ids, so every request parameter still applies); 0 = off",
+        why="a cache costs memory every worker holds, worth it only where texts repeat (re-indexing, RAG); "
+        "off until asked for",
+    )
     quantize: str = _option(
         values.choice("none", "int8", "int8-all", "auto"),
         "none",
@@ -422,6 +431,8 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
     config = _parse_section(HandlerConfig, {**handler, "compile": own_compile}, "handler")
     if config.quantize != "none" and config.task == GENERATION:
         raise ConfigError("handler.quantize", config.quantize, f"none for {GENERATION} (int8 serves encoders)")
+    if config.cache_bytes and config.task == GENERATION:
+        raise ConfigError("handler.cache_bytes", config.cache_bytes, f"0 for {GENERATION} (the cache serves encoders)")
     if config.quantize != "none" and config.compile.regional:
         raise ConfigError("handler.compile.regional", True, "false with quantize (the int8 graph has no blocks)")
     if (config.generation.default_new_tokens or 0) > config.generation.max_new_tokens:

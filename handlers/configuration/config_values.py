@@ -45,6 +45,12 @@ def positive_int(value, key) -> int:
     return value
 
 
+def non_negative_int(value, key) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(key, value, "an integer >= 0")
+    return value
+
+
 def threads(value, key) -> int | None:
     return None if value == "auto" else positive_int(value, key)
 

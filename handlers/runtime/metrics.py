@@ -13,6 +13,7 @@ GAUGES = (
     "AotPackage",
     "RecompilesAfterReady",
     "PaddedTokenRatio",
+    "CacheBytes",  # the bytes of rows the repeated-text cache holds (handler.cache_bytes)
 )
 # Counters, each with one dimension more than the gauges:
 COUNTERS = {
@@ -21,6 +22,7 @@ COUNTERS = {
     "BatchSplits": "Cause",  # batched model calls that raised and were split, by exception type
     "EagerFallbacks": "Reason",  # workers serving eagerly though compiling was on (eager_fallback.Fallback)
     "CompileCacheErrors": "Error",  # workers serving without the host compile cache, by errno (compile_cache)
+    "CachedTexts": "Outcome",  # texts answered from the repeated-text cache ("hit") or computed ("miss")
 }
 # Histograms of the token scheduler: per model call, its tokens (in thousands); per request, its
 # wait in the queue (s). TorchServe's Prometheus histograms have the default buckets, 0.005 to 10:

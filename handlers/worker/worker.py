@@ -8,11 +8,12 @@ through its three steps, top to bottom:
     reader.accept(incoming) the body read by its route's protocol, checked, tokenized -> Accepted
                             (handlers/worker/reading.py)
     run(accepted requests)  the engine over their texts in one go -> each one's output rows
+                            (repeated texts' from handlers/worker/row_cache.py, where it is on)
     respond(accepted, rows) the task's answers in the protocol's body
 
 Nothing here knows a server: what the server says of the worker is a `Placement`, a request is an
 `Incoming`, metrics go to a `MetricsSink`. The only state that changes after `build` is the
-traffic's statistics and the thread counts traced.
+traffic's statistics, the thread counts traced and the rows cached.
 """
 
 import dataclasses
@@ -41,6 +42,7 @@ from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.worker import ready_report
 from ts_compiled_handlers.worker.messages import USAGE_HEADER, Reply
 from ts_compiled_handlers.worker.reading import RequestReader
+from ts_compiled_handlers.worker.row_cache import RowCache
 from ts_compiled_handlers.worker.traffic_stats import LengthStats
 
 logger = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ class Worker:
     lengths: LengthStats
     metrics: MetricsSink
     traced_threads: set[int] = dataclasses.field(default_factory=set)
+    cache: RowCache | None = None  # repeated texts' rows (`handler.cache_bytes`; None: off)
 
     @classmethod
     def build(
@@ -118,6 +121,7 @@ class Worker:
             LengthStats(placement.model_name, config.buckets.histogram_every),
             metrics,
             {threads.threads},
+            RowCache(config.cache_bytes) if config.cache_bytes else None,
         )
         ready_report.announce(metrics, engine, started, serving, threads, time.perf_counter() - began)
         return worker
@@ -147,17 +151,25 @@ class Worker:
         """The engine over the requests' texts in one go: each request's output rows, in order.
         Runs where the model's calls run, so the cores are re-shared (and the grid re-traced) first."""
         self.follow_worker_count()
-        outputs = self.engine.run(
-            [ids for request in requests for ids in request.token_ids], type_ids=type_ids_of(requests)
-        )
-        self.record_traffic(outputs.lengths, outputs.calls)
+        token_ids, type_ids = [ids for request in requests for ids in request.token_ids], type_ids_of(requests)
+        if self.cache is None:
+            computed = self.compute(token_ids, type_ids)
+        else:
+            computed, found = self.cache.rows_for(token_ids, type_ids, self.compute)
+            self.record_cache(len(token_ids), found)
         rows, position = [], 0
         for request in requests:
-            rows.append(outputs.rows[position : position + len(request.token_ids)])
+            rows.append(computed[position : position + len(request.token_ids)])
             position += len(request.token_ids)
         if any(request.request.images is not None for request in requests):  # a task that takes images
             return self.task.with_images(requests, rows)
         return rows
+
+    def compute(self, token_ids: list[list[int]], type_ids: list[list[int]] | None) -> list[torch.Tensor]:
+        """The engine over the texts, its calls counted as traffic: each text's rows."""
+        outputs = self.engine.run(token_ids, type_ids=type_ids)
+        self.record_traffic(outputs.lengths, outputs.calls)
+        return outputs.rows
 
     def run_each(self, requests: list[Accepted], on_split) -> list:
         """`run` over the requests, a failing call split until only a request that fails alone gets
@@ -211,6 +223,12 @@ class Worker:
             self.metrics.count(
                 "BucketRequests", f"{prefix}{call.group.batch_size}x{call.group.seq_len}", len(call.texts)
             )
+
+    def record_cache(self, texts: int, found: int) -> None:
+        """The texts answered from the cache (or repeated within the call) and those computed; its bytes."""
+        self.metrics.count("CachedTexts", "hit", found)
+        self.metrics.count("CachedTexts", "miss", texts - found)
+        self.metrics.gauge("CacheBytes", self.cache.bytes, "Bytes")
 
     def record_call(self, made) -> None:
         """A scheduled call's histograms (`made`: its tokens, and how long each of its requests

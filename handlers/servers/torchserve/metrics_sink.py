@@ -54,6 +54,8 @@ class TorchServeSink(MetricsSink):
         for name, unit, dimension_names, metric_type in (
             ("PaddedTokenRatio", "Ratio", names, MetricTypes.GAUGE),
             ("BucketRequests", "Count", [*names, COUNTERS["BucketRequests"]], MetricTypes.COUNTER),
+            ("CacheBytes", "Bytes", names, MetricTypes.GAUGE),
+            ("CachedTexts", "Count", [*names, COUNTERS["CachedTexts"]], MetricTypes.COUNTER),
         ):
             try:
                 self.cache.get_metric(name, metric_type)
