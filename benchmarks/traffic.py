@@ -32,6 +32,16 @@ def texts_of_lengths(tokenizer, lengths: list[int], seed: int) -> list[str]:
     return texts
 
 
+def with_repeats(items: list, share: float, seed: int) -> list:
+    """The stream with `share` of its items (after the first) replaced by an earlier item of the
+    stream, picked uniformly: re-indexing and RAG traffic resend texts (one public corpus: 37%)."""
+    rng = np.random.default_rng(seed + 1)
+    stream = list(items[:1])
+    for item, repeat, pick in zip(items[1:], rng.random(len(items)), rng.random(len(items)), strict=False):
+        stream.append(stream[int(pick * len(stream))] if repeat < share else item)
+    return stream
+
+
 def ids_of_lengths(probes, lengths: list[int]) -> list[list[int]]:
     """One row of token ids per length, as the model's probes fill them (special tokens in place),
     seeded by position: every contender of a run gets the same ids, and tokenizing is left out."""

@@ -14,12 +14,15 @@ from ts_compiled_handlers.benchmarks.loadtest import (
     summarize_outcomes,
     worker_checks,
 )
+from ts_compiled_handlers.benchmarks.traffic import with_repeats
 
 METRICS = """# HELP RecompilesAfterReady Torchserve prometheus gauge metric with unit: Count
 # TYPE RecompilesAfterReady gauge
 RecompilesAfterReady{ModelName="ours-auto",Level="Model",Hostname="h",} 0.0
 RecompilesAfterReady{ModelName="ours-float32",Level="Model",Hostname="h",} 3.0
 PaddedTokenRatio{ModelName="ours-auto",Level="Model",Hostname="h",} 1.4312
+CachedTexts{ModelName="ours-cache",Level="Model",Outcome="miss",Hostname="h",} 60.0
+CachedTexts{ModelName="ours-cache",Level="Model",Outcome="hit",Hostname="h",} 40.0
 """
 
 
@@ -28,6 +31,21 @@ def test_gauge_is_read_per_model():
     assert gauge(METRICS, "RecompilesAfterReady", "ours-float32") == 3.0
     assert gauge(METRICS, "PaddedTokenRatio", "ours-auto") == pytest.approx(1.4312)
     assert gauge(METRICS, "PaddedTokenRatio", "stock") is None
+
+
+def test_a_counter_is_read_under_its_label():
+    assert gauge(METRICS, "CachedTexts", "ours-cache", 'Outcome="hit"') == 40.0
+    assert gauge(METRICS, "CachedTexts", "ours-cache", 'Outcome="miss"') == 60.0
+
+
+def test_a_stream_with_repeats_resends_earlier_texts_in_the_share_asked_for():
+    items = list(range(5000))
+    assert with_repeats(items, 0.0, 0) == items
+    stream = with_repeats(items, 0.4, 0)
+    assert stream == with_repeats(items, 0.4, 0) and len(stream) == len(items)
+    repeats = [index for index, item in enumerate(stream) if item != index]
+    assert 0.37 < len(repeats) / len(items) < 0.43
+    assert all(stream[index] in stream[:index] for index in repeats)
 
 
 def test_outcomes_count_errors_and_lost_requests_apart():
