@@ -50,7 +50,7 @@ def test_predict_takes_a_text_a_pair_or_a_batch_of_either_as_tei_does():
     with pytest.raises(RequestError):
         predict.read({"inputs": [["q", "p"], "c"]}, SPEC)
     answers = [[Label("x", 0.5)]]
-    assert predict.encode(single, answers, None) == answers[0]
+    assert predict.encode(single, answers, None) == [{"label": "x", "score": 0.5}]  # one list of labels, as TEI
 
 
 def test_rerank_takes_teis_texts_and_answers_best_first_with_the_text_asked_for():
