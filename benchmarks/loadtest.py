@@ -570,7 +570,10 @@ def parse_args(argv):
     parser.add_argument("--max-length", type=int, default=256, help="longest request; the stock handler pads to it")
     parser.add_argument("--seed", type=int, default=0, help="seed of the traffic")
     parser.add_argument(
-        "--repeats", type=float, default=0.0, help="share of requests that resend an earlier text of the stream"
+        "--repeats",
+        type=float,
+        default=0.0,
+        help="share of requests that resend an earlier text of the stream (then 100,000 texts long, not 5,000)",
     )
     parser.add_argument("--workers", nargs="+", type=int, default=[1], help="workers per contender: each in turn")
     parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, alternating")
@@ -606,7 +609,8 @@ def main(argv=None) -> dict:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        lengths = traffic_lengths(5000, args.seed, high=args.max_length)
+        # With --repeats, long enough that no run wraps around it (which would resend every text).
+        lengths = traffic_lengths(5000 if not args.repeats else 100_000, args.seed, high=args.max_length)
         texts = list(zip(texts_of_lengths(tokenizer, lengths, args.seed), lengths, strict=True))
         texts = with_repeats(texts, args.repeats, args.seed)
         probe = [text for text, _ in texts[:8]]
