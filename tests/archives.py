@@ -52,3 +52,7 @@ IMAGE_ARCHIVES = {  # archive name: (tiny model, task, handler settings)
         {**EAGER, "dtype": "float32", "images": GUARDED_IMAGES},
     ),
 }
+
+# An embedder whose worker sends its request spans to the run's OTLP endpoint (tests/otlp_receiver.py),
+# known only once it listens; eager, as the spans do not depend on compiling.
+TRACED_ARCHIVES = {"traced-embedder": ("embedding", "embedding", EAGER)}

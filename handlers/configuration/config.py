@@ -15,6 +15,7 @@ from typing import Any
 from ts_compiled_handlers.configuration import config_values as values
 from ts_compiled_handlers.configuration.config_values import ConfigError
 from ts_compiled_handlers.configuration.image_config import ImagesConfig
+from ts_compiled_handlers.configuration.tracing_config import TracingConfig
 from ts_compiled_handlers.request.answer_budget import DEFAULT_LIMIT as DEFAULT_ANSWER_BYTES
 
 TASKS = (
@@ -387,6 +388,7 @@ class HandlerConfig:
     generation: GenerationConfig = _section(GenerationConfig)
     scheduler: SchedulerConfig = _section(SchedulerConfig)
     images: ImagesConfig = _section(ImagesConfig)
+    tracing: TracingConfig = _section(TracingConfig)
 
 
 def _parse_section(cls, raw: Any, key: str):

@@ -136,6 +136,21 @@ def origins(value, key) -> tuple[str, ...]:
     return written
 
 
+def otlp_endpoint(value, key) -> str | None:
+    """An OTLP/HTTP traces URL (`http(s)://host[:port]/path`, no credentials in it), or off."""
+    if value is None or value == "off":
+        return None
+    if isinstance(value, str) and origin_of(value) is not None and not urlsplit(value.strip()).fragment:
+        return value.strip()
+    raise ConfigError(key, value, "off | an OTLP/HTTP URL such as http://127.0.0.1:4318/v1/traces")
+
+
+def service_name(value, key) -> str:
+    if isinstance(value, str) and value.strip() and value.isprintable() and len(value) <= 128:
+        return value.strip()
+    raise ConfigError(key, value, "a name of 1 to 128 printable characters")
+
+
 def option(check: Callable[[Any, str], Any], default: Any, *, meaning: str, why: str, shown: str | None = None):
     """A `handler:` key: its check, its default, what it means and why that default (docs/configuration.md
     is generated from these). `shown`: how a default of None is written in model-config.yaml."""

@@ -12,6 +12,7 @@ is its own reply (its protocol's error body, its status), never the other reques
 
 import contextlib
 import dataclasses
+import time
 from typing import Any
 
 from ts_compiled_handlers.configuration.placement import Loop
@@ -31,10 +32,12 @@ class Batch:
     accepted: list[Accepted] = dataclasses.field(default_factory=list)
     outputs: dict[int, Any] = dataclasses.field(default_factory=dict)  # by position: what inference made
     failed: set[int] = dataclasses.field(default_factory=set)
+    traces: dict = dataclasses.field(default_factory=dict)  # by position, where the worker traces
 
     @classmethod
-    def of(cls, incoming: list[Incoming]) -> "Batch":
-        return cls(list(incoming), [Reply() for _ in incoming])
+    def of(cls, incoming: list[Incoming], tracer=None) -> "Batch":
+        traces = {index: tracer.begin(request) for index, request in enumerate(incoming)} if tracer else {}
+        return cls(list(incoming), [Reply() for _ in incoming], traces=traces)
 
     @property
     def answers(self) -> list[Any]:
@@ -77,12 +80,12 @@ class RequestBatches:
     # -- the steps ----------------------------------------------------------------------------
     def preprocess(self, incoming: list[Incoming]) -> Batch:
         """Read, check and tokenize each request in its own boundary."""
-        batch = Batch.of(incoming)
+        batch = Batch.of(incoming, self.worker.tracer)
         task = self.worker.task
         held = HeldImages(task.images_budget) if task.images_budget is not None else None
         for index, request in enumerate(incoming):
             with self.guard(batch, index, "preprocess"):
-                accepted = self.worker.reader.accept(request, index)
+                accepted = self.worker.reader.accept(request, index, batch.traces.get(index))
                 if isinstance(accepted, Reply):  # answered without the model
                     batch.replies[index] = accepted
                     continue
@@ -105,6 +108,8 @@ class RequestBatches:
     def postprocess(self, batch: Batch) -> list[Any]:
         """Each served request's answer, in its protocol's form."""
         for accepted in batch.live(batch.accepted):
+            if accepted.trace is not None:
+                accepted.trace.encoding = time.time_ns()
             with self.guard(batch, accepted.index, "postprocess"):
                 batch.replies[accepted.index].body = self.respond(accepted, batch.outputs[accepted.index])
                 batch.replies[accepted.index].headers[USAGE_HEADER] = str(accepted.tokens)
@@ -127,6 +132,8 @@ class RequestBatches:
                 reply.body, reply.content_type = self.worker.encoded(answer, protocol), "application/json"
             except (TypeError, ValueError, RequestError) as error:  # a value JSON cannot carry (NaN), or too much
                 self.fail(batch, index, "postprocess", error)
+        for index, trace in batch.traces.items():  # answered: the spans of the traced requests
+            self.worker.tracer.finish(trace, batch.replies[index].status)
         return batch.replies
 
     def count_split(self, error: BaseException) -> None:

@@ -15,6 +15,7 @@ starts no OpenMP team (handlers/loops/model_thread.py).
 """
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -66,26 +67,38 @@ class ScheduledRequests:
         yield await self.reply(incoming)
 
     async def reply(self, incoming: Incoming) -> Reply:
-        """The request's reply; never raises."""
+        """The request's reply, and its spans where the worker traces; never raises."""
+        tracer = self.worker.tracer
+        if tracer is None:
+            return await self.answer(incoming)
+        trace = tracer.begin(incoming)
+        reply = await self.answer(incoming, trace)
+        tracer.finish(trace, reply.status)
+        return reply
+
+    async def answer(self, incoming: Incoming, trace=None) -> Reply:
+        """The request's reply (`trace`: its RequestTrace, told of each step); never raises."""
         stage = "preprocess"
         try:
             self.check_room()
-            accepted = await self.read(incoming)
+            accepted = await self.read(incoming, trace)
             if isinstance(accepted, Reply):  # answered without the model
                 return accepted
             stage = "inference"
             with self.held.holding(self.worker.task.images_held(accepted), "images"):  # queued images, budgeted
                 rows = await self.scheduler.submit(accepted, accepted.work)
                 stage = "postprocess"
+                if trace is not None:
+                    trace.encoding = time.time_ns()
                 return self.worker.reply(accepted, rows)
         except Exception as error:  # its own failure (the scheduler isolates a failing call)
             return self.worker.refused(incoming.route, error, stage)
 
-    async def read(self, incoming: Incoming) -> Accepted | Reply:
+    async def read(self, incoming: Incoming, trace=None) -> Accepted | Reply:
         """The request read, checked and tokenized in the reader thread (`RequestReader.accept`)."""
         self.reading += 1
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.reader_thread, self.worker.reader.accept, incoming)
+            return await loop.run_in_executor(self.reader_thread, self.worker.reader.accept, incoming, 0, trace)
         finally:
             self.reading -= 1

@@ -49,11 +49,12 @@ class Tokenized:
 @dataclasses.dataclass(frozen=True)
 class Accepted:
     """A request that passed its checks: its position in the call that brought it (a batch's index;
-    0 where requests come one at a time), the request, and its texts tokenized."""
+    0 where requests come one at a time), the request, its texts tokenized, and its trace's record."""
 
     index: int
     request: Any
     tokenized: Tokenized
+    trace: Any = None  # its RequestTrace where the worker traces (handlers/runtime/tracing.py)
 
     @property
     def token_ids(self) -> list[list[int]]:

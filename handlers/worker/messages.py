@@ -12,12 +12,14 @@ USAGE_HEADER = "x-prompt-tokens"
 @dataclasses.dataclass(frozen=True)
 class Incoming:
     """One request as a server hands it over: its body (bytes, or text or JSON the server already
-    read; None for a body-less GET), its content type, and its route: the path after
-    /predictions/{model}[/{version}], without slashes at its ends."""
+    read; None for a body-less GET), its content type, its route: the path after
+    /predictions/{model}[/{version}], without slashes at its ends; and, where the worker traces, the
+    caller's W3C trace headers (`traceparent`, `tracestate`; handlers/runtime/tracing.py)."""
 
     body: Any
     content_type: str | None = None
     route: str = ""
+    trace_context: dict[str, str] | None = None
 
 
 @dataclasses.dataclass

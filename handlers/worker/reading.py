@@ -7,6 +7,7 @@ separate in time wherever a queue stands between them (handlers/loops/scheduled_
 """
 
 import dataclasses
+import time
 
 from ts_compiled_handlers.protocols import Answered, RequestSpec, read_request, route_protocol
 from ts_compiled_handlers.request.tokenizing import Accepted, TextTokenizer, Tokenized
@@ -23,16 +24,20 @@ class RequestReader:
     spec: RequestSpec
     tokenize: TextTokenizer
 
-    def accept(self, incoming: Incoming, index: int = 0) -> Accepted | Reply:
+    def accept(self, incoming: Incoming, index: int = 0, trace=None) -> Accepted | Reply:
         """The request read, checked and tokenized; or its reply already, where a protocol answers
         it without the model (its body JSON text, within the answer budget). RequestError for a
-        refusal."""
+        refusal. `trace`: the request's RequestTrace, told of its tokenizing, where it is traced."""
+        began = time.time_ns() if trace is not None else 0
         try:
             request = read_request(incoming.body, incoming.content_type, incoming.route, self.task.protocols, self.spec)
         except Answered as answered:
             protocol = route_protocol(incoming.route, self.task.protocols)
             return Reply(self.spec.budget.check_text(as_json(answered.body), protocol.texts_field))
-        return Accepted(index, request, self.tokenized(request))
+        accepted = Accepted(index, request, self.tokenized(request), trace)
+        if trace is not None:
+            trace.read(began, len(accepted.token_ids), accepted.tokens)
+        return accepted
 
     def tokenized(self, request) -> Tokenized:
         """The request's texts (as the task gives them to the model) tokenized, per its truncation."""

@@ -32,7 +32,7 @@ from ts_compiled_handlers.protocols import Protocol, RequestSpec, Served, route_
 from ts_compiled_handlers.request.outcome import isolate, refusal
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted, TextTokenizer
-from ts_compiled_handlers.runtime import allocator
+from ts_compiled_handlers.runtime import allocator, tracing
 from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.runtime.metrics import MetricsSink
 from ts_compiled_handlers.runtime.process_settings import ThreadShare
@@ -78,6 +78,7 @@ class Worker:
     metrics: MetricsSink
     traced_threads: set[int] = dataclasses.field(default_factory=set)
     cache: RowCache | None = None  # repeated texts' rows (`handler.cache_bytes`; None: off)
+    tracer: tracing.Tracer | None = None  # request spans (`handler.tracing`; None: off)
 
     @classmethod
     def build(
@@ -122,6 +123,7 @@ class Worker:
             metrics,
             {threads.threads},
             RowCache(config.cache_bytes) if config.cache_bytes else None,
+            tracing.tracer_for(config.tracing, placement.model_name, task.NAME),
         )
         ready_report.announce(metrics, engine, started, serving, threads, time.perf_counter() - began)
         return worker
@@ -151,6 +153,7 @@ class Worker:
         """The engine over the requests' texts in one go: each request's output rows, in order.
         Runs where the model's calls run, so the cores are re-shared (and the grid re-traced) first."""
         self.follow_worker_count()
+        began = time.time_ns() if self.tracer is not None else 0
         token_ids, type_ids = [ids for request in requests for ids in request.token_ids], type_ids_of(requests)
         if self.cache is None:
             computed = self.compute(token_ids, type_ids)
@@ -162,7 +165,9 @@ class Worker:
             rows.append(computed[position : position + len(request.token_ids)])
             position += len(request.token_ids)
         if any(request.request.images is not None for request in requests):  # a task that takes images
-            return self.task.with_images(requests, rows)
+            rows = self.task.with_images(requests, rows)
+        if self.tracer is not None:
+            tracing.mark_call(requests, began, time.time_ns())
         return rows
 
     def compute(self, token_ids: list[list[int]], type_ids: list[list[int]] | None) -> list[torch.Tensor]:

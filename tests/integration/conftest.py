@@ -9,8 +9,17 @@ import image_build
 import pytest
 import torch
 import wheel_install as wheel_install_module
-from archives import AOT_ARCHIVES, DOCUMENTED_ARCHIVES, IMAGE_ARCHIVES, MODEL_ARCHIVES, SMALL_GRID, TASK_ARCHIVES
+from archives import (
+    AOT_ARCHIVES,
+    DOCUMENTED_ARCHIVES,
+    IMAGE_ARCHIVES,
+    MODEL_ARCHIVES,
+    SMALL_GRID,
+    TASK_ARCHIVES,
+    TRACED_ARCHIVES,
+)
 from image_server import serving_pictures
+from otlp_receiver import receiving
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ts_compiled_handlers.scripts.build_mar import build
@@ -57,7 +66,14 @@ def picture_origin():
 
 
 @pytest.fixture(scope="session")
-def task_server(tmp_path_factory, tiny_models, minilm_dir, picture_origin):
+def span_receiver():
+    """The run's OTLP/HTTP trace endpoint, on loopback (tests/otlp_receiver.py)."""
+    with receiving() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def task_server(tmp_path_factory, tiny_models, minilm_dir, picture_origin, span_receiver):
     """Batches of up to 4 requests, gathered for 100 ms, so concurrent requests share batches."""
     models = {**tiny_models, "minilm": minilm_dir}
     store = tmp_path_factory.mktemp("task_model_store")
@@ -76,12 +92,18 @@ def task_server(tmp_path_factory, tiny_models, minilm_dir, picture_origin):
         images = {**settings["images"], "fetch_from": [picture_origin]}
         config = {"startupTimeout": STARTUP_SECONDS, "handler": {**settings, "images": images}}
         builds.append((models[model], task, name, config, None))
+    for name, (model, task, settings) in TRACED_ARCHIVES.items():
+        config = {
+            "startupTimeout": STARTUP_SECONDS,
+            "handler": {**settings, "tracing": {"endpoint": span_receiver.url}},
+        }
+        builds.append((models[model], task, name, config, None))
     # Two at a time: a build waits on its archiver's and its AOT export's processes for half its time.
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda item: build(item[0], item[1], item[2], store, item[3], precompile=item[4]), builds))
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("task_torchserve"), store)
     torchserve.start()
-    names = [*TASK_ARCHIVES, *MODEL_ARCHIVES, *AOT_ARCHIVES, *DOCUMENTED_ARCHIVES, *IMAGE_ARCHIVES]
+    names = [*TASK_ARCHIVES, *MODEL_ARCHIVES, *AOT_ARCHIVES, *DOCUMENTED_ARCHIVES, *IMAGE_ARCHIVES, *TRACED_ARCHIVES]
     try:
         # All at once: their workers' start-ups (interpreter, imports, model load) overlap.
         with ThreadPoolExecutor(len(names)) as pool:

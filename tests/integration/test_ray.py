@@ -268,9 +268,9 @@ def m3_archive(tmp_path_factory, tiny_models):
 
 
 @pytest.fixture(scope="module")
-def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm, colbert_archive, m3_archive):
+def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm, colbert_archive, m3_archive, span_receiver):
     """The other tasks' tiny archives (and a ColBERT and a bge-m3 one), one replica each, while
-    MiniLM's two stay up."""
+    MiniLM's two stay up; the embedder's replica sends its request spans to the run's OTLP endpoint."""
     store = tmp_path_factory.mktemp("ray_tiny_store")
     names = {
         "embedder": "embedding",
@@ -281,6 +281,8 @@ def tiny_archives(tmp_path_factory, tiny_models, cluster, minilm, colbert_archiv
 
     def built(name: str, task: str):
         extra = {"generation": {"max_new_tokens": 64}} if task == "text-generation" else {}
+        if name == "embedder":
+            extra = {"tracing": {"endpoint": span_receiver.url}}
         return build(tiny_models[task], task, name, store, {"handler": {**SMALL_GRID, **extra}})
 
     with ThreadPoolExecutor(2) as pool:  # an archiver's process waits on its files half the time
@@ -329,6 +331,27 @@ def test_every_task_s_replica_answers_as_transformers(cluster, tiny_archives, ti
     ranked = requests.post(f"{m3}/1.0/rerank", json=body, headers=AUTH, timeout=60).json()
     scores = [score["colbert+sparse+dense"] for score in m3_reference["scores"]]
     assert [one["score"] for one in ranked] == pytest.approx([scores[one["index"]] for one in ranked], abs=1e-4)
+
+
+def test_a_replica_continues_each_callers_trace_with_a_span_per_step(cluster, tiny_archives, span_receiver):
+    """The token scheduler's steps, from a replica on another process, to the run's OTLP endpoint."""
+    trace_ids = ["a1" * 16, "b2" * 16, "c3" * 16]
+    url = f"{cluster.url}/predictions/embedder"
+
+    def send(trace_id: str) -> requests.Response:
+        caller = {**AUTH, "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+        return requests.post(url, json={"inputs": ["hello world", "the cat sat"]}, headers=caller, timeout=60)
+
+    with ThreadPoolExecutor(len(trace_ids)) as pool:
+        assert [response.status_code for response in pool.map(send, trace_ids)] == [200] * len(trace_ids)
+    steps = {"hfserve.request", "hfserve.tokenize", "hfserve.queue", "hfserve.model_call", "hfserve.encode"}
+    for trace_id in trace_ids:
+        spans = {span.name: span for span in span_receiver.trace(trace_id, steps)}
+        request = spans["hfserve.request"]
+        assert request.parent_id == "00f067aa0ba902b7" and request.attributes["hfserve.model"] == "embedder"
+        assert request.attributes["hfserve.texts"] == 2 and request.attributes["http.response.status_code"] == 200
+        assert spans["hfserve.queue"].end == spans["hfserve.model_call"].start
+        assert all(span.parent_id == request.span_id for name, span in spans.items() if name != "hfserve.request")
 
 
 def test_hostile_bodies_get_the_same_answers_as_on_torchserve(cluster, tiny_archives, task_server):

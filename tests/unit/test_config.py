@@ -98,10 +98,11 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
         "images.max_scans", "images.request_pixels", "images.request_bytes", "images.batch_images",
         "generation.default_new_tokens", "generation.max_stop_strings", "generation.steps_per_call",
         "generation.max_request_seconds", "scheduler.call_tokens", "scheduler.max_queue",
+        "tracing.endpoint", "tracing.service_name", "tracing.sample_ratio",
     }  # fmt: skip
     assert documented["buckets.seq_lens"] == f"`{defaults.buckets.seq_lens}`" == "`auto`"
     assert documented["compile.enable"] == "`true`" and documented["threads"] == "`auto`"
-    assert documented["compile.freezing"] == "`auto`"
+    assert documented["compile.freezing"] == "`auto`" and documented["tracing.endpoint"] == "`off`"
     assert documented["generation.max_new_tokens"] == f"`{defaults.generation.max_new_tokens}`"
 
 

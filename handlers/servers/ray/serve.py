@@ -37,6 +37,7 @@ from ts_compiled_handlers.configuration.placement import Placement
 from ts_compiled_handlers.loops.scheduled_requests import FULL
 from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import RequestError
+from ts_compiled_handlers.runtime.tracing import TRACE_HEADERS
 from ts_compiled_handlers.servers import inference_api
 from ts_compiled_handlers.servers.archive import Archive, show_worker_logs, with_threads
 from ts_compiled_handlers.servers.ray.metrics_sink import RaySink
@@ -191,7 +192,10 @@ class ArchiveReplica:
             raise RequestError(503, FULL)
         length = request.headers.get("content-length")
         body = await inference_api.read_body(request.stream(), length, self.max_request_size)
-        return Incoming(body or None, request.headers.get("content-type"), route)
+        traced = {name: request.headers[name] for name in TRACE_HEADERS if name in request.headers}
+        return Incoming(
+            body or None, request.headers.get("content-type"), route, traced if self.worker.tracer else None
+        )
 
 
 async def streamed(replies) -> Response:

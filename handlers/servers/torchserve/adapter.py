@@ -28,6 +28,7 @@ from ts_compiled_handlers.configuration.placement import Loop, Placement
 from ts_compiled_handlers.loops.request_batches import Batch
 from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import phrase
+from ts_compiled_handlers.runtime.tracing import TRACE_HEADERS
 from ts_compiled_handlers.servers.torchserve import async_replies, messages, settings
 from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 from ts_compiled_handlers.tasks import Task
@@ -135,7 +136,13 @@ class TorchServeHandler(BaseHandler):
         body = request.get("data") if request.get("data") is not None else request.get("body")
         header = self.header(index, "data" if request.get("data") is not None else "body")
         content_type = header.get("content-type") if isinstance(header, dict) else None
-        return Incoming(body, content_type, (self.header(index, "url_path") or "").strip("/"))
+        route = (self.header(index, "url_path") or "").strip("/")
+        return Incoming(body, content_type, route, self.trace_context(index) if self.worker.tracer else None)
+
+    def trace_context(self, index: int) -> dict[str, str]:
+        """The caller's W3C trace headers (the frontend hands the HTTP headers on with each request)."""
+        found = {name: self.header(index, name) for name in TRACE_HEADERS}
+        return {name: value for name, value in found.items() if isinstance(value, str)}
 
     def resent_or_incoming(self, index: int, request: dict) -> Incoming | None:
         """None for a request the frontend resends (no body, no headers: continuous batching)."""
