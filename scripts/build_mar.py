@@ -31,6 +31,7 @@ import yaml
 
 from ts_compiled_handlers.configuration.config import TASKS, ConfigError, parse
 from ts_compiled_handlers.engine import buckets
+from ts_compiled_handlers.graphs import lora
 from ts_compiled_handlers.quantizing.calibration import CalibrationError, calibration_texts
 from ts_compiled_handlers.runtime import package_files
 from ts_compiled_handlers.scripts import answer_ranges, hub, precompile
@@ -191,6 +192,17 @@ def startup_timeout(config: dict, compile_seconds: float, measured: bool) -> dic
     return config
 
 
+def check_adapters(adapters: dict[str, Path], kind: str | None) -> None:
+    """Each adapter folder one the worker can serve (its shapes are matched to the model at start)."""
+    if kind == "aot":
+        raise BuildError("--adapter: adapters are served compiled, not from an AOT package; use --precompile cache")
+    for name, folder in adapters.items():
+        try:
+            lora.read_adapter(name, Path(folder))
+        except (lora.AdapterError, OSError, ValueError, KeyError) as error:
+            raise BuildError(f"--adapter {name}={folder}: {error}") from error
+
+
 def precompile_kind(task: str, asked: str | bool | None) -> str | None:
     """`aot` or `cache` (or None: no precompiling) for what `--precompile` asked of this task."""
     if asked in (None, False):
@@ -224,9 +236,13 @@ def serving_files(model_dir: Path) -> list[Path]:
     return sorted(files)
 
 
-def stage(model_dir: Path, config: dict, staging: Path) -> list[Path]:
-    """Model files and our package's serving files side by side, as they will sit in the archive
-    root; returns what of `model_dir` was left out."""
+def stage(model_dir: Path, config: dict, staging: Path, adapters: dict[str, Path] | None = None) -> list[Path]:
+    """Model files, adapters and our package's serving files side by side, as they will sit in the
+    archive root; returns what of `model_dir` was left out."""
+    for name, folder in (adapters or {}).items():
+        (staging / lora.FOLDER / name).mkdir(parents=True, exist_ok=True)
+        for file in (lora.CONFIG_FILE, lora.WEIGHTS_FILE):
+            shutil.copy2(Path(folder) / file, staging / lora.FOLDER / name / file)
     kept = serving_files(model_dir)
     for path in kept:
         target = staging / path.relative_to(model_dir)
@@ -292,21 +308,26 @@ def build(
     precompile: str | bool | None = None,
     version: str = "1.0",
     calibration: Path | None = None,
+    adapters: dict[str, Path] | None = None,
 ) -> Path:
     """The .mar of `model_dir` served by the task's handler (or `handler_file`, a subclass of it);
     `precompile`: "aot", "cache", True (the task's default kind) or None; `calibration`: a file of
-    texts for the int8 gate and an embedder's answer ranges, carried in the archive as CALIBRATION_FILE."""
+    texts for the int8 gate and an embedder's answer ranges, carried in the archive as CALIBRATION_FILE;
+    `adapters`: LoRA adapters (PEFT's folders) by name, carried under adapters/NAME/."""
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
     kind = precompile_kind(task, precompile)
     extra_config = extra_config or {}
+    if adapters:
+        extra_config = merge(extra_config, {"handler": {"adapters": list(adapters)}})
+        check_adapters(adapters, kind)  # their files: copied by `stage`
     if calibration is not None:
         check_calibration(calibration)
         extra_config = merge(extra_config, {"handler": {"calibration": CALIBRATION_FILE}})
     config = unfrozen_for_cache(model_config(task, extra_config), kind)
     with tempfile.TemporaryDirectory() as temp:
         staging = Path(temp)
-        left_out = stage(model_dir, config, staging)
+        left_out = stage(model_dir, config, staging, adapters)
         if calibration is not None:
             shutil.copy2(calibration, staging / CALIBRATION_FILE)
         check_staged_calibration(parse(config).calibration, staging)
@@ -388,6 +409,14 @@ def main(argv=None) -> Path:
         "--quantize", choices=("none", "int8", "int8-all", "auto"), help="handler.quantize (experimental int8)"
     )
     parser.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a LoRA adapter PEFT saved (adapter_config.json, adapter_model.safetensors), served when a request "
+        "names NAME; repeat for more",
+    )
+    parser.add_argument(
         "--calibration",
         type=Path,
         help="texts, one a line (a reranker's may be `query<TAB>document`), for the int8 gate and an embedder's "
@@ -416,10 +445,22 @@ def main(argv=None) -> Path:
             precompile=args.precompile,
             version=args.version,
             calibration=args.calibration,
+            adapters=adapter_folders(args.adapter),
         )
     except (BuildError, ConfigError, hub.HubError, AmbiguousTask) as error:  # ConfigError: the config's own check
         raise UserError(str(error)) from error
     return archive
+
+
+def adapter_folders(given: list[str]) -> dict[str, Path]:
+    """`--adapter NAME=DIR` flags as {NAME: DIR}, in order."""
+    folders = {}
+    for flag in given:
+        name, _, folder = flag.partition("=")
+        if not name or not folder or name in folders:
+            raise UserError(f"--adapter {flag}: give NAME=DIR, each NAME once")
+        folders[name] = Path(folder)
+    return folders
 
 
 def inferred_task(model_dir: Path) -> str:

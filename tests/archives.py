@@ -56,3 +56,10 @@ IMAGE_ARCHIVES = {  # archive name: (tiny model, task, handler settings)
 # An embedder whose worker sends its request spans to the run's OTLP endpoint (tests/otlp_receiver.py),
 # known only once it listens; eager, as the spans do not depend on compiling.
 TRACED_ARCHIVES = {"traced-embedder": ("embedding", "embedding", EAGER)}
+
+# Archives with two LoRA adapters each (tests/lora_reference.py makes them with PEFT): the embedder
+# compiled on the small grid (no mix of adapters may compile anything), the cross-encoder eager.
+LORA_ARCHIVES = {  # archive name: (which of lora_reference's models, task, handler settings)
+    "lora-embedder": ("embedder", "embedding", SMALL_GRID),
+    "lora-ranker": ("ranker", "text-classification", {**EAGER, "dtype": "float32"}),
+}

@@ -14,6 +14,7 @@ from typing import Any
 
 from ts_compiled_handlers.configuration import config_values as values
 from ts_compiled_handlers.configuration.config_values import ConfigError
+from ts_compiled_handlers.configuration.generation_config import GenerationConfig
 from ts_compiled_handlers.configuration.image_config import ImagesConfig
 from ts_compiled_handlers.configuration.tracing_config import TracingConfig
 from ts_compiled_handlers.request.answer_budget import DEFAULT_LIMIT as DEFAULT_ANSWER_BYTES
@@ -223,45 +224,6 @@ class EmbeddingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class GenerationConfig:
-    """text-generation only."""
-
-    max_new_tokens: int = _option(
-        values.positive_int,
-        64,
-        meaning="text-generation: the most tokens a request may ask for; sizes the static KV cache",
-        why="the cache is allocated per batch bucket: bigger costs memory for every request",
-    )
-    default_new_tokens: int | None = _option(
-        values.positive_int,
-        None,
-        shown="min(20, `max_new_tokens`)",
-        meaning="text-generation: tokens when a request does not say",
-        why="short enough that a request without a budget cannot hold its batch for long",
-    )
-    max_stop_strings: int = _option(
-        values.positive_int,
-        8,
-        meaning="text-generation: stop strings per request",
-        why="each is checked after every token",
-    )
-    steps_per_call: int = _option(
-        values.positive_int,
-        8,
-        meaning="continuous batching (`continuousBatching: true`, handlers/loops/decode_loop.py): the most decode "
-        "steps per handler call (each call is a frontend round trip; a call ends early after a step in which a prompt "
-        "finished)",
-        why="see [Generation](performance.md#generation)",
-    )
-    max_request_seconds: int = _option(
-        values.positive_int,
-        300,
-        meaning='continuous batching: a request running longer ends with `finish_reason: "time"`',
-        why="TorchServe's `responseTimeout` bounds one call, not a request",
-    )
-
-
-@dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
     """encoder tasks under `asyncCommunication: true` (handlers/loops/token_scheduler.py)."""
 
@@ -331,6 +293,16 @@ class HandlerConfig:
         "keyed by its token ids, so every request parameter still applies); 0 = off",
         why="a cache costs memory every worker holds, worth it only where texts repeat (re-indexing, RAG); "
         "off until asked for",
+    )
+    adapters: tuple[str, ...] = _option(
+        values.adapter_names,
+        (),
+        shown="`[]`",
+        meaning="LoRA adapters served beside the base model (encoder tasks but images): each a PEFT folder in the "
+        "archive under `adapters/NAME/` (`hfserve build --adapter NAME=DIR`); a request names one (`adapter`, "
+        "OpenAI's `model: ARCHIVE:NAME`) or none (the base model), and a batch that mixes them runs in one call",
+        why="one server for every tenant's or task's fine-tune of one base model, at the cost of its adapters' "
+        "low-rank products on every call ([Adapters](tasks.md#lora-adapters))",
     )
     quantize: str = _option(
         values.choice("none", "int8", "int8-all", "auto"),
@@ -435,6 +407,9 @@ def parse(yaml_config: dict | None) -> HandlerConfig:
         raise ConfigError("handler.quantize", config.quantize, f"none for {GENERATION} (int8 serves encoders)")
     if config.cache_bytes and config.task == GENERATION:
         raise ConfigError("handler.cache_bytes", config.cache_bytes, f"0 for {GENERATION} (the cache serves encoders)")
+    if config.adapters and (config.task in (GENERATION, "image-text-embedding") or config.quantize != "none"):
+        allowed = "[] with this task or with quantize (adapters serve text encoders in floating point)"
+        raise ConfigError("handler.adapters", list(config.adapters), allowed)
     if config.quantize != "none" and config.compile.regional:
         raise ConfigError("handler.compile.regional", True, "false with quantize (the int8 graph has no blocks)")
     if (config.generation.default_new_tokens or 0) > config.generation.max_new_tokens:

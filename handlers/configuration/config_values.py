@@ -2,6 +2,7 @@
 and the error that names the key, the value and what is allowed."""
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -149,6 +150,16 @@ def service_name(value, key) -> str:
     if isinstance(value, str) and value.strip() and value.isprintable() and len(value) <= 128:
         return value.strip()
     raise ConfigError(key, value, "a name of 1 to 128 printable characters")
+
+
+def adapter_names(value, key) -> tuple[str, ...]:
+    """Distinct names, each a letter or digit then up to 63 of letters, digits, `_`, `.`, `-`."""
+    allowed = "a list of distinct names ([A-Za-z0-9][A-Za-z0-9_.-]{0,63}), each a folder under adapters/"
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value) or len(set(value)) != len(value):
+        raise ConfigError(key, value, allowed)
+    if not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name) for name in value):
+        raise ConfigError(key, value, allowed)
+    return tuple(value)
 
 
 def option(check: Callable[[Any, str], Any], default: Any, *, meaning: str, why: str, shown: str | None = None):

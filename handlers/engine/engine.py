@@ -46,11 +46,12 @@ class Engine(OnModel):
     pad_id: int
     per_token: bool = False  # outputs per token (token classification), not per text
 
-    def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None) -> Outputs:
+    def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None, adapters=None) -> Outputs:
         """The model over tokenized texts, in the calls the layout makes of them (`one_per_row`:
         each text in a row of its own, as warm-up reaches each shape of the grid; `type_ids`: each
-        token's type, for text pairs, where the layout has them; zeros otherwise)."""
-        ids = BatchIds(token_ids, type_ids)
+        token's type, for text pairs, where the layout has them; zeros otherwise; `adapters`: each
+        text's adapter id, where the layout serves adapters; none otherwise)."""
+        ids = BatchIds(token_ids, type_ids, adapters)
         calls = self.layout.calls(ids.lengths, self.plan, one_per_row)
         rows: list[torch.Tensor | None] = [None] * len(token_ids)
         with torch.inference_mode():

@@ -42,6 +42,7 @@ class Layout:
     first_position: int = 0
     token_types: bool = False  # the model reads token_type_ids (BERT's text pairs): an input of their own
     per_text: bool = False  # packed rows attend per text (hfserve::text_attention): a package then calls it
+    adapters: int = 0  # LoRA adapters served (handlers/graphs/lora.py): each call takes every token's adapter id
 
     @property
     def packed(self) -> bool:
@@ -65,10 +66,13 @@ class BatchIds:
     just left (waking a team costs more than the op: 176 us for a 300-token repeat_interleave with
     2 threads against 3 us in numpy)."""
 
-    def __init__(self, token_ids: list[list[int]], type_ids: list[list[int]] | None = None):
+    def __init__(
+        self, token_ids: list[list[int]], type_ids: list[list[int]] | None = None, adapters: list[int] | None = None
+    ):
         self.lengths = [len(ids) for ids in token_ids]
         self.flat = flat_array(token_ids)
         self.types = None if type_ids is None else flat_array(type_ids)
+        self.adapters = np.zeros(len(token_ids), dtype=np.int64) if adapters is None else np.array(adapters)
         lengths = np.array(self.lengths, dtype=np.int64)
         self.starts = np.cumsum(lengths) - lengths
 
@@ -125,7 +129,8 @@ def call_inputs(
     ids: BatchIds, call: Call, place: TextPlacement, layout: Layout, pad_id: int
 ) -> dict[str, torch.Tensor]:
     """The call's input tensors, (batch_size, seq_len) each: input_ids and attention_mask for length
-    groups; input_ids, position_ids and segments for packed rows. A dummy row (static batch) or a
+    groups; input_ids, position_ids and segments for packed rows; token types and adapter ids where
+    the layout has them. A dummy row (static batch) or a
     row's padded tail attends to itself only, so no row is fully masked. Filled in numpy and handed
     to torch without a copy."""
     shape = (call.group.batch_size, call.group.seq_len)
@@ -142,6 +147,8 @@ def call_inputs(
     if layout.token_types:
         types = 0 if ids.types is None else ids.types[place.source]
         inputs["token_type_ids"] = filled(shape, 0, place.destination, types)
+    if layout.adapters:  # each token its text's adapter, padding none
+        inputs["adapter_ids"] = filled(shape, 0, place.destination, np.repeat(ids.adapters[place.texts], place.lengths))
     return {name: torch.from_numpy(array) for name, array in inputs.items()}
 
 

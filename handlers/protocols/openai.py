@@ -35,10 +35,13 @@ class OpenAIProtocol(Protocol):
 
     @staticmethod
     def body_object(value: Any, spec: RequestSpec) -> dict:
-        """The body as a JSON object whose `model`, if named, is the archive's."""
+        """The body as a JSON object whose `model`, if named, is the archive's; `ARCHIVE:ADAPTER`
+        names one of its LoRA adapters (as its `adapter` parameter, checked with the others)."""
         if not isinstance(value, dict):
             raise RequestError(400, "the body must be a JSON object")
         model = value.get("model")
+        if isinstance(model, str) and model.startswith(spec.model_name + ":") and "adapter" not in value:
+            return {**value, "adapter": model.removeprefix(spec.model_name + ":")}  # ARCHIVE:ADAPTER
         if model is not None and model != spec.model_name:
             message = f"'model' names a model not served here; this endpoint serves {spec.model_name}"
             raise RequestError(404, message, "model", "model_not_found")

@@ -27,6 +27,7 @@ from ts_compiled_handlers.engine import packing, text_attention
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
+from ts_compiled_handlers.graphs import lora
 from ts_compiled_handlers.quantizing import quantizing
 from ts_compiled_handlers.runtime import hardware, process_settings
 from ts_compiled_handlers.startup import aot_start, eager_fallback, warmup
@@ -80,8 +81,34 @@ def eager_engine(task: Task, serving: Serving) -> Engine:
     """The model loaded at its dtype, over the layout it serves, run eagerly: what is compiled or exported."""
     module, dtype = load_model(task, serving)
     if serving.config.quantize == "none":
-        return choose_layout(task, serving, module, dtype)
+        return with_adapters(task, serving, choose_layout(task, serving, module, dtype))
     return quantize(task, choose_layout(task, serving, module, torch.float32), serving, dtype)
+
+
+def with_adapters(task: Task, serving: Serving, engine: Engine) -> Engine:
+    """The engine over its module with the archive's LoRA adapters attached (handlers/graphs/lora.py)
+    and an `adapter_ids` input; as it is where the configuration names none. The layout was chosen,
+    and checked, on the base model; an adapted head (a pooler, a classifier) needs each text at the
+    start of a row, so packed rows give way to length groups then."""
+    names = serving.config.adapters
+    if not names:
+        return engine
+    adapters = lora.read_all(serving.model_dir, names)
+    gate, rank, heads = lora.attach(engine.model.eager, adapters)
+    if heads and engine.layout.packed:
+        logger.warning("Packing OFF, texts run in length groups: the adapters adapt %s", ", ".join(heads))
+        engine = task.engine(EagerRunner(engine.model.eager.module), serving, engine.dtype, Layout())
+    adapted = lora.Adapted(engine.model.eager, gate, len(adapters), rank)
+    logger.info("Adapters served: %s (rank %d, %d linear layers)", ", ".join(names), rank, adapted.layers)
+    return dataclasses.replace(
+        engine, model=EagerRunner(adapted), layout=dataclasses.replace(engine.layout, adapters=len(adapters))
+    )
+
+
+def adapter_mix(engine: Engine, texts: int) -> list[int] | None:
+    """Each adapter and the base model in turn over `texts` texts, where the engine serves adapters:
+    so the checks compare every adapter, compiled against eager."""
+    return [text % (engine.layout.adapters + 1) for text in range(texts)] if engine.layout.adapters else None
 
 
 def quantize(task: Task, engine: Engine, serving: Serving, dtype: torch.dtype) -> Engine:
@@ -261,8 +288,10 @@ def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupRep
             model.int8_gate.check(engine)
         elif model.is_compiled and config.warmup.verify:
             probe = serving.probes.check_rows()
-            eager = engine.on(EagerRunner(model.eager)).run(probe).rows
-            warmup.check_drift("compiled vs eager", engine.run(probe).rows, eager, serving.tolerance(engine.dtype))
+            mix = adapter_mix(engine, len(probe))
+            eager = engine.on(EagerRunner(model.eager)).run(probe, adapters=mix).rows
+            compiled = engine.run(probe, adapters=mix).rows
+            warmup.check_drift("compiled vs eager", compiled, eager, serving.tolerance(engine.dtype))
         return report
     except Exception as error:  # a compile error can be of any type; all follow on_failure
         if not config.compile.enable:

@@ -102,8 +102,10 @@ class Task:
 
     # -- requests and answers -------------------------------------------------------------------
     def param_checks(self) -> dict[str, ParamCheck]:
-        """The request parameters this task accepts, each with its check: its own and how to truncate."""
-        return {**TRUNCATION_PARAMS, **self.PARAMS}
+        """The request parameters this task accepts, each with its check: its own, how to truncate,
+        and which of the archive's LoRA adapters runs it, where it has any."""
+        adapters = {"adapter": choice_param(*self.config.adapters)} if self.config.adapters else {}
+        return {**TRUNCATION_PARAMS, **self.PARAMS, **adapters}
 
     def adapt_body(self, value: Any) -> Any:
         """A task's own request form rewritten to the common one (chat messages to a prompt)."""

@@ -1,8 +1,8 @@
 """Repeated texts answered from the model's rows of before (`handler.cache_bytes`, off by default).
 
 Re-indexing jobs and RAG traffic send the same texts again and again. A text's output rows depend
-only on what the model reads: its token ids and token types (the prompt, truncation and query
-expansion are in the ids already), so they are the key; every request parameter acts after the
+only on what the model reads: its token ids, token types and adapter (the prompt, truncation and
+query expansion are in the ids already), so they are the key; every request parameter acts after the
 model, in the task's answer, and a cached row is answered like a computed one. The rows are kept,
 least recently used first out, up to a bound in bytes; a repeat inside one call is computed once.
 
@@ -18,8 +18,8 @@ import torch
 Key = tuple
 
 
-def key_of(token_ids: list[int], type_ids: list[int] | None) -> Key:
-    return (tuple(token_ids), tuple(type_ids) if type_ids is not None else None)
+def key_of(token_ids: list[int], type_ids: list[int] | None, adapter: int = 0) -> Key:
+    return (tuple(token_ids), tuple(type_ids) if type_ids is not None else None, adapter)
 
 
 class RowCache:
@@ -34,18 +34,24 @@ class RowCache:
         self,
         token_ids: list[list[int]],
         type_ids: list[list[int]] | None,
-        compute: Callable[[list[list[int]], list[list[int]] | None], list[torch.Tensor]],
+        compute: Callable[[list[list[int]], list[list[int]] | None, list[int] | None], list[torch.Tensor]],
+        adapters: list[int] | None = None,
     ) -> tuple[list[torch.Tensor], int]:
-        """Each text's rows, from the cache or computed (`compute(token_ids, type_ids)` over the
-        distinct texts not cached); and how many texts were not computed (found, or repeated)."""
-        keys = [key_of(ids, None if type_ids is None else type_ids[index]) for index, ids in enumerate(token_ids)]
+        """Each text's rows, from the cache or computed (`compute(token_ids, type_ids, adapters)` over
+        the distinct texts not cached; `adapters`: each text's adapter id, None where none is served);
+        and how many texts were not computed (found, or repeated)."""
+        keys = [
+            key_of(ids, None if type_ids is None else type_ids[index], 0 if adapters is None else adapters[index])
+            for index, ids in enumerate(token_ids)
+        ]
         found = {key: self.rows[key] for key in dict.fromkeys(keys) if key in self.rows}
         for key in found:  # used now: the last to go when the new rows make room
             self.rows.move_to_end(key)
         missing = [key for key in dict.fromkeys(keys) if key not in found]
         if missing:
             types = None if type_ids is None else [list(key[1]) for key in missing]
-            for key, row in zip(missing, compute([list(key[0]) for key in missing], types), strict=True):
+            chosen = None if adapters is None else [key[2] for key in missing]
+            for key, row in zip(missing, compute([list(key[0]) for key in missing], types, chosen), strict=True):
                 found[key] = row
                 self.keep(key, row)
         return [found[key] for key in keys], len(keys) - len(missing)

@@ -155,10 +155,11 @@ class Worker:
         self.follow_worker_count()
         began = time.time_ns() if self.tracer is not None else 0
         token_ids, type_ids = [ids for request in requests for ids in request.token_ids], type_ids_of(requests)
+        adapters = self.adapters_of(requests) if self.engine.layout.adapters else None
         if self.cache is None:
-            computed = self.compute(token_ids, type_ids)
+            computed = self.compute(token_ids, type_ids, adapters)
         else:
-            computed, found = self.cache.rows_for(token_ids, type_ids, self.compute)
+            computed, found = self.cache.rows_for(token_ids, type_ids, self.compute, adapters)
             self.record_cache(len(token_ids), found)
         rows, position = [], 0
         for request in requests:
@@ -170,11 +171,18 @@ class Worker:
             tracing.mark_call(requests, began, time.time_ns())
         return rows
 
-    def compute(self, token_ids: list[list[int]], type_ids: list[list[int]] | None) -> list[torch.Tensor]:
+    def compute(
+        self, token_ids: list[list[int]], type_ids: list[list[int]] | None, adapters: list[int] | None = None
+    ) -> list[torch.Tensor]:
         """The engine over the texts, its calls counted as traffic: each text's rows."""
-        outputs = self.engine.run(token_ids, type_ids=type_ids)
+        outputs = self.engine.run(token_ids, type_ids=type_ids, adapters=adapters)
         self.record_traffic(outputs.lengths, outputs.calls)
         return outputs.rows
+
+    def adapters_of(self, requests: list[Accepted]) -> list[int]:
+        """Each text's adapter id: its request's `adapter` (1 for the first the archive names), 0 for none."""
+        ids = {name: number for number, name in enumerate(self.serving.config.adapters, start=1)}
+        return [ids.get(request.request.params.get("adapter"), 0) for request in requests for _ in request.token_ids]
 
     def run_each(self, requests: list[Accepted], on_split) -> list:
         """`run` over the requests, a failing call split until only a request that fails alone gets

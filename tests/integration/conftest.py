@@ -13,12 +13,14 @@ from archives import (
     AOT_ARCHIVES,
     DOCUMENTED_ARCHIVES,
     IMAGE_ARCHIVES,
+    LORA_ARCHIVES,
     MODEL_ARCHIVES,
     SMALL_GRID,
     TASK_ARCHIVES,
     TRACED_ARCHIVES,
 )
 from image_server import serving_pictures
+from lora_reference import embedder_with_adapters, ranker_with_adapters
 from otlp_receiver import receiving
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -73,11 +75,22 @@ def span_receiver():
 
 
 @pytest.fixture(scope="session")
-def task_server(tmp_path_factory, tiny_models, minilm_dir, picture_origin, span_receiver):
+def lora_models(tiny_models, tmp_path_factory):
+    """The tiny embedder and cross-encoder with two PEFT adapters each: (folder, adapter folders,
+    the reference answers of PEFT's merged models) by name (tests/lora_reference.py)."""
+    root = tmp_path_factory.mktemp("lora")
+    return {
+        "embedder": embedder_with_adapters(tiny_models["embedding"], root),
+        "ranker": ranker_with_adapters(tiny_models["cross-encoder"], root),
+    }
+
+
+@pytest.fixture(scope="session")
+def task_server(tmp_path_factory, tiny_models, minilm_dir, picture_origin, span_receiver, lora_models):
     """Batches of up to 4 requests, gathered for 100 ms, so concurrent requests share batches."""
     models = {**tiny_models, "minilm": minilm_dir}
     store = tmp_path_factory.mktemp("task_model_store")
-    builds = []  # (model folder, task, name, model config, precompile)
+    builds = []  # (model folder, task, name, model config, precompile[, adapters])
     for name, task in TASK_ARCHIVES.items():
         extra = {"generation": {"max_new_tokens": 256}} if task == "text-generation" else {}
         # Four workers compile at once on as few as two cores: more time than one alone is given.
@@ -98,12 +111,20 @@ def task_server(tmp_path_factory, tiny_models, minilm_dir, picture_origin, span_
             "handler": {**settings, "tracing": {"endpoint": span_receiver.url}},
         }
         builds.append((models[model], task, name, config, None))
+    for name, (model, task, settings) in LORA_ARCHIVES.items():
+        folder, adapters, _ = lora_models[model]
+        builds.append((folder, task, name, {"startupTimeout": STARTUP_SECONDS, "handler": settings}, None, adapters))
+
     # Two at a time: a build waits on its archiver's and its AOT export's processes for half its time.
+    def built(item: tuple) -> None:
+        build(*item[:3], store, item[3], precompile=item[4], adapters=item[5] if len(item) > 5 else None)
+
     with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda item: build(item[0], item[1], item[2], store, item[3], precompile=item[4]), builds))
+        list(pool.map(built, builds))
     torchserve = TorchServe.on_free_ports(tmp_path_factory.mktemp("task_torchserve"), store)
     torchserve.start()
     names = [*TASK_ARCHIVES, *MODEL_ARCHIVES, *AOT_ARCHIVES, *DOCUMENTED_ARCHIVES, *IMAGE_ARCHIVES, *TRACED_ARCHIVES]
+    names += list(LORA_ARCHIVES)
     try:
         # All at once: their workers' start-ups (interpreter, imports, model load) overlap.
         with ThreadPoolExecutor(len(names)) as pool:

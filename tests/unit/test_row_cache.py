@@ -19,7 +19,7 @@ class Computer:
     def __init__(self):
         self.asked: list[list[int]] = []
 
-    def __call__(self, token_ids, type_ids):
+    def __call__(self, token_ids, type_ids, adapters=None):
         self.asked.extend(token_ids)
         whole = torch.tensor([[float(sum(ids)), float(len(ids))] for ids in token_ids])
         return list(whole.unbind(0))  # views of one output, as the engine's rows are
@@ -49,7 +49,7 @@ def test_the_least_recently_used_rows_go_first_and_the_bytes_stay_within_the_bou
     cache.rows_for([[1], [2], [3]], None, compute)
     cache.rows_for([[1]], None, compute)  # used again: [2] is now the oldest
     cache.rows_for([[4]], None, compute)
-    assert list(cache.rows) == [((3,), None), ((1,), None), ((4,), None)] and cache.bytes == 24
+    assert list(cache.rows) == [((3,), None, 0), ((1,), None, 0), ((4,), None, 0)] and cache.bytes == 24
     cache.rows_for([[2], [1]], None, compute)
     assert compute.asked[-1:] == [[2]] and cache.bytes <= 24
     large = RowCache(4)  # a row larger than the whole bound is answered, not kept
