@@ -9,6 +9,7 @@ import pytest
 
 from ts_compiled_handlers.benchmarks import (
     benchmark,
+    benchmark_adapters,
     benchmark_aot,
     benchmark_chunking,
     benchmark_images,
@@ -36,6 +37,15 @@ def test_benchmark_quick_reports_every_bucket_with_correctness(tmp_path):
         assert row["flops"] > 0 and 0 < row["fraction_of_matmul_ceiling"]
     assert result["ceilings"]["float32"] > 0
     assert (tmp_path / "benchmark.png").stat().st_size > 0
+
+
+def test_benchmark_adapters_quick_times_the_base_and_the_adapted_archive_on_one_traffic(tmp_path):
+    out = tmp_path / "adapters.json"
+    result = benchmark_adapters.main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert [row["contender"] for row in result["rows"]] == ["base", "adapted, base traffic", "adapted, mix"]
+    assert result["rows"][0]["over_base"] == 1.0 and all(row["texts_per_s"] > 0 for row in result["rows"])
+    assert result["texts"] == 64 and result["recompiles_after_ready"] == 0
 
 
 def test_benchmark_aot_quick_times_every_bucket_of_the_three_contenders(tmp_path):
