@@ -97,7 +97,10 @@ def with_adapters(task: Task, serving: Serving, engine: Engine) -> Engine:
     gate, rank, heads = lora.attach(engine.model.eager, adapters)
     if heads and engine.layout.packed:
         logger.warning("Packing OFF, texts run in length groups: the adapters adapt %s", ", ".join(heads))
-        engine = task.engine(EagerRunner(engine.model.eager.module), serving, engine.dtype, Layout())
+        module = engine.model.eager.module  # the PackedModel's
+        if engine.layout.per_text:
+            text_attention.disable(module)  # plain SDPA, as length groups run
+        engine = task.engine(EagerRunner(module), serving, engine.dtype, Layout())
     adapted = lora.Adapted(engine.model.eager, gate, len(adapters), rank)
     logger.info("Adapters served: %s (rank %d, %d linear layers)", ", ".join(names), rank, adapted.layers)
     return dataclasses.replace(
