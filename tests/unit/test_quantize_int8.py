@@ -278,7 +278,10 @@ def test_a_calibration_file_is_read_a_line_a_text_and_a_broken_pair_is_refused_b
 
 
 def test_a_reranker_is_calibrated_and_gated_on_pairs_with_their_token_types_which_its_package_keeps(tiny_models):
-    placement = Placement(tiny_models["cross-encoder"], "test", {"handler": {"dtype": "float32", **EAGER_INT8}})
+    # which pairs the gate reads, not its verdict: on a CPU without VNNI (7-bit activations) the random
+    # tiny cross-encoder keeps 0.90 of its pairs' order, under the default floor of 0.95
+    config = {"dtype": "float32", **EAGER_INT8, "agreement": 0.5}
+    placement = Placement(tiny_models["cross-encoder"], "test", {"handler": config})
     task, serving, _ = Worker.read(placement, ClassificationTask)
     gate = build_steps.eager_engine(task, serving).model.int8_gate
     firsts, seconds = zip(*calibration_pairs(list(DEFAULT_TEXTS)), strict=True)
