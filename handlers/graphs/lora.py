@@ -56,7 +56,13 @@ def read_adapter(name: str, folder: Path) -> Adapter:
         bin_only = (folder / "adapter_model.bin").is_file()
         why = "only adapter_model.bin (pickle): save it with safe_serialization" if bin_only else "no adapter"
         raise AdapterError(f"adapter {name}: {folder} holds {why}; {CONFIG_FILE} and {WEIGHTS_FILE} are needed")
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+        rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
+    except (ValueError, KeyError, TypeError) as error:
+        raise AdapterError(
+            f"adapter {name}: {CONFIG_FILE} holds no LoRA rank `r` and `lora_alpha`: {error!r}"
+        ) from error
     refused = {
         "peft_type": config.get("peft_type", "LORA") != "LORA",
         "use_dora": bool(config.get("use_dora")),
@@ -69,7 +75,6 @@ def read_adapter(name: str, folder: Path) -> Adapter:
     if any(refused.values()):
         keys = ", ".join(key for key, bad in refused.items() if bad)
         raise AdapterError(f"adapter {name}: {keys} in {CONFIG_FILE}: only plain LoRA on linear layers is served")
-    rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
     scale = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
     from safetensors.torch import load_file
 

@@ -107,6 +107,9 @@ def test_adapter_files_are_checked_like_weights(embedder, tmp_path):
     (dora / lora.CONFIG_FILE).write_text(json.dumps({**config, "use_dora": True}))
     with pytest.raises(lora.AdapterError, match="use_dora"):
         lora.read_adapter("dora", dora)
+    (dora / lora.CONFIG_FILE).write_text(json.dumps({"peft_type": "LORA", "lora_alpha": 8}))
+    with pytest.raises(lora.AdapterError, match="no LoRA rank"):
+        lora.read_adapter("rankless", dora)
     adapter = lora.read_adapter("one", source)
     wrong = lora.Adapter("wide", 1.0, {path: (a.repeat(1, 2), b) for path, (a, b) in adapter.factors.items()})
     with pytest.raises(lora.AdapterError, match="wide"):
