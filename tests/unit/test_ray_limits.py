@@ -71,6 +71,7 @@ class FakeWorker:
     engine = None
     metrics = MetricsSink()
     task = Task(parse({}))  # a text task: no images held
+    tracer = None  # no spans (handler.tracing off)
 
     def __init__(self):
         self.read_in: list[str] = []
@@ -84,7 +85,7 @@ class FakeWorker:
     def reader(self):  # it reads its requests itself
         return self
 
-    def accept(self, incoming) -> Accepted:
+    def accept(self, incoming, index: int = 0, trace=None) -> Accepted:
         self.read_in.append(threading.current_thread().name)
         self.went.append(self.go.wait(timeout=10))  # a loop blocked by this wait could never say go
         return Accepted(0, incoming.body, Tokenized([], [[1, 2, 3]]))
