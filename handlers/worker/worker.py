@@ -175,7 +175,8 @@ class Worker:
         self, token_ids: list[list[int]], type_ids: list[list[int]] | None, adapters: list[int] | None = None
     ) -> list[torch.Tensor]:
         """The engine over the texts, its calls counted as traffic: each text's rows."""
-        outputs = self.engine.run(token_ids, type_ids=type_ids, adapters=adapters)
+        options = {"adapters": adapters} if adapters is not None else {}  # a decoder's engine takes none
+        outputs = self.engine.run(token_ids, type_ids=type_ids, **options)
         self.record_traffic(outputs.lengths, outputs.calls)
         return outputs.rows
 
