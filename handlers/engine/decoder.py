@@ -30,8 +30,11 @@ class DecoderEngine(OnModel):
     continuous: bool
     layout: Layout = Layout()  # prompts are never packed
 
-    def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None) -> Outputs:
-        """Per prompt, the prefill's next-token logits and one greedy step's after it, joined."""
+    def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None, adapters=None) -> Outputs:
+        """Per prompt, the prefill's next-token logits and one greedy step's after it, joined.
+        `adapters`: as `Engine.run`'s, always None here (generation serves no LoRA adapters)."""
+        if adapters is not None:
+            raise ValueError("text generation serves no adapters (handler.adapters)")
         lengths = [len(ids) for ids in token_ids]
         groups = buckets.generation_groups(lengths, self.plan)
         calls = [Call(group, tuple((index,) for index in group.indices)) for group in groups]

@@ -292,9 +292,8 @@ def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupRep
         elif model.is_compiled and config.warmup.verify:
             probe = serving.probes.check_rows()
             mix = adapter_mix(engine, len(probe))
-            options = {"adapters": mix} if mix else {}  # a decoder's engine takes no adapters
-            eager = engine.on(EagerRunner(model.eager)).run(probe, **options).rows
-            compiled = engine.run(probe, **options).rows
+            eager = engine.on(EagerRunner(model.eager)).run(probe, adapters=mix).rows
+            compiled = engine.run(probe, adapters=mix).rows
             warmup.check_drift("compiled vs eager", compiled, eager, serving.tolerance(engine.dtype))
         return report
     except Exception as error:  # a compile error can be of any type; all follow on_failure

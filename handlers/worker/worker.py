@@ -175,8 +175,7 @@ class Worker:
         self, token_ids: list[list[int]], type_ids: list[list[int]] | None, adapters: list[int] | None = None
     ) -> list[torch.Tensor]:
         """The engine over the texts, its calls counted as traffic: each text's rows."""
-        options = {"adapters": adapters} if adapters is not None else {}  # a decoder's engine takes none
-        outputs = self.engine.run(token_ids, type_ids=type_ids, **options)
+        outputs = self.engine.run(token_ids, type_ids=type_ids, adapters=adapters)
         self.record_traffic(outputs.lengths, outputs.calls)
         return outputs.rows
 
