@@ -78,6 +78,9 @@ def test_unknown_adapters_are_refused_naming_the_served_ones_and_openai_names_th
     assert [status(handler.context, index) for index in range(3)] == [200, 400, 404]
     assert_equal_vectors(torch.tensor([item["embedding"] for item in named["data"]]), expected["two"])
     assert "one, two" in unknown["error"]["message"]
+    (tei,) = ask(handler, [{"inputs": TEXTS, "adapter": "one"}], ["embed"])  # TEI's body takes it as a parameter
+    assert status(handler.context, 0) == 200
+    assert_equal_vectors(torch.tensor(tei), expected["one"])
 
 
 def test_a_cross_encoders_adapters_score_as_peft_merged_them(tiny_models, tmp_path):
