@@ -31,7 +31,8 @@ setup(
             "text_attention.cpp",
             "text_attention_bf16.cpp",
             "text_attention.h",
-        ],  # built on the serving host (handlers/engine/text_attention.py)
+            "local_attention.cpp",
+        ],  # built on the serving host (handlers/engine/native_ops.py)
     },
     entry_points={"console_scripts": [f"hfserve = {PACKAGE}.scripts.cli:main"]},
     python_requires=">=3.10",

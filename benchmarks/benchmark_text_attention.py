@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ts_compiled_handlers.benchmarks.traffic import traffic_lengths
-from ts_compiled_handlers.engine import packing, text_attention
+from ts_compiled_handlers.engine import native_ops, packing, text_attention
 
 SHAPES = {"minilm": (12, 32), "bert-base": (12, 64)}
 BUDGET, SEQ_LENS = 256, (16, 32, 64, 128, 256)
@@ -75,7 +75,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.repeats = 64, 1
-    if not text_attention.load():
+    if not native_ops.load():
         raise SystemExit("the per-text attention operator could not be built here (the log says why)")
     lengths = traffic_lengths(args.requests, 0)
     batches = [packed_segments(lengths[start : start + args.batch]) for start in range(0, len(lengths), args.batch)]
@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
             results.append({"model": model, "heads": heads, "dim": dim, "dtype": str(dtype).removeprefix("torch.")})
             results[-1].update({"per_text_seconds": ours, "masked_seconds": sdpa, "speedup": sdpa / ours})
     print_table(results, args, len(batches))
-    flags = " ".join(sorted(text_attention._cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
+    flags = " ".join(sorted(native_ops._cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
     machine = f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads, {flags}"
     result = {"machine": machine, "requests": args.requests, "batch": args.batch, "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import torch
 
 from ts_compiled_handlers.compiling import aot_package, compile_cache
 from ts_compiled_handlers.compiling.side_packages import SidePackages
-from ts_compiled_handlers.engine import packing, text_attention
+from ts_compiled_handlers.engine import local_attention, native_ops, packing
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
@@ -72,8 +72,9 @@ def serve_package(task: Task, serving: Serving, began: float, progress=None) -> 
         return None
     built = built_manifest(packed)
     dtype = package_dtype(serving, built)
-    if isinstance(built.get("layout"), dict) and built["layout"].get("per_text") is True:
-        text_attention.load()  # the operator its native code calls, built or loaded before the package
+    per_text = isinstance(built.get("layout"), dict) and built["layout"].get("per_text") is True
+    if per_text or local_attention.configured(serving.model_config):
+        native_ops.load()  # the operators its native code calls, built or loaded before the package
     try:
         package = aot_package.load(packed, package_manifest(serving, dtype), serving.model_dir, serving.device)
         load_eager = _eager_loader(task, serving, dtype, package.layout)

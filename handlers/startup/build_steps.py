@@ -23,7 +23,7 @@ import torch
 
 from ts_compiled_handlers.compiling import compile_cache
 from ts_compiled_handlers.compiling.compiling import CompiledModel
-from ts_compiled_handlers.engine import packing, text_attention
+from ts_compiled_handlers.engine import local_attention, packing, text_attention
 from ts_compiled_handlers.engine.engine import Engine
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import EagerRunner
@@ -169,6 +169,7 @@ def export_example(serving: Serving) -> list[list[int]]:
 def load_model(task: Task, serving: Serving) -> tuple[torch.nn.Module, torch.dtype]:
     """The eager model on the device at the chosen dtype."""
     module = task.load_model(serving.model_dir).eval().to(serving.device)
+    local_attention.enable(module)  # sliding-window layers at their window's cost, in every check too
     dtype = choose_dtype(task, serving, module)
     return module.to(dtype if serving.config.quantize == "none" else torch.float32), dtype
 

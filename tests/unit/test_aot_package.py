@@ -69,7 +69,7 @@ def test_a_packed_package_calls_the_per_text_attention_operator_and_says_so(pack
 
 
 def test_an_aot_start_loads_the_attention_operator_only_for_a_package_that_calls_it(packaged, tmp_path, monkeypatch):
-    from ts_compiled_handlers.engine import text_attention
+    from ts_compiled_handlers.engine import native_ops
 
     def masked(packed):  # the manifest of a build that kept the block mask
         manifest = json.loads((packed / compile_cache.MANIFEST_FILE).read_text())
@@ -77,7 +77,7 @@ def test_an_aot_start_loads_the_attention_operator_only_for_a_package_that_calls
         (packed / compile_cache.MANIFEST_FILE).write_text(json.dumps(manifest))
 
     loads = []
-    monkeypatch.setattr(text_attention, "load", lambda: loads.append(1) or True)  # loaded in this process already
+    monkeypatch.setattr(native_ops, "load", lambda: loads.append(1) or True)  # loaded in this process already
     handler = ready_handler("embedding", damaged_copy(packaged["embedding"], tmp_path, masked), **GRID)
     assert handler.model_source == "aot package" and not handler.engine.layout.per_text and loads == []
     handler = ready_handler("embedding", packaged["embedding"], **GRID)

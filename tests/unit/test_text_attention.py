@@ -9,13 +9,13 @@ import torch
 from fakes import ready_handler
 
 from ts_compiled_handlers.compiling.compiling import compiled_graph_count
-from ts_compiled_handlers.engine import packing, text_attention
+from ts_compiled_handlers.engine import native_ops, packing, text_attention
 
 
 @pytest.fixture(autouse=True)
 def operator():
     """Built once for the run, in the run's shared ops folder (tests/conftest.py)."""
-    if not text_attention.load():
+    if not native_ops.load():
         pytest.skip("the C++ compiler could not build the operator")
 
 
@@ -103,18 +103,18 @@ def test_a_packed_archive_attends_per_text_and_answers_as_under_the_mask(tiny_mo
 
 def test_a_model_without_the_operator_keeps_the_mask(tiny_models, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="ts_compiled_handlers")
-    monkeypatch.setattr(text_attention, "load", lambda: False)
+    monkeypatch.setattr(native_ops, "load", lambda: False)
     handler = ready_handler("embedding", tiny_models["embedding"])
     assert handler.engine.layout.packed and "Packed rows attend per text" not in caplog.text
 
 
 VARIANT = """
 import random, sys, torch
-from ts_compiled_handlers.engine import text_attention
+from ts_compiled_handlers.engine import native_ops, text_attention
 from test_text_attention import head_major, random_rows
-text_attention.FLAGS = tuple(f for f in text_attention.FLAGS if f != "-march=native") + tuple(sys.argv[1].split())
-text_attention._cpu_flags = lambda: set(sys.argv[2].split())
-assert text_attention.load()
+native_ops.FLAGS = tuple(f for f in native_ops.FLAGS if f != "-march=native") + tuple(sys.argv[1].split())
+native_ops._cpu_flags = lambda: set(sys.argv[2].split())
+assert native_ops.load()
 rng, worst = random.Random(5), 0.0
 for dtype in (torch.float32, torch.bfloat16):
     for heads, kv_heads, dim in ((4, 4, 32), (6, 2, 64), (2, 1, 24)):
@@ -131,7 +131,7 @@ print(worst)
 
 
 def cpu_has(*features: str) -> bool:
-    return set(features) <= text_attention._cpu_flags()
+    return set(features) <= native_ops._cpu_flags()
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_the_builds_for_other_cpus_equal_the_reference(march, features, tmp_path
     from pathlib import Path
 
     tests = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": f"{tests}:{tests.parent}", text_attention.OPS_DIR_ENV: str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": f"{tests}:{tests.parent}", native_ops.OPS_DIR_ENV: str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", VARIANT, march, features], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout.split()[-1]) <= 1.0  # within each dtype's tolerance of the reference
@@ -178,13 +178,13 @@ def test_where_it_cannot_be_built_loading_says_why_and_returns_false(tmp_path):
 
     script = (
         "import logging, sys; logging.basicConfig(level=logging.INFO)\n"
-        "from ts_compiled_handlers.engine import text_attention\n"
-        "print(text_attention.load())\n"
+        "from ts_compiled_handlers.engine import native_ops\n"
+        "print(native_ops.load())\n"
     )
-    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), text_attention.OPS_DIR_ENV: str(tmp_path)}
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), native_ops.OPS_DIR_ENV: str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split()[-1] == "False"
-    assert "Per-text attention unavailable, packed rows keep SDPA with the block mask" in done.stderr
+    assert "Attention operators unavailable: packed rows keep SDPA with the block mask" in done.stderr
     assert "no-compiler" in done.stderr
 
 
