@@ -47,6 +47,23 @@ CACHE_SOURCES = {
 }
 
 
+@dataclasses.dataclass
+class ProbeAnswers:
+    """Eager answers on the start's probe (`serving.probes.check_rows()`) that one check computed
+    and a later one needs again, so no check runs the model eagerly twice on the same rows (on a
+    long-context model each pass holds a text at the limit): the length groups' at each dtype (the
+    `dtype: auto` check's candidate, the packing check's reference), and the served layout's (the
+    compiled-vs-eager check's reference)."""
+
+    alone: dict[torch.dtype, list[torch.Tensor]] = dataclasses.field(default_factory=dict)
+    served: list[torch.Tensor] | None = None
+
+    def alone_at(self, engine: Engine, probe: list[list[int]]) -> list[torch.Tensor]:
+        if engine.dtype not in self.alone:
+            self.alone[engine.dtype] = engine.run(probe).rows
+        return self.alone[engine.dtype]
+
+
 class WithoutInt8(Exception):
     """The compiled int8 model failed its gate where the policy serves the model without int8."""
 
@@ -70,19 +87,26 @@ def build_engine(task: Task, serving: Serving, progress=None) -> tuple[Engine, S
 def compiled_engine(task: Task, serving: Serving, began: float, progress=None) -> tuple[Engine, Started]:
     """The model loaded, compiled over the grid and warmed (eagerly where compiling fails, as
     `compile.on_failure` says)."""
-    engine = eager_engine(task, serving)
+    answers = ProbeAnswers()
+    engine = eager_engine(task, serving, answers)
     load_seconds = time.perf_counter() - began
     graphs_needed = task.graphs_needed(serving.plan)
     engine = engine.on(CompiledModel(engine.model.eager, serving.compile_options, graphs_needed, task.FREEZES))
-    return engine, compile_and_warm_up(engine, serving, load_seconds, progress)
+    return engine, compile_and_warm_up(engine, serving, load_seconds, progress, answers.served)
 
 
-def eager_engine(task: Task, serving: Serving) -> Engine:
-    """The model loaded at its dtype, over the layout it serves, run eagerly: what is compiled or exported."""
-    module, dtype = load_model(task, serving)
+def eager_engine(task: Task, serving: Serving, answers: ProbeAnswers | None = None) -> Engine:
+    """The model loaded at its dtype, over the layout it serves, run eagerly: what is compiled or
+    exported. `answers` keeps the probe's eager answers for the checks after it."""
+    answers = answers or ProbeAnswers()
+    module, dtype = load_model(task, serving, answers)
     if serving.config.quantize == "none":
-        return with_adapters(task, serving, choose_layout(task, serving, module, dtype))
-    return quantize(task, choose_layout(task, serving, module, torch.float32), serving, dtype)
+        engine = choose_layout(task, serving, module, dtype, answers)
+        adapted = with_adapters(task, serving, engine)
+        answers.served = answers.served if adapted is engine else None  # adapters answer otherwise
+        return adapted
+    answers.served = None  # int8's checks are against float32, through its gate
+    return quantize(task, choose_layout(task, serving, module, torch.float32, answers), serving, dtype)
 
 
 def with_adapters(task: Task, serving: Serving, engine: Engine) -> Engine:
@@ -166,28 +190,31 @@ def export_example(serving: Serving) -> list[list[int]]:
     return serving.probes.filler(seq_len, plan.rows_for(seq_len))
 
 
-def load_model(task: Task, serving: Serving) -> tuple[torch.nn.Module, torch.dtype]:
+def load_model(task: Task, serving: Serving, answers: ProbeAnswers) -> tuple[torch.nn.Module, torch.dtype]:
     """The eager model on the device at the chosen dtype."""
     module = task.load_model(serving.model_dir).eval().to(serving.device)
     local_attention.enable(module)  # sliding-window layers at their window's cost, in every check too
-    dtype = choose_dtype(task, serving, module)
+    dtype = choose_dtype(task, serving, module, answers)
     return module.to(dtype if serving.config.quantize == "none" else torch.float32), dtype
 
 
-def choose_dtype(task: Task, serving: Serving, module: torch.nn.Module) -> torch.dtype:
+def choose_dtype(task: Task, serving: Serving, module: torch.nn.Module, answers: ProbeAnswers) -> torch.dtype:
     """The configured dtype; for `auto`, the hardware's pick if it stays close to float32 on the probe."""
     verify = serving.config.warmup.verify
-    return hardware.serving_dtype(serving.config.dtype, lambda picked: verify and drifts(task, serving, module, picked))
+    return hardware.serving_dtype(
+        serving.config.dtype, lambda picked: verify and drifts(task, serving, module, picked, answers)
+    )
 
 
-def drifts(task: Task, serving: Serving, module: torch.nn.Module, picked: torch.dtype) -> bool:
+def drifts(task: Task, serving: Serving, module: torch.nn.Module, picked: torch.dtype, answers: ProbeAnswers) -> bool:
     """Whether the eager model at `picked` drifts from float32 on the probe past its tolerance
-    (said, then `compile.on_failure` followed: `fail` raises)."""
+    (said, then `compile.on_failure` followed: `fail` raises). Both answers are kept in `answers`:
+    the model is cast to one of the two for good, and the same cast answers the same."""
     probe = serving.probes.check_rows()
-    reference = task.engine(EagerRunner(module), serving, torch.float32, Layout()).run(probe).rows
+    reference = answers.alone_at(task.engine(EagerRunner(module), serving, torch.float32, Layout()), probe)
     candidate = copy.deepcopy(module).to(picked)  # casting back to float32 would lose bits
     try:
-        outputs = task.engine(EagerRunner(candidate), serving, picked, Layout()).run(probe).rows
+        outputs = answers.alone_at(task.engine(EagerRunner(candidate), serving, picked, Layout()), probe)
         warmup.check_drift(f"dtype auto -> {picked}", outputs, reference, serving.tolerance(picked))
     except warmup.WarmupError as error:
         on_failure(serving.config.compile.on_failure, error)
@@ -195,33 +222,40 @@ def drifts(task: Task, serving: Serving, module: torch.nn.Module, picked: torch.
     return False
 
 
-def choose_layout(task: Task, serving: Serving, module: torch.nn.Module, dtype: torch.dtype) -> Engine:
+def choose_layout(task: Task, serving: Serving, module, dtype: torch.dtype, answers: ProbeAnswers) -> Engine:
     """An eager engine over packed rows if the plan packs and, on the probe, each text packed with
     others gets the answer it gets alone (with per-text attention where it is on, else with the
-    block mask); otherwise over length groups."""
+    block mask); otherwise over length groups. The chosen engine's answers on the probe go to
+    `answers.served`."""
     alone = task.engine(EagerRunner(module), serving, dtype, Layout())
-    if serving.plan.pack_tokens is None or not hasattr(module, "packed"):
+    chosen = None
+    if serving.plan.pack_tokens is not None and hasattr(module, "packed"):
+        per_text = serving.config.buckets.pack_attention == "auto" and serving.device.type == "cpu"
+        per_text = per_text and getattr(module, "per_text_attention", True)  # False: a mask of its own inside texts
+        if per_text and text_attention.enable(module):
+            refused = "Per-text attention OFF, the block mask instead"
+            chosen = packed_engine(task, serving, module, (dtype, alone, answers), refused, per_text=True)
+            if chosen is not None:
+                logger.info("Packed rows attend per text (hfserve::text_attention)")
+            else:
+                text_attention.disable(module)
+        refused = "Packing OFF, texts run in length groups"
+        chosen = chosen or packed_engine(task, serving, module, (dtype, alone, answers), refused)
+    if chosen is None:
+        answers.served = answers.alone.get(dtype)  # the length groups' own, where a check computed them
         return alone
-    per_text = serving.config.buckets.pack_attention == "auto" and serving.device.type == "cpu"
-    per_text = per_text and getattr(module, "per_text_attention", True)  # False: a mask of its own inside texts
-    if per_text and text_attention.enable(module):
-        refused = "Per-text attention OFF, the block mask instead"
-        packed = packed_engine(task, serving, module, dtype, alone, refused, per_text=True)
-        if packed is not None:
-            logger.info("Packed rows attend per text (hfserve::text_attention)")
-            return packed
-        text_attention.disable(module)
-    return packed_engine(task, serving, module, dtype, alone, "Packing OFF, texts run in length groups") or alone
+    return chosen
 
 
-def packed_engine(task: Task, serving: Serving, module, dtype, alone: Engine, refused: str, per_text: bool = False):
-    """The engine over packed rows if its answers on the probe equal `alone`'s, else None, logged
-    after `refused` with why."""
+def packed_engine(task: Task, serving: Serving, module, against: tuple, refused: str, per_text: bool = False):
+    """The engine over packed rows if its answers on the probe equal the length groups' (`against`:
+    the dtype, their engine and the answers kept so far), else None, logged after `refused` with why."""
+    dtype, alone, answers = against
     layout = Layout(serving.plan.pack_tokens, packing.first_position(module), per_text=per_text)
     packed = task.engine(EagerRunner(packing.PackedModel(module)), serving, dtype, layout)
     probe = serving.probes.check_rows()
     try:
-        expected = alone.run(probe).rows
+        expected = answers.alone_at(alone, probe)
         together = packed.run(probe).rows
         warmup.check_drift("packed vs alone", together, expected, serving.tolerance(dtype))
         warmup.check_error("packed vs alone", together, expected, serving.tolerance(dtype) ** 0.5)
@@ -232,6 +266,7 @@ def packed_engine(task: Task, serving: Serving, module, dtype, alone: Engine, re
         logger.warning("%s: the packed model failed", refused, exc_info=True)
         return None
     logger.info("Packing on: rows of up to %d tokens, positions from %d", layout.pack_budget, layout.first_position)
+    answers.served = together
     return packed
 
 
@@ -250,14 +285,15 @@ def on_failure(policy: str, error: Exception) -> None:
         raise error
 
 
-def compile_and_warm_up(engine: Engine, serving: Serving, load_seconds: float, progress=None) -> Started:
+def compile_and_warm_up(engine: Engine, serving: Serving, load_seconds: float, progress=None, eager=None) -> Started:
     """Compile the engine's model over the whole grid, inside the lease on this host's compile cache.
     The cache only saves time: its I/O errors (a full or read-only disk) never fail the worker, or
-    TorchServe would restart it to compile and fail again (compile_cache.HostCache gives it up)."""
+    TorchServe would restart it to compile and fail again (compile_cache.HostCache gives it up).
+    `eager`: the engine's eager answers on the probe, where a check before computed them."""
     host_cache = _host_cache(engine, serving)
     packed_cache = serving.model_dir / compile_cache.PACKED_DIR
     with host_cache.lease(packed_cache) if host_cache else contextlib.nullcontext() as lease:
-        report = warm_up(engine, serving, progress)
+        report = warm_up(engine, serving, progress, eager)
         if lease is not None and engine.model.is_compiled:
             host_cache.publish(lease)
     compiled = engine.model.is_compiled
@@ -280,9 +316,10 @@ def _host_cache(engine: Engine, serving: Serving) -> compile_cache.HostCache | N
     return compile_cache.HostCache(root, {**valid_for, **quantizing.variant(serving.config)})
 
 
-def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupReport:
-    """Compile and run the whole grid, then check compiled answers against eager ones; a failure
-    follows `compile.on_failure` (serve eagerly, or fail the worker)."""
+def warm_up(engine: Engine, serving: Serving, progress=None, eager=None) -> warmup.WarmupReport:
+    """Compile and run the whole grid, then check compiled answers against eager ones (`eager`,
+    where a check before computed them); a failure follows `compile.on_failure` (serve eagerly, or
+    fail the worker)."""
     model, config = engine.model, serving.config
     try:
         model.compile()
@@ -293,7 +330,8 @@ def warm_up(engine: Engine, serving: Serving, progress=None) -> warmup.WarmupRep
         elif model.is_compiled and config.warmup.verify:
             probe = serving.probes.check_rows()
             mix = adapter_mix(engine, len(probe))
-            eager = engine.on(EagerRunner(model.eager)).run(probe, adapters=mix).rows
+            if eager is None:
+                eager = engine.on(EagerRunner(model.eager)).run(probe, adapters=mix).rows
             compiled = engine.run(probe, adapters=mix).rows
             warmup.check_drift("compiled vs eager", compiled, eager, serving.tolerance(engine.dtype))
         return report

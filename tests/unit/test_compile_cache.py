@@ -300,7 +300,7 @@ def test_a_worker_whose_cache_fails_starts_serving_and_counts_it(tmp_path, caplo
     config = SimpleNamespace(compile=compile_options, quantize="none", smoothing=0.6)
     serving = SimpleNamespace(config=config, model_dir=tmp_path, compile_options=None)
 
-    def compiled(engine, serving, progress=None):
+    def compiled(engine, serving, progress=None, eager=None):
         fake_inductor_cache(Path(os.environ[process_settings.INDUCTOR_CACHE_ENV]))
         engine.model.is_compiled = True
         monkeypatch.setattr(compile_cache.shutil, "copytree", disk_full)

@@ -177,3 +177,30 @@ def test_packed_traffic_compiles_nothing_after_ready(handlers):
     for lengths in ([5, 9, 60, 3], [64], [16, 16, 16, 16, 33, 2], [40] * 9, [2] * 40):
         rows(handler, texts_of(handler, lengths))
     assert compiled_graph_count() == graphs and handler.engine.model.recompiles_after_ready == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
+def test_a_start_runs_the_model_eagerly_once_per_check_it_needs_on_the_probe(tiny_models, monkeypatch, dtype):
+    """A long-context model's probe holds texts at its limit: a check that needs an eager answer
+    another check computed takes it (the packed rows' for compiled vs eager, the length groups'
+    at the served dtype for `dtype: auto` and packing), not a pass of its own."""
+    from ts_compiled_handlers.engine.engine import Engine
+    from ts_compiled_handlers.engine.runner import EagerRunner
+    from ts_compiled_handlers.runtime import hardware
+
+    passes, run = [], Engine.run
+
+    def counted(engine, token_ids, *args, **kwargs):
+        if isinstance(engine.model, EagerRunner) and len(token_ids) > 4:  # the probe: two rows per length
+            passes.append((engine.layout.packed, engine.dtype))
+        return run(engine, token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "run", counted)
+    monkeypatch.setattr(hardware.Hardware, "auto_dtype", torch.bfloat16)  # `auto` checks bfloat16 on any CPU
+    handler = ready_handler("embedding", tiny_models["embedding"], buckets=GRID, dtype=dtype)
+    assert handler.engine.model.is_compiled and handler.engine.layout.packed
+    assert len(passes) == len(set(passes))  # no layout at a dtype run twice
+    expected = {(False, torch.float32), (True, torch.float32)}
+    if dtype == "auto":  # float32's answers, then bfloat16's, reused by the packing check
+        expected = {(False, torch.float32), (False, torch.bfloat16), (True, torch.bfloat16)}
+    assert set(passes) == expected
