@@ -28,9 +28,9 @@ import zipfile
 from pathlib import Path
 
 import yaml
+from transformers import AutoConfig, AutoTokenizer
 
 from ts_compiled_handlers.configuration.config import TASKS, ConfigError, parse
-from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.graphs import lora
 from ts_compiled_handlers.quantizing.calibration import CalibrationError, calibration_texts
 from ts_compiled_handlers.runtime import package_files
@@ -38,6 +38,7 @@ from ts_compiled_handlers.scripts import answer_ranges, hub, precompile
 from ts_compiled_handlers.scripts.cli import HelpFormatter, UserError
 from ts_compiled_handlers.scripts.task_inference import AmbiguousTask, infer_task
 from ts_compiled_handlers.servers.torchserve import settings
+from ts_compiled_handlers.startup import start_cost, warmup
 from ts_compiled_handlers.startup.bucket_plan import task_plan
 from ts_compiled_handlers.tasks.registry import task_class
 
@@ -91,12 +92,6 @@ MODEL_FILES = (
 STARTUP_MARGIN = 2.0
 STARTUP_FIXED_SECONDS = 30
 STARTUP_FLOOR_SECONDS = 120
-# Without --precompile, compile seconds ~ FIXED + graphs x (PER_GRAPH + PER_LAYER x compiled layers),
-# fitted on MiniLM's whole-model and regional compile times on 2 CPU cores (docs/design.md,
-# "Cold start and AOT packages").
-ESTIMATE_FIXED_SECONDS = 15
-ESTIMATE_PER_GRAPH_SECONDS = 2
-ESTIMATE_PER_LAYER_SECONDS = 4
 
 
 CALIBRATION_FILE = "calibration.txt"  # `--calibration FILE` in the archive (handler.calibration names it)
@@ -157,20 +152,14 @@ def unfrozen_for_cache(config: dict, kind: str | None) -> dict:
 
 
 def estimated_compile_seconds(config: dict, model_dir: Path) -> float:
-    """A rough compile + warm-up time for the grid without compiling (CPU-calibrated; see constants)."""
+    """Compile + warm-up + the start's checks, planned from the grid and the model's FLOPs without
+    running it (handlers/startup/start_cost.py), at the rates this host measures."""
     handler = parse(config)
-    options = handler.compile
-    if not options.enable:
-        return 0.0
     plan = task_plan(task_class(handler.task)(handler), handler, Path(model_dir))
-    layers = json.loads((Path(model_dir) / "config.json").read_text()).get("num_hidden_layers", 12)
-    # Regional graphs of length groups come twice, with and without an attention mask (see
-    # warmup.padding_variants); packed rows always carry one. The estimate takes the larger.
-    graphs = buckets.expected_graphs(plan) * (2 if options.regional else 1)
-    if handler.task == "text-generation":  # one decode-step graph per batch bucket; the prefill is eager
-        graphs = len(plan.batch_sizes)
-    per_graph = ESTIMATE_PER_GRAPH_SECONDS + ESTIMATE_PER_LAYER_SECONDS * (1 if options.regional else layers)
-    return ESTIMATE_FIXED_SECONDS + graphs * per_graph
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    probe = warmup.Probes(tokenizer, plan).check_rows()
+    return start_cost.planned(handler, Path(model_dir), plan, probe, model_config).seconds
 
 
 def startup_timeout(config: dict, compile_seconds: float, measured: bool) -> dict:

@@ -36,7 +36,7 @@ from ts_compiled_handlers.runtime import allocator, tracing
 from ts_compiled_handlers.runtime.json_text import as_json
 from ts_compiled_handlers.runtime.metrics import MetricsSink
 from ts_compiled_handlers.runtime.process_settings import ThreadShare
-from ts_compiled_handlers.startup import build_steps
+from ts_compiled_handlers.startup import build_steps, start_cost
 from ts_compiled_handlers.startup.serving import Serving, Started, read_serving
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.worker import ready_report
@@ -94,6 +94,7 @@ class Worker:
         began = time.perf_counter()
         allocator.log_in_use()  # a serving worker's, not a build's or a benchmark's
         task, serving, threads = cls.read(placement, task_class, config)
+        planned = start_cost.logged_plan(serving)
         engine, started = build_steps.build_engine(task, serving, progress)
         engine.model.mark_ready()
         config = serving.config
@@ -126,6 +127,8 @@ class Worker:
             tracing.tracer_for(config.tracing, placement.model_name, task.NAME),
         )
         ready_report.announce(metrics, engine, started, serving, threads, time.perf_counter() - began)
+        if planned is not None:
+            logger.info("Started in %.0f s, planned %.0f s", time.perf_counter() - began, planned.seconds)
         return worker
 
     @staticmethod

@@ -62,17 +62,22 @@ def archived_config(archive) -> dict:
         return yaml.safe_load(mar.read("model-config.yaml"))
 
 
-def test_a_startup_timeout_fitting_the_estimated_compile_is_written(tiny_bert, tmp_path):
+def test_a_startup_timeout_fitting_the_planned_start_is_written(tiny_bert, tmp_path, monkeypatch):
+    from ts_compiled_handlers.startup import start_cost
+
+    # 1 GFLOP/s at every dtype: the plan's passes count for seconds, whatever this host's rate
+    monkeypatch.setattr(start_cost, "measured_rates", lambda width, dtypes: dict.fromkeys(dtypes, 1e9))
     whole = archived_config(build(tiny_bert, "embedding", "whole", tmp_path, {}))
     regional = {"handler": {"compile": {"regional": True}}}
     regional = archived_config(build(tiny_bert, "embedding", "regional", tmp_path, regional))
     layers = json.loads((tiny_bert / "config.json").read_text())["num_hidden_layers"]
     # One graph for dynamic: all; whole-model graphs cost per layer, regional ones per block.
-    expected = build_mar.ESTIMATE_FIXED_SECONDS + (
-        build_mar.ESTIMATE_PER_GRAPH_SECONDS + build_mar.ESTIMATE_PER_LAYER_SECONDS * layers
+    compiling = start_cost.COMPILE_FIXED_SECONDS + (
+        start_cost.COMPILE_PER_GRAPH_SECONDS + start_cost.COMPILE_PER_LAYER_SECONDS * layers
     )
-    assert build_mar.estimated_compile_seconds(whole, tiny_bert) == expected
-    assert whole["startupTimeout"] >= build_mar.STARTUP_MARGIN * expected + build_mar.STARTUP_FIXED_SECONDS
+    planned = build_mar.estimated_compile_seconds(whole, tiny_bert)
+    assert planned > compiling  # and the passes over the grid and the checks, at 1 GFLOP/s
+    assert whole["startupTimeout"] >= build_mar.STARTUP_MARGIN * planned + build_mar.STARTUP_FIXED_SECONDS
     assert whole["startupTimeout"] % 10 == 0 and regional["startupTimeout"] >= build_mar.STARTUP_FLOOR_SECONDS
     assert build_mar.startup_timeout({}, 68, measured=True) == {"startupTimeout": 170}  # 2 x 68 + 30, rounded up
 
