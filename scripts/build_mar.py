@@ -159,7 +159,12 @@ def estimated_compile_seconds(config: dict, model_dir: Path) -> float:
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     probe = warmup.Probes(tokenizer, plan).check_rows()
-    return start_cost.planned(handler, Path(model_dir), plan, probe, model_config).seconds
+    try:
+        return start_cost.planned(handler, Path(model_dir), plan, probe, model_config).seconds
+    except start_cost.UNPLANNED as error:
+        why = f"{type(error).__name__}: {error}"
+        print(f"build_mar: WARNING: the start's passes not planned ({why}); compiling alone counted", file=sys.stderr)
+        return start_cost.compile_seconds(handler, plan, model_config)
 
 
 def startup_timeout(config: dict, compile_seconds: float, measured: bool) -> dict:

@@ -37,6 +37,8 @@ EFFICIENCY = {torch.float32: 0.6, torch.bfloat16: 0.35, torch.float16: 0.35}
 COMPILE_FIXED_SECONDS = 15
 COMPILE_PER_GRAPH_SECONDS = 2
 COMPILE_PER_LAYER_SECONDS = 4
+# What a model's configuration or files may raise where they do not give its FLOPs (a plan only informs)
+UNPLANNED = (AttributeError, KeyError, TypeError, ValueError, OSError)
 CALL_SECONDS = 0.002  # what one model call costs beyond its FLOPs (Python, dispatch), eager or compiled
 SAMPLE_TOKENS = 2048  # the rows of the timed matmul
 
@@ -163,7 +165,7 @@ def logged_plan(serving) -> StartPlan | None:
     probe = serving.probes.check_rows()
     try:
         plan = planned(serving.config, serving.model_dir, serving.plan, probe, serving.model_config)
-    except (AttributeError, KeyError, TypeError, ValueError, OSError) as error:
+    except UNPLANNED as error:
         why = f"{type(error).__name__}: {error}"
         logger.warning("Start not planned (the model's configuration gives no FLOPs): %s", why)
         return None
