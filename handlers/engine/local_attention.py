@@ -10,7 +10,7 @@ allows nothing farther (every sliding mask transformers makes: |q - k| below or 
 `sliding_window` each layer passes to its attention), at the window's cost; a text of one block is
 one SDPA call, as before. Inductor calls it as an extern kernel, in the compiled graph and in AOT
 packages, with no branch on the length, so a dynamic graph stays one graph. `banded` computes the
-same in plain torch: the reference it is tested against.
+same in plain torch, as a reference.
 
 `enable(model)` switches a model with sliding layers that attends through SDPA to `ATTENTION`:
 the operator on the sliding layers (on the CPU, where it is built), SDPA on the others.
@@ -33,8 +33,8 @@ BLOCK = 64  # queries per block, as local_attention.cpp cuts them
 def banded(query, key, value, mask, window: int, scale: float) -> torch.Tensor:
     """Attention of (rows, heads, T, D) queries over keys within `window` positions of each, under
     `mask` ((rows, 1 or heads, T, T), boolean or additive; None, which transformers gives only where
-    the window reaches every key: every pair):
-    (rows, T, heads, D), as transformers' attention functions return it."""
+    the window reaches every key: every pair), as (rows, T, heads, D): what the operator computes,
+    gathered in plain torch (the tests' second reference, beside SDPA under the whole mask)."""
     rows, heads, tokens, dim = query.shape
     if key.shape[1] != heads:  # grouped-query attention: each key head serves heads / kv_heads queries
         key = key.repeat_interleave(heads // key.shape[1], dim=1)
@@ -54,8 +54,7 @@ def banded(query, key, value, mask, window: int, scale: float) -> torch.Tensor:
         _blocks_first(queries), _blocks_first(keys), _blocks_first(values), attn_mask=allowed, scale=scale
     )
     out = out.view(rows, blocks, heads, BLOCK, dim).permute(0, 1, 3, 2, 4).reshape(rows, blocks * BLOCK, heads, dim)
-    # the first `tokens` rows, taken so their length is `tokens` itself (a slice's is a min of two sizes)
-    return out.index_select(1, torch.arange(tokens, device=query.device))
+    return out[:, :tokens]
 
 
 def _band_of(mask, sizes: tuple, queried, reached, device) -> torch.Tensor:
