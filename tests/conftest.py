@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-OPS_DIR_ENV = "HFSERVE_OPS_DIR"  # handlers/engine/text_attention.py: where the attention operator is built
+OPS_DIR_ENV = "HFSERVE_OPS_DIR"  # handlers/engine/native_ops.py: where the attention operators are built
 
 
 def pytest_addoption(parser):

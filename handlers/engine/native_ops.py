@@ -49,7 +49,7 @@ def library_path() -> Path:
         key.update(path.read_bytes())
     key.update(f"{torch.__version__} {sys.version} {' '.join(FLAGS)}".encode())
     key.update(" ".join(sorted(_cpu_flags())).encode())
-    return ops_folder() / f"text_attention-{key.hexdigest()[:16]}.so"
+    return ops_folder() / f"attention-ops-{key.hexdigest()[:16]}.so"
 
 
 def ops_folder() -> Path:
@@ -66,7 +66,7 @@ def _cpu_flags() -> set[str]:
 
 
 def build(target: Path) -> None:
-    """Compile the operator into `target`: its two units at once (2 cores: about 10 s, not 20),
+    """Compile the operators into `target`: their units at once (2 cores: about 10 s, not 20),
     then linked atomically, so a half-written library is never loaded."""
     from torch.utils import cpp_extension
 

@@ -3,8 +3,8 @@
 Over packed rows, SDPA scores every token against every token of its row and the block-diagonal
 mask discards the pairs that straddle two texts (73% of the scores on the load test's traffic,
 docs/performance.md). The operator (text_attention.cpp, built with the C++ compiler inductor
-uses: native_ops.py) scores each text against itself only. Inductor calls it as an extern kernel, in the compiled
-graph and in AOT packages; `reference` is what it is tested against.
+uses: native_ops.py) scores each text against itself only. Inductor calls it as an extern kernel,
+in the compiled graph and in AOT packages; `reference` is what it is tested against.
 
 It is reached through transformers' attention interface: `enable(model)` switches a model's
 attention to `ATTENTION`, which runs the operator when the call carries the rows' segments
