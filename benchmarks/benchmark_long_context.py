@@ -24,23 +24,13 @@ from ts_compiled_handlers.benchmarks import measure
 from ts_compiled_handlers.benchmarks.in_process import ready_handler
 from ts_compiled_handlers.engine import buckets
 from ts_compiled_handlers.scripts.make_tiny_models import make_modernbert_embedding
+from ts_compiled_handlers.startup import start_cost
 
 
 def grid_tokens(plan: buckets.BucketPlan) -> tuple[int, int]:
     """(shapes, tokens of one call at each) of the warm-up grid."""
     shapes = buckets.warmup_shapes(plan)
     return len(shapes), sum(rows * length for rows, length in shapes)
-
-
-def flop_of_one_text(config, tokens: int) -> float:
-    """Multiply-adds x 2 of one text: the layers' linears, and attention over every key on the full
-    layers and over the 2 x window + 1 keys a local layer reaches."""
-    hidden, layers = config.hidden_size, config.num_hidden_layers
-    linear_params = layers * (4 * hidden * hidden + 3 * hidden * config.intermediate_size)  # Wqkv, Wo, GLU in/out
-    local = sum(kind == "sliding_attention" for kind in config.layer_types)
-    reach = min(tokens, 2 * config.sliding_window + 1)
-    attention = 4 * tokens * hidden * ((layers - local) * tokens + local * reach)
-    return 2 * linear_params * tokens + attention
 
 
 def limit_seconds(folder: Path, tokens: int, dtype) -> dict:
@@ -54,7 +44,7 @@ def limit_seconds(folder: Path, tokens: int, dtype) -> dict:
     right = torch.randn(config.hidden_size, 3 * config.hidden_size, dtype=dtype)
     seconds = min(measure.time_calls(lambda: left @ right, 2, 20, torch.device("cpu")))  # the best: the machine's
     rate = 2 * tokens * config.hidden_size * 3 * config.hidden_size / seconds
-    flop = flop_of_one_text(config, tokens)
+    flop = start_cost.text_flop(config, start_cost.linear_weights(folder), tokens)
     return {"flop": flop, "rate": rate, "seconds": flop / rate}
 
 

@@ -92,14 +92,10 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 
 
 def configured(model_config) -> bool:
-    """Whether a model's configuration gives it sliding-window layers (its AOT package calls the operator)."""
+    """Whether a model's configuration gives it sliding-window layers: `enable` switches those, and
+    an AOT package of such a model calls the operator."""
     layer_types = getattr(model_config.get_text_config(), "layer_types", None) or ()
     return "sliding_attention" in layer_types
-
-
-def has_sliding_layers(model: torch.nn.Module) -> bool:
-    """Whether a layer of `model` attends within a sliding window (ModernBERT, Gemma 2 and 3, ...)."""
-    return any(getattr(part, "sliding_window", None) for part in model.modules() if hasattr(part, "is_causal"))
 
 
 @functools.cache
@@ -117,7 +113,7 @@ def enable(model: torch.nn.Module) -> bool:
     CPU or the operator cannot be built. Per-text attention over packed rows (text_attention.py)
     keeps the band on those layers."""
     models = transformers_models(model)
-    if not models or not has_sliding_layers(model):
+    if not any(configured(part.config) for part in models):
         return False
     if any(part.config._attn_implementation != "sdpa" for part in models):
         return False

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ts_compiled_handlers.configuration.config import GENERATION
 from ts_compiled_handlers.engine import buckets
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ def compile_seconds(config, plan: buckets.BucketPlan, model_config) -> float:
     # Regional graphs of length groups come twice, with and without an attention mask (see
     # warmup.padding_variants); packed rows always carry one. The estimate takes the larger.
     graphs = buckets.expected_graphs(plan) * (2 if options.regional else 1)
-    if config.task == "text-generation":  # one decode-step graph per batch bucket; the prefill is eager
+    if config.task == GENERATION:  # one decode-step graph per batch bucket; the prefill is eager
         graphs = len(plan.batch_sizes)
     layers = 1 if options.regional else model_config.get_text_config().num_hidden_layers
     return COMPILE_FIXED_SECONDS + graphs * (COMPILE_PER_GRAPH_SECONDS + COMPILE_PER_LAYER_SECONDS * layers)
@@ -160,8 +161,11 @@ def planned(config, model_dir: Path, plan: buckets.BucketPlan, probe: list[list[
 
 
 def logged_plan(serving) -> StartPlan | None:
-    """The worker's plan of its start, logged before it starts (None, said, where the model's
-    configuration or files do not give one: a plan only informs)."""
+    """The worker's plan of its start, logged before it starts; None on a GPU (the plan's rates are
+    the CPU's) and, said, where the model's configuration or files do not give one (a plan only
+    informs)."""
+    if serving.device.type != "cpu":  # its rates are the CPU's matmuls
+        return None
     probe = serving.probes.check_rows()
     try:
         plan = planned(serving.config, serving.model_dir, serving.plan, probe, serving.model_config)

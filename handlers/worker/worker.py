@@ -127,7 +127,7 @@ class Worker:
             tracing.tracer_for(config.tracing, placement.model_name, task.NAME),
         )
         ready_report.announce(metrics, engine, started, serving, threads, time.perf_counter() - began)
-        if planned is not None:
+        if planned is not None and started.cache_source != "aot":  # the plan is a compiling start's
             logger.info("Started in %.0f s, planned %.0f s", time.perf_counter() - began, planned.seconds)
         return worker
 
