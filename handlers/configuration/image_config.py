@@ -1,6 +1,6 @@
 """The `images:` section of the handler's configuration (image-text-embedding): what one image,
 one request's images and one worker's held images may take, and which origins' URLs are fetched.
-Read by handlers/request/images.py's ImageLimits and the loops' HeldImages."""
+Read by handlers/request/images.py's ImageLimits and the loops' held images (handlers/request/holding.py)."""
 
 import dataclasses
 

@@ -57,3 +57,10 @@ class ModelThread:
             torch.set_num_threads(caller_threads)
             self.run(torch.set_num_threads, model_threads)
             logger.warning("torch's thread count is shared between threads here: the event loop's thread is not held")
+
+
+def one_thread() -> None:
+    """A helper thread's start (the answer thread of handlers/loops/scheduled_requests.py): one OpenMP
+    thread, so its tensor work starts no team beside the model thread's."""
+    if "ATen parallel backend: OpenMP" in torch.__config__.parallel_info():
+        torch.set_num_threads(1)

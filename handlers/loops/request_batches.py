@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from ts_compiled_handlers.configuration.placement import Loop
-from ts_compiled_handlers.request.images import HeldImages
+from ts_compiled_handlers.request.holding import held_images, held_rows
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.worker.messages import USAGE_HEADER, Incoming, Reply
@@ -82,7 +82,8 @@ class RequestBatches:
         """Read, check and tokenize each request in its own boundary."""
         batch = Batch.of(incoming, self.worker.tracer)
         task = self.worker.task
-        held = HeldImages(task.images_budget) if task.images_budget is not None else None
+        held = held_images(task.images_budget) if task.images_budget is not None else None
+        rows = held_rows(task.config.max_held_bytes)  # the batch's per-token rows
         for index, request in enumerate(incoming):
             with self.guard(batch, index, "preprocess"):
                 accepted = self.worker.reader.accept(request, index, batch.traces.get(index))
@@ -91,6 +92,7 @@ class RequestBatches:
                     continue
                 if held is not None:  # the batch's images within the budget, or this one's 503
                     held.take(task.images_held(accepted), "images")
+                rows.take(task.rows_held(accepted), accepted.request.texts_field)
                 batch.accepted.append(accepted)
         return batch
 

@@ -5,8 +5,11 @@ Where a server hands requests over one at a time, as they arrive, on an event lo
 thread, queued in the token scheduler (handlers/loops/token_scheduler.py), and answered once its
 call is done; model work runs in the worker's one model thread (handlers/loops/model_thread.py). A
 queue at `scheduler.max_queue` (requests being read count) answers 503 at once, before any reading;
-a request whose images would pass what the worker may hold (`images.batch_images`) gets its 503
-once read, before it is queued.
+a request whose images or per-token output rows would pass what the worker may hold
+(`images.batch_images`, `handler.max_held_bytes`: handlers/request/holding.py) gets its 503 (413
+where it alone passes it) once read, before it is queued. An answer made from many rows (MaxSim
+over long documents, bge-m3's outputs) is made in an answer thread, so the event loop keeps taking
+requests meanwhile.
 
 The reader thread keeps the event loop free while a large body is decoded and tokenized (on the
 loop, one such body stalled every request of the replica, `/ping` included), and reads one body
@@ -20,15 +23,16 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from ts_compiled_handlers.configuration.placement import Loop
-from ts_compiled_handlers.loops.model_thread import ModelThread
+from ts_compiled_handlers.loops.model_thread import ModelThread, one_thread
 from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
-from ts_compiled_handlers.request.images import HeldImages
+from ts_compiled_handlers.request.holding import held_images, held_rows
 from ts_compiled_handlers.request.payload import RequestError
 from ts_compiled_handlers.request.tokenizing import Accepted
 from ts_compiled_handlers.worker.messages import Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker
 
 FULL = "the server is at its queue limit (scheduler.max_queue); retry shortly"
+OFF_LOOP_BYTES = 1 << 20  # an answer made from more rows than this is made in the answer thread
 
 
 class ScheduledRequests:
@@ -51,7 +55,10 @@ class ScheduledRequests:
         )
         self.reader_thread = ThreadPoolExecutor(1, thread_name_prefix="request-reader")
         self.reading = 0  # requests in the reader thread, held as much as queued ones
-        self.held = HeldImages(worker.task.images_budget or 0)  # an image task's queued images
+        self.held = held_images(worker.task.images_budget or 0)  # an image task's queued images
+        self.rows = held_rows(worker.task.config.max_held_bytes)  # per-token tasks' rows, queued to answered
+        # answers made from many rows (MaxSim over long documents) leave the event loop free
+        self.answer_thread = ThreadPoolExecutor(1, thread_name_prefix="answer", initializer=one_thread)
 
     @property
     def full(self) -> bool:
@@ -85,12 +92,17 @@ class ScheduledRequests:
             if isinstance(accepted, Reply):  # answered without the model
                 return accepted
             stage = "inference"
-            with self.held.holding(self.worker.task.images_held(accepted), "images"):  # queued images, budgeted
+            task, field = self.worker.task, accepted.request.texts_field
+            rows_held = task.rows_held(accepted)
+            with self.held.holding(task.images_held(accepted), "images"), self.rows.holding(rows_held, field):
                 rows = await self.scheduler.submit(accepted, accepted.work)
                 stage = "postprocess"
                 if trace is not None:
                     trace.encoding = time.time_ns()
-                return self.worker.reply(accepted, rows)
+                if rows_held < OFF_LOOP_BYTES:
+                    return self.worker.reply(accepted, rows)
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self.answer_thread, self.worker.reply, accepted, rows)
         except Exception as error:  # its own failure (the scheduler isolates a failing call)
             return self.worker.refused(incoming.route, error, stage)
 

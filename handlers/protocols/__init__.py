@@ -60,6 +60,11 @@ class Request:
     form: Any = None
     images: Any = None
 
+    @property
+    def texts_field(self) -> str | None:
+        """The body's field of texts, named in a refusal (None: an in-process caller)."""
+        return self.protocol.texts_field if self.protocol is not None else None
+
 
 @dataclasses.dataclass(frozen=True)
 class Served:

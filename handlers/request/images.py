@@ -16,11 +16,9 @@ for that image's request alone.
 
 import base64
 import binascii
-import contextlib
 import dataclasses
 import io
 import re
-import threading
 import warnings
 
 from ts_compiled_handlers.request.image_urls import fetch_all
@@ -199,36 +197,3 @@ def _check_header(image, data: bytes, field: str, limits: ImageLimits) -> None:
     scans = data.count(b"\xff\xda") if image.format == "JPEG" else 0
     if scans > limits.max_scans:
         raise RequestError(413, f"'{field}' is a JPEG of {scans} scans; at most {limits.max_scans}", field)
-
-
-class HeldImages:
-    """The images a worker holds read and not yet answered, against `images.batch_images`: a
-    request that would pass it is refused (503: the same request fits once the worker catches up),
-    so that no batch or queue makes more vision passes, or holds more pixels, than the budget."""
-
-    def __init__(self, most: int):
-        self.most, self.held = most, 0
-        self.lock = threading.Lock()
-
-    def take(self, count: int, field: str) -> None:
-        """Hold `count` more images, or refuse the request that brings them: a 413 where it could
-        never fit, a 503 where it fits once the held ones are answered."""
-        if count > self.most:
-            message = f"the request has {count} images; a worker holds at most {self.most} (images.batch_images)"
-            raise RequestError(413, message, field)
-        with self.lock:
-            if count and self.held + count > self.most:
-                held = f"the worker holds {self.held} images read and not yet answered"
-                message = f"{held}; {count} more would pass images.batch_images ({self.most}): send it again shortly"
-                raise RequestError(503, message, field)
-            self.held += count
-
-    @contextlib.contextmanager
-    def holding(self, count: int, field: str):
-        """The images held while the block runs (a queued request's, until it is answered)."""
-        self.take(count, field)
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.held -= count

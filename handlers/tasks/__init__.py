@@ -50,6 +50,7 @@ class Task:
     # `compile.freezing: auto` may freeze the weights (generation's decode step over a static cache
     # drifted from eager when frozen: GPT-2 by 0.14, so the warm-up check served it eagerly)
     FREEZES = True
+    token_values = 0  # a per-token task's values per token in its output rows (its read_settings sets them)
     prompts: dict[str, str] = {}  # the model's named prompts (embedders read theirs in read_settings)
     # A task that cuts or extends its texts' token ids defines `model_ids(request, tokenized) ->
     # Tokenized` (multi-vector queries); None: the tokenizer's ids as they are, and no call for it
@@ -149,13 +150,19 @@ class Task:
 
     def images_held(self, accepted: Accepted) -> int:
         """How many images the request holds until it is answered, counted against
-        `images_budget` (handlers/request/images.py's HeldImages) by the loops."""
+        `images_budget` (handlers/request/holding.py) by the loops."""
         return 0
 
     @property
     def images_budget(self) -> int | None:
         """The most images the worker may hold read and not yet answered; None: no images."""
         return None
+
+    def rows_held(self, accepted: Accepted) -> int:
+        """Bytes of output rows the request holds from its call until it is answered, counted
+        against `handler.max_held_bytes` by the loops: a per-token task's grow with its tokens
+        (float32 rows of `token_values` each); a pooled task's, a vector per text, are not counted."""
+        return accepted.tokens * self.token_values * 4
 
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         """One answer per text of the request, from its output rows (one per text, in order)."""

@@ -76,7 +76,9 @@ class EmbeddingTask(Task):
     def read_settings(self, serving) -> None:
         model_dir, model_config = serving.model_dir, serving.model_config
         self.read_sentence_files(model_dir)
-        self.size = self.head.size or model_config.get_text_config().hidden_size * len(self.pooling)
+        hidden = model_config.get_text_config().hidden_size
+        self.size = self.head.size or hidden * len(self.pooling)
+        self.token_values = hidden if self.PER_TOKEN else 0  # embed_all's rows: each token's state
         self.dimension_sizes = self._dimension_sizes(model_config)
         self.ranges = read_ranges(model_dir)
 

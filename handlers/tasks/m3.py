@@ -83,6 +83,7 @@ class M3EmbeddingTask(EmbeddingTask):
     def read_settings(self, serving) -> None:
         self.heads = read_heads(serving.model_dir)  # read once: the sizes here, the module's weights below
         self.size = serving.model_config.hidden_size
+        self.token_values = self.size + 1 + self.heads[0]["weight"].shape[0]  # state, sparse weight, ColBERT vector
         tokenizer = serving.tokenizer
         special = (tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id)
         self.unused_ids = {token for token in special if token is not None}

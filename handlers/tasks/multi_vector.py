@@ -59,6 +59,7 @@ class MultiVectorTask(EmbeddingTask):
         self.colbert = ColbertSettings.read(settings, serving.tokenizer)
         self.projection = read_projection(serving.model_dir)  # read once: its size here, the module's weight below
         self.size = self.projection.shape[0]
+        self.token_values = self.size
         # Cohere's `input_type` (search_query, search_document) finds these names (handlers/protocols/cohere.py)
         self.prompts = dict.fromkeys(INPUT_TYPES, "")
         self.default_prompt, self.dimension_sizes, self.ranges, self.normalize_default = None, None, None, True

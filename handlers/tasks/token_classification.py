@@ -23,6 +23,7 @@ class TokenClassificationTask(Task):
     def read_settings(self, serving) -> None:
         self.tokenizer = serving.tokenizer
         self.id2label = {int(index): label for index, label in serving.model_config.id2label.items()}
+        self.token_values = len(self.id2label)  # a logit per label per token
 
     def build_model(self, model_dir: Path) -> torch.nn.Module:
         from transformers import AutoModelForTokenClassification

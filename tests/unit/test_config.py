@@ -85,7 +85,8 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
     documented = {row.split(" | ")[0].strip("| `"): row.split(" | ")[1] for row in rows}
     defaults = HandlerConfig()
     assert set(documented) == {
-        "task", "dtype", "threads", "max_inputs", "max_response_bytes", "cache_bytes", "adapters", "quantize",
+        "task", "dtype", "threads", "max_inputs", "max_response_bytes", "max_held_bytes", "cache_bytes", "adapters",
+        "quantize",
         "smoothing", "agreement", "calibration",
         "buckets.seq_lens",
         "buckets.batch_sizes", "buckets.max_tokens", "buckets.overflow", "buckets.pack_tokens",

@@ -11,7 +11,8 @@ from PIL import Image
 from transformers.image_utils import load_image
 
 from ts_compiled_handlers.request import images as images_module
-from ts_compiled_handlers.request.images import HeldImages, ImageLimits, decode_image, read_images
+from ts_compiled_handlers.request.holding import held_images
+from ts_compiled_handlers.request.images import ImageLimits, decode_image, read_images
 from ts_compiled_handlers.request.payload import RequestError
 
 
@@ -129,7 +130,7 @@ def test_exif_orientation_is_applied_as_transformers_load_image_applies_it(orien
 
 
 def test_held_images_are_counted_and_given_back():
-    held = HeldImages(10)
+    held = held_images(10)
     held.take(6, "images")
     with pytest.raises(RequestError) as error:
         held.take(5, "images")
@@ -139,7 +140,7 @@ def test_held_images_are_counted_and_given_back():
     assert held.held == 6
     held.take(0, "images")  # a request without images is never refused
     with pytest.raises(RequestError) as error:
-        HeldImages(10).take(11, "images")  # it could never fit: not a 503, which says "send it again"
+        held_images(10).take(11, "images")  # it could never fit: not a 503, which says "send it again"
     assert error.value.status == 413 and "holds at most 10 (images.batch_images)" in error.value.message
 
 

@@ -4,6 +4,7 @@ reranking equal to its `compute_score`, TEI's `embed` and `embed_sparse`, nothin
 ready; bad input refused for that request only. FlagEmbedding's answers are kept in
 tests/data/flag_m3.json (tests/flag_reference.py)."""
 
+import dataclasses
 import json
 import shutil
 
@@ -115,6 +116,25 @@ def test_bad_input_gets_a_400_naming_it_and_its_batch_mate_is_answered(handler, 
     assert handler.context.get_response_status(0)[0] == 400
     assert field in json.dumps(refused)
     assert handler.context.get_response_status(1)[0] == 200 and set(answered[0]) == {"dense_vecs", "colbert_vecs"}
+
+
+def test_a_batch_holds_per_token_rows_within_max_held_bytes_and_answers_the_rest(handler, monkeypatch):
+    """The rows a request holds follow from its tokens before it is queued (bge-m3's state, sparse
+    weight and ColBERT vector per token, as the graph gives them): at `max_held_bytes` of 100
+    tokens' rows, a request of more tokens is a 413 naming the option, the second of two that fit
+    alone but not together a 503 (it fits later), and the others are answered."""
+    task = handler.worker.task
+    (row,) = handler.engine.run([[0, 5, 2]]).rows
+    assert task.token_values == row.shape[-1]  # the count is the engine's own row width
+    config = dataclasses.replace(task.config, max_held_bytes=100 * task.token_values * 4)
+    monkeypatch.setattr(task, "config", config)
+    texts = ["cat " * 120, "cat " * 60, "cat " * 60, "cat"]
+    tokens = [len(ids) for ids in handler.worker.serving.tokenizer(texts).input_ids]
+    assert tokens[0] > 100 and tokens[1] + tokens[3] <= 100 < tokens[1] * 2
+    answers = ask(handler, [{"inputs": text, "return_colbert_vecs": True} for text in texts])
+    assert [handler.context.get_response_status(index)[0] for index in range(4)] == [413, 200, 503, 200]
+    assert "handler.max_held_bytes" in answers[0]["error"] and "send it again" in answers[2]["error"]
+    assert [len(answers[index]["colbert_vecs"]) for index in (1, 3)] == [tokens[1] - 1, tokens[3] - 1]
 
 
 def test_an_aot_package_serves_the_same_outputs_without_dynamo(m3_dir, tmp_path):

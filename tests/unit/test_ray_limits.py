@@ -88,7 +88,7 @@ class FakeWorker:
     def accept(self, incoming, index: int = 0, trace=None) -> Accepted:
         self.read_in.append(threading.current_thread().name)
         self.went.append(self.go.wait(timeout=10))  # a loop blocked by this wait could never say go
-        return Accepted(0, incoming.body, Tokenized([], [[1, 2, 3]]))
+        return Accepted(0, SimpleNamespace(body=incoming.body, texts_field="inputs"), Tokenized([], [[1, 2, 3]]))
 
     def run(self, requests):
         self.call.wait(timeout=10)
@@ -98,7 +98,7 @@ class FakeWorker:
         pass
 
     def reply(self, accepted, rows) -> Reply:
-        return Reply(json.dumps({"body": accepted.request.decode()}))
+        return Reply(json.dumps({"body": accepted.request.body.decode()}))
 
     def refused(self, route, error, stage) -> Reply:
         refused = refusal(error, stage)

@@ -9,12 +9,14 @@ import pytest
 import torch
 import ts
 from fakes import AsyncWorker, answered, as_client_sees, make_context, ready_handler
+from transformers import AutoTokenizer
 from ts.metrics.metric_cache_errors import MetricsCacheKeyError
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.metrics.metric_type_enum import MetricTypes
 
 from ts_compiled_handlers.configuration.config import ConfigError
 from ts_compiled_handlers.engine.buckets import BucketPlan
+from ts_compiled_handlers.loops import scheduled_requests
 from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.scripts import build_mar
 from ts_compiled_handlers.servers.torchserve import async_replies, settings
@@ -243,3 +245,50 @@ def test_an_answer_that_cannot_be_sent_the_async_way_goes_plain_and_handle_never
     (plain,) = sent["r"]  # one message: the answer itself, with its status and no header
     assert plain["code"] == 200 and "ts_stream_next" not in plain["headers"]
     assert len(json.loads(plain["body"])["embedding"]) > 0
+
+
+def test_per_token_rows_are_held_within_max_held_bytes_and_a_large_answer_leaves_the_event_loop(
+    tiny_models, monkeypatch
+):
+    """An `embed_all` archive's rows (each token's state) are counted from the tokens before the
+    request is queued: one that alone passes `max_held_bytes` gets 413 naming it; every answer made
+    from more rows than OFF_LOOP_BYTES is made in the answer thread, not on the event loop."""
+    folder = Path(tiny_models["embedding"])
+    hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
+    texts = {"long": "river " * 60, "mid": "river " * 20, "short": "a"}
+    tokens = {
+        name: len(ids)
+        for name, ids in zip(texts, AutoTokenizer.from_pretrained(folder)(list(texts.values())).input_ids, strict=True)
+    }
+    assert tokens["short"] < tokens["mid"] < min(tokens["long"], 64)  # the long one held at 64 once cut
+    handler_config = {
+        "dtype": "float32",
+        "buckets": {"seq_lens": [8, 32, 64], "batch_sizes": [1, 2, 4]},
+        "compile": {"enable": False},
+        "embedding": {"embed_all": True},
+        "max_held_bytes": (tokens["mid"] + tokens["short"]) * hidden * 4,  # both at once, not the long one
+    }
+    threads = torch.get_num_threads()
+    handler = Handler()
+    handler.initialize(
+        make_context(tiny_models["embedding"], {"asyncCommunication": True, "handler": handler_config}, batch_size=1)
+    )
+    torch.set_num_threads(threads)
+    answered_in = []
+    reply = Worker.reply
+
+    def recorded(*args):
+        answered_in.append(threading.current_thread().name)
+        return reply(*args)
+
+    monkeypatch.setattr(Worker, "reply", recorded)
+    monkeypatch.setattr(scheduled_requests, "OFF_LOOP_BYTES", tokens["mid"] * hidden * 4)
+    try:
+        sent = served(handler, {name: {"inputs": text} for name, text in texts.items()})
+    finally:
+        handler.loop.model_thread.executor.shutdown()
+    statuses = {request_id: as_client_sees(messages)[0] for request_id, messages in sent.items()}
+    assert statuses == {"long": 413, "mid": 200, "short": 200}
+    assert "handler.max_held_bytes" in json.loads(as_client_sees(sent["long"])[1])["error"]
+    assert sorted(name.split("_")[0] for name in answered_in) == ["MainThread", "answer"]  # short, mid
+    assert handler.loop.rows.held == 0
