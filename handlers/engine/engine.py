@@ -19,6 +19,25 @@ from ts_compiled_handlers.engine.runner import ModelRunner
 
 
 @dataclasses.dataclass(frozen=True)
+class KeptPart:
+    """The part of a text's (tokens, values) output row its answer reads, copied out of its call's
+    output as each call ends, so that a request holds only that part until it is answered: the
+    first token's values only (`first_token`), and the first `columns` values (None: all)."""
+
+    first_token: bool = False
+    columns: int | None = None
+
+    def __call__(self, row: torch.Tensor) -> torch.Tensor:
+        part = row[:1] if self.first_token else row
+        return (part if self.columns is None else part[:, : self.columns]).clone()
+
+    def held_bytes(self, token_ids: list[list[int]], row_values: int) -> int:
+        """What the part of each of these texts' float32 rows takes, of `row_values` per token."""
+        tokens = len(token_ids) if self.first_token else sum(len(ids) for ids in token_ids)
+        return tokens * (row_values if self.columns is None else self.columns) * 4
+
+
+@dataclasses.dataclass(frozen=True)
 class Outputs:
     """One output row per text, in order (per-token tasks: a (tokens, ...) row), the texts' token
     counts, and the calls made."""
@@ -46,11 +65,14 @@ class Engine(OnModel):
     pad_id: int
     per_token: bool = False  # outputs per token (token classification), not per text
 
-    def run(self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None, adapters=None) -> Outputs:
+    def run(
+        self, token_ids: list[list[int]], one_per_row: bool = False, type_ids=None, adapters=None, kept=None
+    ) -> Outputs:
         """The model over tokenized texts, in the calls the layout makes of them (`one_per_row`:
         each text in a row of its own, as warm-up reaches each shape of the grid; `type_ids`: each
         token's type, for text pairs, where the layout has them; zeros otherwise; `adapters`: each
-        text's adapter id, where the layout serves adapters; none otherwise)."""
+        text's adapter id, where the layout serves adapters; none otherwise; `kept`: each text's
+        KeptPart, or None for its whole row, where a per-token task's answers read less)."""
         ids = BatchIds(token_ids, type_ids, adapters)
         calls = self.layout.calls(ids.lengths, self.plan, one_per_row)
         rows: list[torch.Tensor | None] = [None] * len(token_ids)
@@ -61,5 +83,5 @@ class Engine(OnModel):
                 picked = output[prepared.pick].float().cpu()
                 pieces = picked.split(prepared.lengths) if self.per_token else picked.unbind(0)
                 for text, piece in zip(prepared.texts, pieces, strict=True):
-                    rows[text] = piece
+                    rows[text] = piece if kept is None or kept[text] is None else kept[text](piece)
         return Outputs(rows, ids.lengths, calls)

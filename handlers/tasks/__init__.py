@@ -16,7 +16,7 @@ import torch
 
 from ts_compiled_handlers.configuration.config import HandlerConfig
 from ts_compiled_handlers.engine import buckets
-from ts_compiled_handlers.engine.engine import Engine
+from ts_compiled_handlers.engine.engine import Engine, KeptPart
 from ts_compiled_handlers.engine.layout import Layout
 from ts_compiled_handlers.engine.runner import ModelRunner
 from ts_compiled_handlers.protocols import Protocol, Request
@@ -158,11 +158,20 @@ class Task:
         """The most images the worker may hold read and not yet answered; None: no images."""
         return None
 
+    def kept_part(self, accepted: Accepted) -> KeptPart | None:
+        """The part of each of the request's output rows its answer reads, where a per-token task
+        reads less than all (handlers/engine/engine.py); None: whole rows."""
+        return None
+
     def rows_held(self, accepted: Accepted) -> int:
         """Bytes of output rows the request holds from its call until it is answered, counted
         against `handler.max_held_bytes` by the loops: a per-token task's grow with its tokens
-        (float32 rows of `token_values` each); a pooled task's, a vector per text, are not counted."""
-        return accepted.tokens * self.token_values * 4
+        (float32 rows of `token_values` each, or the part its answer reads); a pooled task's, a
+        vector per text, are not counted."""
+        kept = self.kept_part(accepted) if self.token_values else None
+        if kept is None:
+            return accepted.tokens * self.token_values * 4
+        return kept.held_bytes(accepted.token_ids, self.token_values)
 
     def answer(self, accepted: Accepted, rows: list[torch.Tensor]) -> list:
         """One answer per text of the request, from its output rows (one per text, in order)."""

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ts_compiled_handlers.engine.engine import KeptPart
 from ts_compiled_handlers.graphs.m3_outputs import M3Outputs, read_heads
 from ts_compiled_handlers.protocols import Request
 from ts_compiled_handlers.protocols.plain import PlainProtocol
@@ -118,6 +119,15 @@ class M3EmbeddingTask(EmbeddingTask):
             raise RequestError(400, "'weights' weigh a rerank body's scores; embeddings take return_*", "weights")
         elif not any(self.outputs(request)):
             raise RequestError(400, "ask for at least one output: return_dense, return_sparse, return_colbert_vecs")
+
+    def kept_part(self, accepted: Accepted) -> KeptPart | None:
+        """What the answer reads of each text's (state | sparse weight | ColBERT vector) rows: the
+        first token's only for the dense vector alone, the states and weights without the ColBERT
+        vectors; whole rows for ColBERT, for scoring, and where a cache keeps rows for any request."""
+        dense, sparse, colbert = self.outputs(accepted.request)
+        if colbert or accepted.request.scoring == "maxsim" or self.config.cache_bytes:
+            return None
+        return KeptPart(first_token=True) if not sparse else KeptPart(columns=self.size + 1)
 
     @staticmethod
     def outputs(request: Request) -> tuple[bool, bool, bool]:

@@ -160,8 +160,8 @@ class Worker:
         token_ids, type_ids = [ids for request in requests for ids in request.token_ids], type_ids_of(requests)
         adapters = self.adapters_of(requests) if self.engine.layout.adapters else None
         if self.cache is None:
-            computed = self.compute(token_ids, type_ids, adapters)
-        else:
+            computed = self.compute(token_ids, type_ids, adapters, self.kept_parts(requests))
+        else:  # cached rows answer later requests whatever they ask: kept whole
             computed, found = self.cache.rows_for(token_ids, type_ids, self.compute, adapters)
             self.record_cache(len(token_ids), found)
         rows, position = [], 0
@@ -175,12 +175,20 @@ class Worker:
         return rows
 
     def compute(
-        self, token_ids: list[list[int]], type_ids: list[list[int]] | None, adapters: list[int] | None = None
+        self, token_ids: list[list[int]], type_ids: list[list[int]] | None, adapters: list[int] | None = None, kept=None
     ) -> list[torch.Tensor]:
-        """The engine over the texts, its calls counted as traffic: each text's rows."""
-        outputs = self.engine.run(token_ids, type_ids=type_ids, adapters=adapters)
+        """The engine over the texts, its calls counted as traffic: each text's rows (`kept`: each
+        text's KeptPart or None, the part of its row its answer reads)."""
+        outputs = self.engine.run(token_ids, type_ids=type_ids, adapters=adapters, kept=kept)
         self.record_traffic(outputs.lengths, outputs.calls)
         return outputs.rows
+
+    def kept_parts(self, requests: list[Accepted]) -> list | None:
+        """Each text's KeptPart, its request's (the task's `kept_part`); None where every row is kept whole."""
+        parts = [self.task.kept_part(request) for request in requests]
+        if all(part is None for part in parts):
+            return None
+        return [part for request, part in zip(requests, parts, strict=True) for _ in request.token_ids]
 
     def adapters_of(self, requests: list[Accepted]) -> list[int]:
         """Each text's adapter id: its request's `adapter` (1 for the first the archive names), 0 for none."""

@@ -135,6 +135,16 @@ def test_a_batch_holds_per_token_rows_within_max_held_bytes_and_answers_the_rest
     assert [handler.context.get_response_status(index)[0] for index in range(4)] == [413, 200, 503, 200]
     assert "handler.max_held_bytes" in answers[0]["error"] and "send it again" in answers[2]["error"]
     assert [len(answers[index]["colbert_vecs"]) for index in (1, 3)] == [tokens[1] - 1, tokens[3] - 1]
+    # only the part an answer reads is held: the first token's row for the dense vector alone,
+    # states and weights without ColBERT vectors for the lexical weights
+    lexical_fits = tokens[0] * (task.size + 1) <= 100 * task.token_values
+    dense, lexical = ask(handler, [{"inputs": texts[0]}, {"inputs": texts[0], "return_sparse": True}])
+    assert [handler.context.get_response_status(index)[0] for index in range(2)] == [200, 413 - 213 * lexical_fits]
+    monkeypatch.undo()  # the default limit: whole rows of the long text
+    (whole,) = ask(handler, [{"inputs": texts[0], **EVERY_OUTPUT}])
+    assert dense["dense_vecs"] == whole["dense_vecs"]
+    if lexical_fits:
+        assert lexical["lexical_weights"] == whole["lexical_weights"]
 
 
 def test_an_aot_package_serves_the_same_outputs_without_dynamo(m3_dir, tmp_path):
