@@ -244,6 +244,15 @@ class SchedulerConfig:
         "answered 503 at once",
         why="TorchServe's own `job_queue_size` default: a backlog is refused, never grown without bound",
     )
+    fill_ms: int = _option(
+        values.non_negative_int,
+        5,
+        meaning="with `asyncCommunication: true`: under load (requests waited through the call just made), the "
+        "most milliseconds the next call waits for as many more requests as that call took (their clients, "
+        "answered, send again) or a full token budget; a call that starts an idle engine never waits; 0 = never",
+        why="fewer, fuller calls: 1.14x the requests/s at 16 clients and 1.12x at 32 (MiniLM, 2 cores), a lone "
+        "query's p50 unchanged; 5 ms, as `maxBatchDelay`",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,7 @@ class ScheduledRequests:
             worker.record_call,
             lambda error: worker.metrics.count("BatchSplits", type(error).__name__, 1),
             model_thread.executor,
+            settings.fill_ms / 1000,
         )
         self.reader_thread = ThreadPoolExecutor(1, thread_name_prefix="request-reader")
         self.reading = 0  # requests in the reader thread, held as much as queued ones

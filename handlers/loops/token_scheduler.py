@@ -7,6 +7,10 @@ them, as TEI's router does:
 - when the engine is idle the oldest request starts a call at once (no timer); while a call runs,
   requests arriving queue and the next call takes them, oldest first, as many as fit the call's
   token budget (the oldest always goes, a later one that does not fit waits for the next call);
+- under load (requests waited through the call just made) the next call may wait up to
+  `fill_seconds` for more, as a request batch waits its delay: until as many more requests as the
+  call just made took have come (their clients, answered, are likely to send again) or the budget
+  is full; a call that starts an idle engine never waits;
 - the call runs in one thread of its own (torch and the tokenizers release the GIL), so the event
   loop parses, tokenizes and encodes answers while the model computes;
 - a call that raises runs again on halves of its requests, down to single ones, so only a request
@@ -62,6 +66,7 @@ class TokenScheduler:
         on_call: Callable[[CallReport], None] = lambda report: None,
         on_split: Callable[[BaseException], None] = lambda error: None,
         executor: ThreadPoolExecutor | None = None,
+        fill_seconds: float = 0.0,
     ):
         self.call = call
         self.call_tokens = call_tokens
@@ -69,6 +74,10 @@ class TokenScheduler:
         self.on_call = on_call
         self.on_split = on_split
         self.queue: collections.deque[Waiting] = collections.deque()
+        self.queued_tokens = 0
+        self.fill_seconds = fill_seconds
+        self.filled: asyncio.Future | None = None  # set once the queue is filled, while a call waits for it
+        self.fill_until = 0  # the queued requests that end a fill
         self.held = 0  # requests queued or in the running call
         self.draining: asyncio.Task | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the event loop that drains
@@ -84,6 +93,10 @@ class TokenScheduler:
         waiting = Waiting(item, tokens, time.perf_counter(), loop.create_future())
         self.queue.append(waiting)
         self.held += 1
+        self.queued_tokens += tokens
+        filled = len(self.queue) >= self.fill_until or self.queued_tokens >= self.call_tokens
+        if self.filled is not None and not self.filled.done() and filled:
+            self.filled.set_result(None)
         if self.draining is None:
             self.loop = loop
             self.draining = loop.create_task(self._drain())
@@ -97,6 +110,8 @@ class TokenScheduler:
         taken: list[Waiting] = []
         try:
             while self.queue:
+                if taken:
+                    await self._fill(len(self.queue) + len(taken))
                 taken = self.take()
                 now = time.perf_counter()
                 tokens = sum(waiting.tokens for waiting in taken)
@@ -108,8 +123,22 @@ class TokenScheduler:
             for waiting in [*taken, *self.queue]:
                 _settle(waiting.future, error=error)
             self.queue.clear()
+            self.queued_tokens = 0
         finally:
             self.draining = None
+
+    async def _fill(self, requests: int) -> None:
+        """Up to `fill_seconds` for the queue to hold `requests` or the call budget (none where it does)."""
+        if not self.fill_seconds or len(self.queue) >= requests or self.queued_tokens >= self.call_tokens:
+            return
+        self.fill_until = requests
+        self.filled = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self.filled, self.fill_seconds)
+        except TimeoutError:
+            pass
+        finally:
+            self.filled = None
 
     def take(self) -> list[Waiting]:
         """The next call's requests: the oldest, then every later one that still fits the budget."""
@@ -124,6 +153,7 @@ class TokenScheduler:
             else:
                 kept.append(waiting)
         self.queue = kept
+        self.queued_tokens -= used
         return taken
 
     async def _run_isolated(self, taken: list[Waiting]) -> None:

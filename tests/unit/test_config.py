@@ -98,7 +98,7 @@ def test_the_table_has_every_handler_key_with_its_dataclass_default():
         "images.fetch_from", "images.fetch_seconds", "images.max_urls", "images.max_images", "images.max_pixels",
         "images.max_scans", "images.request_pixels", "images.request_bytes", "images.batch_images",
         "generation.default_new_tokens", "generation.max_stop_strings", "generation.steps_per_call",
-        "generation.max_request_seconds", "scheduler.call_tokens", "scheduler.max_queue",
+        "generation.max_request_seconds", "scheduler.call_tokens", "scheduler.max_queue", "scheduler.fill_ms",
         "tracing.endpoint", "tracing.service_name", "tracing.sample_ratio",
     }  # fmt: skip
     assert documented["buckets.seq_lens"] == f"`{defaults.buckets.seq_lens}`" == "`auto`"

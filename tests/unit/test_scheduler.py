@@ -3,6 +3,7 @@
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,51 @@ def test_a_failing_call_is_split_until_only_its_culprit_fails():
     assert outputs[:2] == ["out-first", "out-a"] and outputs[3:] == ["out-c", "out-d"]
     assert isinstance(outputs[2], ValueError)
     assert len(splits) == 2  # [a, bad, c, d] -> [a, bad] -> [bad]
+
+
+def test_under_load_the_next_call_waits_for_the_last_calls_clients_and_an_idle_engine_never_waits():
+    """`fill_seconds`: a lone request starts a call at once; requests that waited through a call
+    let the next one wait (here at most 5 s) until as many more as that call took have come."""
+    call = GatedCall()
+    scheduler = TokenScheduler(call, call_tokens=100, max_queue=10, fill_seconds=5.0)
+
+    async def scenario() -> tuple[float, float, int]:
+        began = time.perf_counter()
+        first = asyncio.create_task(scheduler.submit("first", 10))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.create_task(scheduler.submit(item, 10)) for item in ("a", "b")]
+        await asyncio.sleep(0.01)
+        call.gate.set()
+        await first
+        lone = time.perf_counter() - began
+        await asyncio.sleep(0.1)
+        calls_while_filling = len(call.calls)
+        await asyncio.gather(*queued, scheduler.submit("c", 10))  # first's client, back: the call goes
+        return lone, time.perf_counter() - began, calls_while_filling
+
+    lone, whole, calls_while_filling = asyncio.run(scenario())
+    assert call.calls == [["first"], ["a", "b", "c"]] and calls_while_filling == 1
+    assert lone < 1.0 and whole < 2.0  # neither the lone call nor the filled one waited out the 5 s
+    assert scheduler.queued_tokens == 0 and scheduler.filled is None
+
+
+def test_a_fill_ends_once_the_queue_holds_the_call_budget():
+    call = GatedCall()
+    scheduler = TokenScheduler(call, call_tokens=100, max_queue=10, fill_seconds=5.0)
+
+    async def scenario() -> float:
+        began = time.perf_counter()
+        together = [asyncio.create_task(scheduler.submit(item, 1)) for item in ("x", "y", "z")]  # one call
+        await asyncio.sleep(0.05)
+        a = asyncio.create_task(scheduler.submit("a", 95))
+        await asyncio.sleep(0.01)
+        call.gate.set()
+        await asyncio.sleep(0.1)  # the next call waits for 3 more requests, or 100 tokens
+        await asyncio.gather(*together, a, scheduler.submit("b", 5))
+        return time.perf_counter() - began
+
+    assert asyncio.run(scenario()) < 2.0
+    assert call.calls == [["x", "y", "z"], ["a", "b"]]
 
 
 def test_the_queue_is_full_at_max_queue_held_requests_and_frees_as_they_are_answered():
