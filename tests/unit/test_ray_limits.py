@@ -67,7 +67,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_all_read():
 class FakeWorker:
     """A worker whose `accept` records the thread it ran in, and may wait for the test's go."""
 
-    serving = SimpleNamespace(config=SimpleNamespace(scheduler=SimpleNamespace(call_tokens=64, max_queue=2)))
+    serving = SimpleNamespace(config=SimpleNamespace(scheduler=SimpleNamespace(call_tokens=64, max_queue=2, fill_ms=0)))
     engine = None
     metrics = MetricsSink()
     task = Task(parse({}))  # a text task: no images held
