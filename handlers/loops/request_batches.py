@@ -83,7 +83,7 @@ class RequestBatches:
         batch = Batch.of(incoming, self.worker.tracer)
         task = self.worker.task
         held = held_images(task.images_budget) if task.images_budget is not None else None
-        rows = held_rows(task.config.max_held_bytes)  # the batch's per-token rows
+        rows = held_rows(task.config.max_held_bytes) if task.token_values else None  # the batch's per-token rows
         for index, request in enumerate(incoming):
             with self.guard(batch, index, "preprocess"):
                 accepted = self.worker.reader.accept(request, index, batch.traces.get(index))
@@ -92,7 +92,8 @@ class RequestBatches:
                     continue
                 if held is not None:  # the batch's images within the budget, or this one's 503
                     held.take(task.images_held(accepted), "images")
-                rows.take(task.rows_held(accepted), accepted.request.texts_field)
+                if rows is not None:
+                    rows.take(task.rows_held(accepted), accepted.request.texts_field)
                 batch.accepted.append(accepted)
         return batch
 

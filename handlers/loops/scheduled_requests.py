@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 from ts_compiled_handlers.configuration.placement import Loop
 from ts_compiled_handlers.loops.model_thread import ModelThread, one_thread
@@ -93,9 +94,10 @@ class ScheduledRequests:
             if isinstance(accepted, Reply):  # answered without the model
                 return accepted
             stage = "inference"
-            task, field = self.worker.task, accepted.request.texts_field
-            rows_held = task.rows_held(accepted)
-            with self.held.holding(task.images_held(accepted), "images"), self.rows.holding(rows_held, field):
+            task = self.worker.task
+            rows_held = task.rows_held(accepted) if task.token_values else 0  # pooled tasks: none to count
+            holding_rows = self.rows.holding(rows_held, accepted.request.texts_field) if rows_held else nullcontext()
+            with self.held.holding(task.images_held(accepted), "images"), holding_rows:
                 rows = await self.scheduler.submit(accepted, accepted.work)
                 stage = "postprocess"
                 if trace is not None:

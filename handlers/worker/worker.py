@@ -160,7 +160,8 @@ class Worker:
         token_ids, type_ids = [ids for request in requests for ids in request.token_ids], type_ids_of(requests)
         adapters = self.adapters_of(requests) if self.engine.layout.adapters else None
         if self.cache is None:
-            computed = self.compute(token_ids, type_ids, adapters, self.kept_parts(requests))
+            kept = self.kept_parts(requests) if self.task.token_values else None  # pooled rows: kept whole
+            computed = self.compute(token_ids, type_ids, adapters, kept)
         else:  # cached rows answer later requests whatever they ask: kept whole
             computed, found = self.cache.rows_for(token_ids, type_ids, self.compute, adapters)
             self.record_cache(len(token_ids), found)
