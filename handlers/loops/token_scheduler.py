@@ -133,10 +133,8 @@ class TokenScheduler:
             return
         self.fill_until = requests
         self.filled = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait_for(self.filled, self.fill_seconds)
-        except TimeoutError:
-            pass
+        try:  # `asyncio.wait` returns at the timeout (wait_for raises, and a different error before 3.11)
+            await asyncio.wait({self.filled}, timeout=self.fill_seconds)
         finally:
             self.filled = None
 

@@ -168,7 +168,7 @@ class Task:
         against `handler.max_held_bytes` by the loops: a per-token task's grow with its tokens
         (float32 rows of `token_values` each, or the part its answer reads); a pooled task's, a
         vector per text, are not counted."""
-        kept = self.kept_part(accepted) if self.token_values else None
+        kept = self.kept_part(accepted)
         if kept is None:
             return accepted.tokens * self.token_values * 4
         return kept.held_bytes(accepted.token_ids, self.token_values)

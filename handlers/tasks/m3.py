@@ -124,7 +124,7 @@ class M3EmbeddingTask(EmbeddingTask):
         """What the answer reads of each text's (state | sparse weight | ColBERT vector) rows: the
         first token's only for the dense vector alone, the states and weights without the ColBERT
         vectors; whole rows for ColBERT, for scoring, and where a cache keeps rows for any request."""
-        dense, sparse, colbert = self.outputs(accepted.request)
+        _, sparse, colbert = self.outputs(accepted.request)
         if colbert or accepted.request.scoring == "maxsim" or self.config.cache_bytes:
             return None
         return KeptPart(first_token=True) if not sparse else KeptPart(columns=self.size + 1)
