@@ -3,7 +3,9 @@
 import asyncio
 import copy
 import json
+import socket
 import struct
+import threading
 
 from ts.context import Context, RequestProcessor
 from ts.protocol.otf_message_handler import create_predict_response
@@ -104,7 +106,24 @@ class Frontend:
 
 def read_predict_response(message: bytes) -> list[dict]:
     """The answers of one worker message as the frontend's ModelResponseDecoder reads them."""
-    view, at = memoryview(message), 0
+    answers, _ = read_message(memoryview(message), 0)
+    return answers
+
+
+def read_predict_stream(stream: bytes) -> list[list[dict]]:
+    """Each whole worker message of `stream` (what the frontend's socket received), read."""
+    view, at, found = memoryview(stream), 0, []
+    while at < len(stream):
+        try:
+            answers, at = read_message(view, at)
+        except struct.error:  # the rest has not arrived yet
+            break
+        found.append(answers)
+    return found
+
+
+def read_message(view: memoryview, at: int) -> tuple[list[dict], int]:
+    """The answers of the worker message at `at`, and where the next one starts."""
 
     def integer() -> int:
         nonlocal at
@@ -115,6 +134,8 @@ def read_predict_response(message: bytes) -> list[dict]:
     def text(size: int | None = None) -> bytes:
         nonlocal at
         size = integer() if size is None else size
+        if at + size > len(view):
+            raise struct.error("cut short")
         at += size
         return bytes(view[at - size : at])
 
@@ -134,7 +155,7 @@ def read_predict_response(message: bytes) -> list[dict]:
                 "body": text(),
             }
         )
-    return answers
+    return answers, at
 
 
 class AsyncWorker:
@@ -185,3 +206,45 @@ class NoTorchServe(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NoTorchServe())
 """
+
+
+def sized(data: bytes) -> bytes:
+    return struct.pack("!i", len(data)) + data
+
+
+def frontend_message(requests: dict[str, bytes], content_type: str = "application/json") -> bytes:
+    """One predict message as TorchServe's frontend encodes it: each request's id, no header, its body."""
+    end = struct.pack("!i", -1)
+    frames = [
+        sized(rid.encode()) + end + sized(b"body") + sized(content_type.encode()) + sized(body) + end
+        for rid, body in requests.items()
+    ]
+    return b"I" + b"".join(frames) + end
+
+
+def served_over_socket(loop_class, service, messages: list[bytes], answers: int) -> tuple[list[list[dict]], dict]:
+    """`messages` sent to `loop_class(service).run()` (an async worker loop) over a real socket pair,
+    read until `answers` answers came back, then the frontend gone: every message the worker
+    wrote, read, and how its `run` ended once the frontend left ({"returned": ...} or {"exit": code})."""
+    frontend, worker_end = socket.socketpair()
+    service.cl_socket = worker_end
+    ended = {}
+
+    def run():
+        try:
+            ended["returned"] = loop_class(service).run()
+        except SystemExit as exit:
+            ended["exit"] = exit.code
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    frontend.sendall(b"".join(messages))
+    frontend.settimeout(30)
+    stream = b""
+    while sum(map(len, read_predict_stream(stream))) < answers:
+        stream += frontend.recv(1 << 16)
+    frontend.close()
+    thread.join(30)
+    worker_end.close()
+    assert not thread.is_alive(), "the worker loop did not end when the frontend left"
+    return read_predict_stream(stream), ended

@@ -4,12 +4,21 @@ import asyncio
 import json
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
 import ts
-from fakes import AsyncWorker, answered, as_client_sees, make_context, ready_handler
+from fakes import (
+    AsyncWorker,
+    answered,
+    as_client_sees,
+    frontend_message,
+    make_context,
+    ready_handler,
+    served_over_socket,
+)
 from transformers import AutoTokenizer
 from ts.metrics.metric_cache_errors import MetricsCacheKeyError
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -20,7 +29,7 @@ from ts_compiled_handlers.engine.buckets import BucketPlan
 from ts_compiled_handlers.loops import scheduled_requests
 from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.scripts import build_mar
-from ts_compiled_handlers.servers.torchserve import async_replies, settings
+from ts_compiled_handlers.servers.torchserve import async_replies, async_worker, settings
 from ts_compiled_handlers.servers.torchserve.handler import Handler
 from ts_compiled_handlers.worker.worker import Worker
 
@@ -257,6 +266,32 @@ def test_concurrent_mixed_lengths_are_each_answered_right_in_two_messages(handle
         assert messages[0]["headers"]["x-prompt-tokens"].isdigit()
         got = torch.tensor(json.loads(body)["embedding"])
         assert torch.allclose(got, torch.tensor(reference["embedding"]), atol=1e-5), request_id
+
+
+def test_our_async_worker_loop_serves_the_real_handler_as_torchserves_loop_does(handlers):
+    """handlers/servers/torchserve/async_worker.py over a real socket pair, the frontend's frames in
+    and out, against the stand-in of TorchServe's own loop: the same statuses, bodies and messages."""
+    scheduled, _, _ = handlers
+    requests = {"a": {"inputs": TEXTS[0]}, "bad": {"inputs": ""}, "b": {"inputs": TEXTS[1]}}
+    reference = served(scheduled, requests)
+    service = types.SimpleNamespace(context=scheduled.context, _entry_point=scheduled.handle)
+    frames = [frontend_message({request_id: json.dumps(body).encode()}) for request_id, body in requests.items()]
+    sent, ended = served_over_socket(async_worker.AsyncWorker, service, frames, answers=2 * len(requests))
+    by_request = {}
+    for answer in (answer for message in sent for answer in message):
+        by_request.setdefault(answer["id"], []).append(answer)
+    for request_id in requests:
+        (status, body), (expected_status, expected) = (
+            as_client_sees(by_request[request_id]),
+            as_client_sees(reference[request_id]),
+        )
+        assert status == expected_status and by_request[request_id][0]["headers"] == reference[request_id][0]["headers"]
+        if status == 200:
+            got, want = (torch.tensor(json.loads(each)["embedding"]) for each in (body, expected))
+            assert torch.allclose(got, want, atol=1e-5), request_id
+        else:
+            assert json.loads(body) == json.loads(expected)
+    assert ended == {"exit": 0}
 
 
 def test_a_hostile_request_among_them_gets_its_own_plain_4xx(handlers):

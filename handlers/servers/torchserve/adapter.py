@@ -19,6 +19,7 @@ import logging
 import sys
 from typing import Any
 
+from ts import async_service
 from ts.handler_utils.utils import send_intermediate_predict_response
 from ts.protocol import otf_message_handler
 from ts.torch_handler.base_handler import BaseHandler
@@ -29,7 +30,8 @@ from ts_compiled_handlers.loops.request_batches import Batch
 from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import phrase
 from ts_compiled_handlers.runtime.tracing import TRACE_HEADERS
-from ts_compiled_handlers.servers.torchserve import async_replies, messages, settings
+from ts_compiled_handlers.servers.torchserve import async_replies, async_worker, messages, settings
+from ts_compiled_handlers.servers.torchserve.async_worker import AsyncWorker
 from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.registry import task_class
@@ -37,7 +39,7 @@ from ts_compiled_handlers.worker.messages import Incoming, Reply
 from ts_compiled_handlers.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
-KNOWN_FRAMES = ("0.12.",)  # the TorchServe releases whose frames messages.py reads
+KNOWN_RELEASES = ("0.12.",)  # the TorchServe releases whose frames (messages.py) and async loop ours mirror
 READER_MODULES = ("__main__", "ts.async_service")  # the worker's script and its async loop hold the reader
 
 
@@ -82,6 +84,7 @@ class TorchServeHandler(BaseHandler):
         sink.declare_traffic_metrics()
         read_messages_from_memory()
         if self.loop.kind is Loop.SCHEDULED:
+            serve_async_with_our_loop()
             self.answer = self.answer_one_at_a_time
         elif self.loop.kind is Loop.DECODE_LOOP:
             self.answer = self.answer_decode_call
@@ -188,27 +191,46 @@ def quiet_per_batch_lines() -> None:
         root.addFilter(PerBatchLines())
 
 
-def read_messages_from_memory() -> bool:
-    """The worker's loops read the frontend's messages through messages.py instead of TorchServe's
-    reader (called once the model is loaded, before the next message is read); False outside
-    TorchServe's worker process, for a release whose frames it does not know, or where something
-    else already replaced TorchServe's reader."""
-    if not hasattr(sys.modules["__main__"], "TorchModelServiceWorker"):  # in process: tests, Ray, tools
+def known_torchserve_worker() -> bool:
+    """In TorchServe's worker process, of a release whose frames (messages.py) and async loop
+    (async_worker.py) ours mirror; False in process (tests, Ray, tools)."""
+    if not hasattr(sys.modules["__main__"], "TorchModelServiceWorker"):
         return False
     try:
         release = importlib.metadata.version("torchserve")
     except importlib.metadata.PackageNotFoundError:
         return False
-    if not release.startswith(KNOWN_FRAMES):
-        logger.info("TorchServe %s: its own message reader kept (ours knows %s)", release, KNOWN_FRAMES)
+    if not release.startswith(KNOWN_RELEASES):
+        logger.info("TorchServe %s: its own message reader and async loop kept (ours know %s)", release, KNOWN_RELEASES)
+        return False
+    return True
+
+
+def read_messages_from_memory() -> bool:
+    """The worker's loops read the frontend's messages through messages.py instead of TorchServe's
+    reader (called once the model is loaded, before the next message is read); False where
+    `known_torchserve_worker` is, or where something else already replaced TorchServe's reader."""
+    if not known_torchserve_worker():
         return False
     modules = [sys.modules[name] for name in READER_MODULES if name in sys.modules]
     loops = [module for module in modules if getattr(module, "retrieve_msg", None) is otf_message_handler.retrieve_msg]
     for module in loops:
         module.retrieve_msg = messages.retrieve_msg
     if loops:
-        logger.info("TorchServe %s's messages are read by %s", release, messages.__name__)
+        logger.info("TorchServe's messages are read by %s", messages.__name__)
     return bool(loops)
+
+
+def serve_async_with_our_loop() -> bool:
+    """asyncCommunication: TorchServe's async loop (ts/async_service.py) replaced by ours
+    (async_worker.py), which the worker starts once `initialize` returns; False where
+    `known_torchserve_worker` is, or where something else already replaced it."""
+    main = sys.modules["__main__"]
+    if not known_torchserve_worker() or getattr(main, "AsyncService", None) is not async_service.AsyncService:
+        return False
+    main.AsyncService = AsyncWorker
+    logger.info("TorchServe's async requests are served by %s", async_worker.__name__)
+    return True
 
 
 def write(replies: list[Reply], context, stream_next: bool = False) -> list:

@@ -23,6 +23,8 @@ import logging
 
 from ts.protocol.otf_message_handler import create_predict_response
 
+from ts_compiled_handlers.servers.torchserve.async_worker import Wire
+
 logger = logging.getLogger(__name__)
 
 
@@ -47,14 +49,15 @@ def send_first(answers: list, context) -> list[str]:
     return [""] * len(answers)
 
 
-def out_queue() -> asyncio.Queue:
-    """The async worker's out-queue. ts/async_service.py offers no supported way to it: it is an
-    attribute of its `AsyncService`, whose `call_predict` coroutine runs the current task, so it is
-    read from that coroutine's frame. tests/unit/test_ts_async.py fails loudly if that shape changes."""
+def out_queue() -> asyncio.Queue | Wire:
+    """The async worker's out-queue (ours: async_worker.py's `Wire`). ts/async_service.py offers no
+    supported way to it: it is an attribute of its `AsyncService`, whose `call_predict` coroutine runs
+    the current task, so it is read from that coroutine's frame (ours has the same shape).
+    tests/unit/test_ts_async.py fails loudly if that shape changes."""
     task = asyncio.current_task()
     frame = getattr(task.get_coro(), "cr_frame", None) if task is not None else None
     service = frame.f_locals.get("self") if frame is not None else None
     queue = getattr(service, "out_queue", None)
-    if not isinstance(queue, asyncio.Queue):
+    if not isinstance(queue, (asyncio.Queue, Wire)):
         raise LookupError("no async out-queue found: not TorchServe 0.12's AsyncService.call_predict?")
     return queue
