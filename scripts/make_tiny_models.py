@@ -329,6 +329,79 @@ def make_decoder_embedding(folder: Path) -> Path:
     return folder
 
 
+# EmbeddingGemma's prompts (google/embeddinggemma-300m's config_sentence_transformers.json, two of them).
+GEMMA_PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: "}
+
+
+def make_embedding_gemma(folder: Path) -> Path:
+    """An EmbeddingGemma-shaped embedder in its own layout: a Gemma 3 text model attending both ways,
+    sliding-window layers (a window of 8 here, so that test texts pass it) beside a full one, mean
+    pooling, two Dense modules without bias or activation (up 4x, then back), Normalize, and its
+    query and document prompts; <bos> and <eos> around each text."""
+    from sentence_transformers import SentenceTransformer
+
+    try:  # sentence-transformers 6 (transformers 5)
+        from sentence_transformers.base.modules import Dense, Normalize, Transformer
+        from sentence_transformers.sentence_transformer.modules import Pooling
+    except ImportError:  # 5, the one that goes with transformers 4 (scripts/check_floors.sh)
+        from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import Gemma3TextConfig, Gemma3TextModel, PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    special = ["<pad>", "<eos>", "<bos>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(CORPUS * 4, trainer)
+    backend.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", 2), ("<eos>", 1)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
+    )
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        max_position_embeddings=256,
+        sliding_window=8,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        use_bidirectional_attention=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    transformer_dir = folder / "transformer"
+    tokenizer.save_pretrained(transformer_dir)
+    torch.manual_seed(0)
+    _save(Gemma3TextModel(config), transformer_dir)
+    identity = torch.nn.Identity()
+    modules = [
+        Transformer(str(transformer_dir), max_seq_length=256),
+        Pooling(32, "mean"),
+        Dense(32, 128, bias=False, activation_function=identity),
+        Dense(128, 32, bias=False, activation_function=identity),
+        Normalize(),
+    ]
+    SentenceTransformer(modules=modules, prompts=GEMMA_PROMPTS, device="cpu").save(str(folder))
+    import shutil
+
+    shutil.rmtree(transformer_dir)
+    return folder
+
+
 def make_deberta_classification(folder: Path) -> Path:
     """DeBERTa-v2-shaped sequence classifier (relative positions, its own attention mask handling)."""
     from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
@@ -638,6 +711,7 @@ MAKERS = {
     "embedding-dense": make_dense_embedding,
     "cross-encoder": make_cross_encoder,
     "embedding-decoder": make_decoder_embedding,
+    "embedding-gemma": make_embedding_gemma,
     "text-classification-deberta": make_deberta_classification,
     "embedding-modernbert": make_modernbert_embedding,
     "text-generation-gpt2": make_gpt2_generation,

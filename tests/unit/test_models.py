@@ -30,9 +30,9 @@ def check_embedding(handler, model_dir) -> None:
     reference = SentenceTransformer(str(model_dir), device="cpu")
     plain = answered(handler, [{"inputs": TEXTS}])[0]
     assert cosine(plain, reference.encode(TEXTS, normalize_embeddings=True)) > 0.9999
-    if handler.worker.task.prompts:  # the decoder embedder's instruction prompt
-        prompted = answered(handler, [{"inputs": TEXTS, "prompt_name": "query"}])[0]
-        assert cosine(prompted, reference.encode(TEXTS, prompt_name="query")) > 0.9999
+    for prompt in handler.worker.task.prompts:  # the decoder embedder's and EmbeddingGemma's prompts
+        prompted = answered(handler, [{"inputs": TEXTS, "prompt_name": prompt}])[0]
+        assert cosine(prompted, reference.encode(TEXTS, prompt_name=prompt)) > 0.9999
 
 
 def check_classification(handler, model_dir) -> None:
@@ -50,6 +50,7 @@ def check_reranking(handler, model_dir) -> None:
 FAMILIES = {  # tiny model: (task, packed?, the check of its answers)
     "embedding-decoder": ("embedding", True, check_embedding),  # Qwen3: last token, causal packed rows
     "embedding-modernbert": ("embedding", True, check_embedding),  # rotary, local attention
+    "embedding-gemma": ("embedding", False, check_embedding),  # EmbeddingGemma: sliding windows both ways, 2 Dense
     "cross-encoder": ("text-classification", True, check_reranking),  # BERT pairs: token types per segment
     "text-classification-deberta": ("text-classification", False, check_classification),  # its head: groups
     "text-classification-distilbert": ("text-classification", False, check_classification),  # its head: groups
