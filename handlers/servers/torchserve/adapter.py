@@ -31,7 +31,6 @@ from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import phrase
 from ts_compiled_handlers.runtime.tracing import TRACE_HEADERS
 from ts_compiled_handlers.servers.torchserve import async_replies, async_worker, messages, settings
-from ts_compiled_handlers.servers.torchserve.async_worker import AsyncWorker
 from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.registry import task_class
@@ -208,8 +207,8 @@ def known_torchserve_worker() -> bool:
 
 def read_messages_from_memory() -> bool:
     """The worker's loops read the frontend's messages through messages.py instead of TorchServe's
-    reader (called once the model is loaded, before the next message is read); False where
-    `known_torchserve_worker` is, or where something else already replaced TorchServe's reader."""
+    reader (called once the model is loaded, before the next message is read); False outside a
+    `known_torchserve_worker`, or where something else already replaced TorchServe's reader."""
     if not known_torchserve_worker():
         return False
     modules = [sys.modules[name] for name in READER_MODULES if name in sys.modules]
@@ -223,12 +222,12 @@ def read_messages_from_memory() -> bool:
 
 def serve_async_with_our_loop() -> bool:
     """asyncCommunication: TorchServe's async loop (ts/async_service.py) replaced by ours
-    (async_worker.py), which the worker starts once `initialize` returns; False where
-    `known_torchserve_worker` is, or where something else already replaced it."""
+    (async_worker.py), which the worker starts once `initialize` returns; False outside a
+    `known_torchserve_worker`, or where something else already replaced it."""
     main = sys.modules["__main__"]
     if not known_torchserve_worker() or getattr(main, "AsyncService", None) is not async_service.AsyncService:
         return False
-    main.AsyncService = AsyncWorker
+    main.AsyncService = async_worker.AsyncWorker
     logger.info("TorchServe's async requests are served by %s", async_worker.__name__)
     return True
 
