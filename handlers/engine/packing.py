@@ -17,7 +17,7 @@ classification) keep their per-token outputs.
 
 import torch
 
-from ts_compiled_handlers.engine import buckets, text_attention
+from ts_compiled_handlers.engine import buckets, local_attention, text_attention
 
 # The budget of `pack_tokens: auto` (capped at the largest length bucket): longer rows kept paying
 # up to MiniLM's limit of 256 (docs/performance.md, "Packing"); longer ones were not measured.
@@ -59,20 +59,37 @@ def _fits(tokens: int, texts: int, budget: int, seq_lens: tuple[int, ...]) -> bo
     return tokens <= budget and bucket is not None and texts <= text_slots(bucket)
 
 
-def block_mask(segments: torch.Tensor, dtype: torch.dtype, causal: bool = False) -> torch.Tensor:
+def block_mask(segments: torch.Tensor, dtype: torch.dtype, causal: bool = False, window: int = 0) -> torch.Tensor:
     """The additive (rows, 1, seq, seq) mask in which a token sees only its own segment (and, for a
-    causal model, only the tokens before it there).
+    causal model, only the tokens before it there; with `window`, only those fewer than `window`
+    positions away: a sliding-window layer's).
 
     Additive, not boolean: a boolean 4-D mask is right under SDPA but would be added as 0/1 by
     transformers' eager attention. A model given a 4-D mask uses it as it is, so a decoder's
     causality must be in it.
     """
     visible = segments[:, :, None] == segments[:, None, :]  # (rows, query, key)
-    if causal:  # every operand (rows, ...): a broadcast over a size-1 batch would specialize the graph
+    if causal or window:  # every operand (rows, ...): a broadcast over a size-1 batch would specialize the graph
         order = torch.arange(segments.shape[1], device=segments.device).expand_as(segments)
-        visible = visible & (order[:, :, None] >= order[:, None, :])
+        ahead = order[:, :, None] - order[:, None, :]
+        if causal:
+            visible = visible & (ahead >= 0)
+        if window:
+            visible = visible & (ahead.abs() < window)
     blocked = torch.zeros(visible.shape, dtype=dtype, device=segments.device)
     return blocked.masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+
+
+def sliding_window(module: torch.nn.Module) -> int:
+    """How near a key must be for the model's sliding-window layers (fewer positions away than this,
+    as each such layer tells its attention: Gemma 3's window, ModernBERT's half window + 1); 0
+    without such layers. Given one 4-D mask, those layers would take it whole, window and all lost,
+    so their packed rows get a mask of their own (`PackedModel`)."""
+    if not any(local_attention.configured(part.config) for part in local_attention.transformers_models(module)):
+        return 0
+    windows = {getattr(part, "sliding_window", None) for part in module.modules()}
+    windows = {window for window in windows if isinstance(window, int) and not isinstance(window, bool) and window > 0}
+    return min(windows, default=0)
 
 
 def attends_causally(module: torch.nn.Module) -> bool:
@@ -153,10 +170,14 @@ class PackedModel(torch.nn.Module):
         super().__init__()
         self.module = module
         self.causal = attends_causally(module)
+        self.window = sliding_window(module)
 
     def forward(self, input_ids, position_ids, segments, token_type_ids=None) -> torch.Tensor:
         dtype = next(self.module.parameters()).dtype
         mask = block_mask(segments, dtype, self.causal)
+        if self.window:  # transformers' masks by layer type: the sliding layers' keeps their band
+            sliding = block_mask(segments, dtype, self.causal, self.window)
+            mask = {"full_attention": mask, "sliding_attention": sliding}
         return self.module.packed(input_ids, mask, position_ids, segments, token_type_ids)
 
 

@@ -50,7 +50,7 @@ def check_reranking(handler, model_dir) -> None:
 FAMILIES = {  # tiny model: (task, packed?, the check of its answers)
     "embedding-decoder": ("embedding", True, check_embedding),  # Qwen3: last token, causal packed rows
     "embedding-modernbert": ("embedding", True, check_embedding),  # rotary, local attention
-    "embedding-gemma": ("embedding", False, check_embedding),  # EmbeddingGemma: sliding windows both ways, 2 Dense
+    "embedding-gemma": ("embedding", True, check_embedding),  # EmbeddingGemma: sliding windows both ways, 2 Dense
     "cross-encoder": ("text-classification", True, check_reranking),  # BERT pairs: token types per segment
     "text-classification-deberta": ("text-classification", False, check_classification),  # its head: groups
     "text-classification-distilbert": ("text-classification", False, check_classification),  # its head: groups

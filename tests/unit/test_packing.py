@@ -204,3 +204,27 @@ def test_a_start_runs_the_model_eagerly_once_per_check_it_needs_on_the_probe(tin
     if dtype == "auto":  # float32's answers, then bfloat16's, reused by the packing check
         expected = {(False, torch.float32), (False, torch.bfloat16), (True, torch.bfloat16)}
     assert set(passes) == expected
+
+
+def test_a_sliding_layers_mask_keeps_each_text_within_its_window():
+    segments = torch.tensor([[1, 1, 1, 1, 1, 2, 2, 0]])  # texts of 5 and 2 tokens, one padding
+
+    def seen(**kwargs) -> int:  # the pairs the mask lets through
+        return int((packing.block_mask(segments, torch.float32, **kwargs) == 0).sum())
+
+    assert seen() == 25 + 4 + 1
+    assert seen(window=2) == (5 + 2 * 4) + (2 + 2) + 1  # each token, and its neighbours within its text
+    assert seen(window=2, causal=True) == (5 + 4) + (2 + 1) + 1
+
+
+@pytest.mark.parametrize("family", ["embedding-gemma", "embedding-modernbert", "embedding"])
+def test_the_sliding_window_is_each_models_own_bound(tiny_models, family):
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(tiny_models[family])
+    expected = {  # keys fewer positions away than this: Gemma 3's window, ModernBERT's half window + 1
+        "embedding-gemma": lambda config: config.sliding_window,
+        "embedding-modernbert": lambda config: config.local_attention // 2 + 1,
+        "embedding": lambda config: 0,  # BERT: no sliding layers, one mask
+    }[family](model.config)
+    assert packing.sliding_window(model) == expected
