@@ -29,7 +29,7 @@ from ts_compiled_handlers.engine.buckets import BucketPlan
 from ts_compiled_handlers.loops import scheduled_requests
 from ts_compiled_handlers.loops.token_scheduler import TokenScheduler
 from ts_compiled_handlers.scripts import build_mar
-from ts_compiled_handlers.servers.torchserve import async_replies, async_worker, settings
+from ts_compiled_handlers.servers.torchserve import async_worker, settings
 from ts_compiled_handlers.servers.torchserve.handler import Handler
 from ts_compiled_handlers.worker.worker import Worker
 
@@ -321,7 +321,7 @@ def test_an_answer_that_cannot_be_sent_the_async_way_goes_plain_and_handle_never
     def broken():
         raise LookupError("no out-queue here")
 
-    monkeypatch.setattr(async_replies, "out_queue", broken)
+    monkeypatch.setattr(async_worker, "out_queue", broken)
     sent = served(scheduled, {"r": {"inputs": "hello"}})
     (plain,) = sent["r"]  # one message: the answer itself, with its status and no header
     assert plain["code"] == 200 and "ts_stream_next" not in plain["headers"]

@@ -1,5 +1,5 @@
 """The one workaround the async answers need: finding TorchServe's async out-queue
-(handlers/servers/torchserve/async_replies.py).
+(handlers/servers/torchserve/async_worker.py).
 
 `ts/async_service.py` offers no supported way to it; these tests run the real `AsyncService.call_predict`
 and fail loudly when TorchServe's shape changes (a renamed attribute, another coroutine around
@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from ts.async_service import AsyncService
 
-from ts_compiled_handlers.servers.torchserve import async_replies
+from ts_compiled_handlers.servers.torchserve import async_worker
 
 
 class StandInService:
@@ -25,7 +25,7 @@ def test_the_out_queue_is_found_from_inside_the_real_call_predict():
     found = []
 
     async def predict(batch):
-        found.append(async_replies.out_queue())
+        found.append(async_worker.out_queue())
         return "answer"
 
     service.service.predict = predict
@@ -42,7 +42,7 @@ def test_the_out_queue_is_found_from_inside_the_real_call_predict():
 
 def test_outside_the_async_worker_the_lookup_fails_with_a_message():
     async def elsewhere():
-        return async_replies.out_queue()
+        return async_worker.out_queue()
 
     with pytest.raises(LookupError, match="AsyncService.call_predict"):
         asyncio.run(elsewhere())

@@ -13,7 +13,7 @@ from fakes import frontend_message, make_context, served_over_socket
 from ts import async_service
 from ts.service import PredictionException
 
-from ts_compiled_handlers.servers.torchserve import adapter, async_replies
+from ts_compiled_handlers.servers.torchserve import adapter, async_worker
 from ts_compiled_handlers.servers.torchserve.async_worker import AsyncWorker
 
 
@@ -39,13 +39,13 @@ class Service:
 
 async def echo(data, context):
     """Each body back; the second request of a message refused, the way our adapter answers (two
-    messages each: async_replies.send_first)."""
+    messages each: async_worker.send_first)."""
     await asyncio.sleep(0)
     for index, body in enumerate(data):
         context.set_response_content_type(index, "application/json")
         if body["body"].get("refuse"):
             context.set_response_status(400, "Bad Request", index)
-    return async_replies.send_first([json.dumps(body["body"]).encode() for body in data], context)
+    return async_worker.send_first([json.dumps(body["body"]).encode() for body in data], context)
 
 
 def test_each_request_gets_its_answer_then_its_closing_message_and_the_worker_exits_when_the_frontend_leaves():

@@ -11,7 +11,7 @@ the loop, and writes the replies back: status, content type and headers in, answ
   (handlers/loops/generation_batches.py) streams through TorchServe's intermediate responses;
 - `continuousBatching: true`: the decode loop (handlers/loops/decode_loop.py), `ts_stream_next` per reply;
 - `asyncCommunication: true`: the scheduled loop (handlers/loops/scheduled_requests.py), answers sent through the
-  async worker's out-queue (handlers/servers/torchserve/async_replies.py).
+  async worker's out-queue (handlers/servers/torchserve/async_worker.py).
 """
 
 import importlib.metadata
@@ -30,7 +30,7 @@ from ts_compiled_handlers.loops.request_batches import Batch
 from ts_compiled_handlers.loops.start import start
 from ts_compiled_handlers.request.payload import phrase
 from ts_compiled_handlers.runtime.tracing import TRACE_HEADERS
-from ts_compiled_handlers.servers.torchserve import async_replies, async_worker, messages, settings
+from ts_compiled_handlers.servers.torchserve import async_worker, messages, settings
 from ts_compiled_handlers.servers.torchserve.metrics_sink import TorchServeSink
 from ts_compiled_handlers.tasks import Task
 from ts_compiled_handlers.tasks.registry import task_class
@@ -250,7 +250,7 @@ async def answer_when_done(pending: list, context) -> list:
     """Each request's last reply (a loop that answers one at a time yields one each), first sent
     through the async worker's out-queue."""
     replies = [await last_reply(each) for each in pending]  # TorchServe 0.12 hands one request here (batchSize 1)
-    return async_replies.send_first(write(replies, context), context)
+    return async_worker.send_first(write(replies, context), context)
 
 
 async def last_reply(replies) -> Reply:

@@ -5,8 +5,8 @@ reader puts it in a queue, a batching thread polls that queue (with timeouts) an
 to the event loop, the coroutine deep-copies the worker's context and prints a line to stdout (which
 the frontend reads and logs), and a sender thread fetches each answer back from the event loop
 with a cross-thread future before writing it. Measured through TorchServe on 2 cores (MiniLM, 16
-clients, docs/performance.md "Scheduling by tokens"), that machinery cost the worker about 4 ms of
-CPU per request beside a 4.6 ms request, on the same two cores as the model's OpenMP team.
+and 32 clients, docs/performance.md "Scheduling by tokens"), that machinery cost the worker about
+3 ms of Python per request, on the same two cores as the model's OpenMP team.
 
 This loop does the same job with two threads beside the event loop: the reader posts each message
 straight to the loop, the request's context is a shallow copy (the handler writes only the
@@ -17,6 +17,20 @@ per request, with the same statuses for a failing handler (507 out of memory, a
 `PredictionException`'s own, 503 otherwise). The adapter puts it in place of TorchServe's
 (handlers/servers/torchserve/adapter.py, `serve_async_with_our_loop`) only for the release whose
 loop it mirrors.
+
+How an answer must leave (`send_first`), as TorchServe 0.12's frontend treats it:
+- the frontend forgets a request only on an answer whose `ts_stream_next` header is "false";
+  one without the header is answered but kept forever (a leak, and never retried);
+- an answer saying "false" first would send no status line, so a served request gets two
+  messages: its body with "true" (status, headers and the body as a chunk), then "" with "false"
+  (the last chunk);
+- an error status makes the frontend close the connection once its headers are out, which would
+  cut a chunked body short: a refusal is one plain answer (its status, no header), then the same
+  empty "false", which only clears it from the frontend (its writes fall on a closed connection).
+The first message goes into the async worker's own out-queue, the one its single sender thread
+writes from (the second is `handle`'s return, which goes there too), so no two messages
+interleave on the socket; TorchServe's `send_intermediate_predict_response` writes from the calling
+thread instead, racing that sender on large answers.
 """
 
 import asyncio
@@ -38,8 +52,8 @@ PREDICT = b"I"
 
 class Wire:
     """What the event loop writes to the frontend: queued here, sent by the writer thread. It
-    stands where TorchServe's async out-queue stands (handlers/servers/torchserve/async_replies.py
-    puts answers in it)."""
+    stands where TorchServe's async out-queue stands (handlers/servers/torchserve/`send_first` puts
+    answers in it)."""
 
     def __init__(self):
         self.pending: queue.SimpleQueue = queue.SimpleQueue()
@@ -62,7 +76,7 @@ class AsyncWorker:
 
     def __init__(self, service):
         self.service = service
-        self.out_queue = Wire()  # the attribute async_replies.out_queue looks for
+        self.out_queue = Wire()  # the attribute `out_queue()` looks for
         self.loop: asyncio.AbstractEventLoop | None = None
         self.failure: str | None = None
         self.answering: set[asyncio.Task] = set()  # held: the loop keeps only weak references to tasks
@@ -120,7 +134,7 @@ class AsyncWorker:
         task.add_done_callback(self.answering.discard)
 
     async def call_predict(self, batch: list) -> None:
-        """One message's requests answered (named as TorchServe's, whose frame async_replies reads)."""
+        """One message's requests answered (named as TorchServe's, whose frame `out_queue()` reads)."""
         self.out_queue.put_nowait(await self.predict(batch))
 
     async def predict(self, batch: list) -> bytes | None:
@@ -149,3 +163,38 @@ class AsyncWorker:
             context.metrics.request_ids = request_ids
             context.metrics.add_time(PREDICTION_METRIC, round((time.time() - began) * 1000, 2))
         return create_predict_response(answers, request_ids, "Prediction success", 200, context=context)
+
+
+def send_first(answers: list, context) -> list[str]:
+    """Put every answer on the wire now (served: "true"; refused: plain), and return the closing
+    empty "false" answers for TorchServe to send after them. Without the out-queue the answers go
+    plain instead: the frontend then keeps them (a leak), but each has its answer."""
+    served = [(context.get_response_status(index)[0] or 200) < 400 for index in range(len(answers))]
+    try:
+        queue = out_queue()
+        context.stopping_criteria = [lambda _, ok=ok: False if ok else None for ok in served]
+        queue.put_nowait(
+            create_predict_response(answers, context.request_ids, "Prediction success", 200, context=context)
+        )
+    except Exception:  # loud: logged with its traceback
+        logger.exception("Could not send %d answers the async way; sending them plain", len(answers))
+        context.stopping_criteria = None
+        for index in range(len(answers)):
+            context.get_response_headers(index).pop("ts_stream_next", None)
+        return answers
+    context.stopping_criteria = [lambda _: True for _ in answers]
+    return [""] * len(answers)
+
+
+def out_queue() -> asyncio.Queue | Wire:
+    """The async worker's out-queue (ours: `Wire`). ts/async_service.py offers no
+    supported way to it: it is an attribute of its `AsyncService`, whose `call_predict` coroutine runs
+    the current task, so it is read from that coroutine's frame (ours has the same shape).
+    tests/unit/test_ts_async.py fails loudly if that shape changes."""
+    task = asyncio.current_task()
+    frame = getattr(task.get_coro(), "cr_frame", None) if task is not None else None
+    service = frame.f_locals.get("self") if frame is not None else None
+    queue = getattr(service, "out_queue", None)
+    if not isinstance(queue, (asyncio.Queue, Wire)):
+        raise LookupError("no async out-queue found: not TorchServe 0.12's AsyncService.call_predict?")
+    return queue
